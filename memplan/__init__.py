@@ -1,0 +1,23 @@
+"""memplan: analytical memory / FLOP profiler and sparse-update planner for on-device
+transfer learning.
+
+    >>> import memplan
+    >>> p = memplan.profile("mcunet-5fps", method="bias", mode="ideal")
+    >>> p.totals.saved_activation_bytes
+"""
+
+from .api import capture_model, compare, profile, profile_captured
+from .costs import LayerCost, Profile, Totals
+from .errors import MemplanError
+from .graph import LayerGraph, capture, trace
+from .modes import MODES
+from .plan import Plan, Train
+from .strategies import STRATEGIES, make_plan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "profile", "compare", "capture_model", "profile_captured", "Profile", "LayerCost", "Totals",
+    "MemplanError", "LayerGraph", "capture", "trace", "MODES", "Plan", "Train", "STRATEGIES", "make_plan",
+    "__version__",
+]

@@ -1,0 +1,183 @@
+"""Costs of one plan on one traced graph under one accounting mode, as plain data.
+
+All sizes are in bytes, all counts are integers. FLOP conventions are those of
+``memplan.flops``; memory conventions are those of the mode (``memplan.modes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .flops import flops_of
+from .graph import LayerGraph
+from .modes import Mode, Saved
+from .ops import MAC_KINDS
+from .peak import simulate_peak
+from .plan import OpView, Plan, grad_flow, updated_weight_numel
+
+OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2}  # fp32 state tensors per trainable weight
+HIDDEN_KINDS = frozenset({"meta", "input", "output"})
+
+
+@dataclass
+class Costs:
+    """Additive cost fields, per layer and in total (bytes, counts, FLOPs = 2 x MACs)."""
+
+    params: int = 0
+    trainable_params: int = 0
+    macs: int = 0
+    forward_flops: int = 0  # 2 x MACs of conv / linear / matmul
+    forward_other_flops: int = 0  # norms, activations, adds, multiplies, pooling, loss
+    backward_flops: int = 0  # conv / linear / matmul: grad-input + grad-weight + grad-bias
+    backward_grad_input_flops: int = 0
+    backward_grad_weight_flops: int = 0
+    backward_grad_bias_flops: int = 0
+    backward_other_flops: int = 0  # backward of the "other" ops incl. norm affine grads
+    saved_activation_bytes: int = 0
+    weight_bytes: int = 0
+    gradient_bytes: int = 0
+    optimizer_bytes: int = 0
+
+    def add(self, other: "Costs") -> None:
+        for f in fields(Costs):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class LayerCost(Costs):
+    name: str = ""
+    kind: str = ""
+    target: str = ""
+    output_shape: list[int] = field(default_factory=list)
+    block: str | None = None
+    grad_input: bool = False  # an input of this op needs a gradient
+    grad_weight: float = 0.0  # fraction of the weight updated
+    grad_bias: bool = False
+    saved: list[str] = field(default_factory=list)  # what is kept, e.g. "input 802816 B"
+
+
+@dataclass
+class Totals(Costs):
+    total_bytes: int = 0  # weights + gradients + optimizer state + saved activations (+ mode extras)
+    peak_bytes: int = 0  # peak of the simulated training step
+
+
+@dataclass
+class Profile:
+    """The answer to "what does fine-tuning this model with this strategy cost"."""
+
+    model: str
+    method: str
+    mode: str
+    batch: int
+    resolution: int | None
+    classes: int
+    input_shape: list[int]
+    optimizer: str
+    frozen_bits: int
+    options: dict[str, Any]
+    totals: Totals
+    layers: list[LayerCost]
+    peak_layer: str
+    peak_phase: str  # "forward" or "backward"
+    unknown_ops: dict[str, int]
+    extras: dict[str, Any] = field(default_factory=dict)  # mode- / strategy-specific figures
+    conventions: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def layer(self, name: str) -> LayerCost:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(name)
+
+
+CONVENTIONS = {
+    "flops": "FLOPs = 2 x MACs for conv/linear/matmul (forward_flops, backward_flops); norms, "
+             "activations, adds, multiplies, pooling and the loss are in *_other_flops",
+    "bytes": "integers in bytes; printed kB/MB are 1000-based, KiB/MiB 1024-based",
+}
+
+
+def _weight_bytes(numel: int, trained: int, itemsize: int, frozen_bits: int) -> int:
+    frozen = numel - trained
+    return trained * itemsize + (frozen * frozen_bits + 7) // 8
+
+
+def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tuple[LayerCost, list[Saved] | None]:
+    """Costs of one op; the saved list is None when the mode has no rule for its kind."""
+    n = op.node
+    wf = mode.weight_fraction(op.train.weight)
+    fl = flops_of(op, wf)
+    saved = mode.saved(op)
+    lc = LayerCost(
+        name=n.name, kind=n.kind, target=n.target, output_shape=list(n.out.shape) if n.out else [],
+        block=n.block, grad_input=op.grad_input, grad_weight=op.train.weight, grad_bias=op.train.bias,
+    )
+    if fl is not None:
+        lc.macs = fl.macs
+        if n.kind in MAC_KINDS:
+            lc.forward_flops = fl.forward
+            lc.backward_grad_input_flops = fl.grad_input
+            lc.backward_grad_weight_flops = fl.grad_weight
+            lc.backward_grad_bias_flops = fl.grad_bias
+            lc.backward_flops = fl.backward
+        else:
+            lc.forward_other_flops = fl.forward
+            lc.backward_other_flops = fl.backward
+    groups = n.attrs.get("groups", 1) or 1
+    for pname, p in n.params.items():
+        if pname == "weight":
+            trained = updated_weight_numel(p.shape, groups, wf)
+        else:
+            trained = p.numel if (pname == "bias" and op.train.bias) else 0
+        lc.params += p.numel
+        lc.trainable_params += trained
+        lc.weight_bytes += _weight_bytes(p.numel, trained, p.dtype.itemsize, min(frozen_bits, 8 * p.dtype.itemsize))
+        lc.gradient_bytes += trained * p.dtype.itemsize
+        lc.optimizer_bytes += OPTIMIZER_STATES[optimizer] * trained * p.dtype.itemsize
+    return lc, saved
+
+
+def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd", frozen_bits: int = 32,
+            meta: dict[str, Any] | None = None) -> Profile:
+    """Profile ``plan`` on ``graph`` under ``mode``. ``meta`` fills the descriptive fields."""
+    views = grad_flow(graph, plan)
+    totals = Totals()
+    layers: list[LayerCost] = []
+    saved_by_node: list[list[Saved]] = []
+    unknown: dict[str, int] = {}
+    counted: set[int] = set()
+    grad_bytes: list[int] = []
+    for op in views:
+        lc, saved = layer_costs(op, mode, optimizer, frozen_bits)
+        if saved is None or flops_of(op, 0.0) is None:
+            unknown[op.node.target] = unknown.get(op.node.target, 0) + 1
+            saved = []
+        for s in saved:  # a shared storage is counted once, at the first op that keeps it
+            if s.storage is None or s.storage not in counted:
+                lc.saved_activation_bytes += s.nbytes
+                lc.saved.append(f"{s.what} {s.nbytes} B")
+                if s.storage is not None:
+                    counted.add(s.storage)
+        saved_by_node.append(saved)
+        grad_bytes.append(lc.gradient_bytes)
+        totals.add(lc)
+        if op.node.kind not in HIDDEN_KINDS:
+            layers.append(lc)
+    totals.total_bytes = totals.weight_bytes + totals.gradient_bytes + totals.optimizer_bytes + totals.saved_activation_bytes
+    static = totals.weight_bytes + totals.optimizer_bytes + graph.buffer_bytes
+    peak, peak_index, phase = simulate_peak(graph, views, saved_by_node, grad_bytes, static)
+    totals.peak_bytes = peak
+    meta = dict(meta or {})
+    return Profile(
+        model=meta.pop("model", graph.model_name), method=plan.method, mode=mode.name, batch=graph.batch,
+        resolution=meta.pop("resolution", None), classes=meta.pop("classes", graph.nodes[-2].in_tensors[0].shape[-1]),
+        input_shape=list(graph.input_shape), optimizer=optimizer, frozen_bits=frozen_bits,
+        options=dict(plan.options), totals=totals, layers=layers,
+        peak_layer=graph.nodes[peak_index].name, peak_phase=phase, unknown_ops=unknown,
+        conventions={**CONVENTIONS, "mode": mode.description}, extras=meta,
+    )

@@ -1,0 +1,80 @@
+"""Independent measurements (the truth the cost model is checked against).
+
+``saved_bytes`` runs one real forward + loss under ``torch.autograd.graph.saved_tensors_hooks``
+and sums the unique storages of the tensors autograd keeps, excluding the model's own
+parameters and buffers. ``apply_plain`` sets ``requires_grad`` and norm train / eval modes
+from a plan the plain way (what a user would write without memplan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .graph import LayerGraph
+from .ops import NORM_KINDS
+from .plan import Plan
+
+
+@dataclass
+class SavedMeasurement:
+    bytes: int  # unique storages, parameters and buffers excluded
+    tensors: list[tuple[tuple[int, ...], str, int]] = field(default_factory=list)  # (shape, dtype, storage bytes)
+
+
+def apply_plain(model: nn.Module, graph: LayerGraph, plan: Plan) -> nn.Module:
+    """Set ``requires_grad`` and train / eval flags for ``plan`` the way plain PyTorch code does.
+
+    Sub-channel ratios cannot be expressed this way: a partially updated weight trains whole.
+    """
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for node in graph.nodes:
+        if node.module is None:
+            continue
+        t = plan.of(node)
+        if "weight" in node.params and t.weight > 0:
+            node.module.weight.requires_grad_(True)
+        if "bias" in node.params and t.bias:
+            node.module.bias.requires_grad_(True)
+        if node.kind in NORM_KINDS:
+            node.module.train(node.name in plan.norm_train)
+    return model
+
+
+def model_modules(model: nn.Module, graph: LayerGraph) -> None:
+    """Point the graph's nodes at ``model``'s modules (the graph may come from a meta copy)."""
+    for node in graph.nodes:
+        if node.op == "call_module":
+            node.module = model.get_submodule(node.name if "." in node.name or hasattr(model, node.name) else node.target)
+
+
+def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward: bool = False) -> SavedMeasurement:
+    """Bytes autograd saves during forward + cross-entropy loss (unique storages)."""
+    own = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    kept: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = F.cross_entropy(model(x), y)
+    seen: set[int] = set()
+    total = 0
+    rows = []
+    for t in kept:
+        ptr = t.untyped_storage().data_ptr()
+        nbytes = t.untyped_storage().nbytes()
+        if ptr in own or (ptr in seen and nbytes > 0):
+            continue
+        seen.add(ptr)
+        total += nbytes
+        rows.append((tuple(t.shape), str(t.dtype).removeprefix("torch."), nbytes))
+    if backward and loss.requires_grad:
+        loss.backward()
+    return SavedMeasurement(total, rows)

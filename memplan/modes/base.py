@@ -1,0 +1,102 @@
+"""An accounting mode: a small set of per-kind rules saying what one op keeps for backward,
+plus the mode's conventions for weights, gradients and optimizer state.
+
+Rules return :class:`Saved` items. An item that refers to an existing storage (an input or
+the output of the op) is counted once however many ops keep it, exactly as autograd shares
+one storage between the ops that save it; private items (masks, statistics, copies) are
+counted per op. A mode may inherit the rules of a parent and override some of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from ..graph import TensorInfo
+from ..plan import OpView
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One tensor kept for backward: ``storage`` is a storage id, or None for a private tensor."""
+
+    nbytes: int
+    storage: int | None = None
+    what: str = ""
+
+
+Rule = Callable[[OpView], Iterable[Saved]]
+
+
+def ref(t: TensorInfo, graph_storages: list[int], what: str = "") -> Saved:
+    """Keep an existing tensor: the whole storage it lives in is what stays alive."""
+    return Saved(graph_storages[t.storage], t.storage, what)
+
+
+def tensor(op: OpView, t: TensorInfo, what: str = "") -> Saved:
+    return ref(t, op.graph.storages, what)
+
+
+def private(nbytes: int, what: str = "") -> Saved:
+    return Saved(int(nbytes), None, what)
+
+
+def mask_bits(numel: int, what: str = "1-bit mask") -> Saved:
+    """A bit-packed 0/1 mask: ceil(numel / 8) bytes."""
+    return private(math.ceil(numel / 8), what)
+
+
+class Mode:
+    """A named accounting convention. Subclasses override the hooks; rules are registered with
+    ``@mode.rule("kind", ...)``. ``saved`` returns None for a kind no rule covers (unknown)."""
+
+    name: str = ""
+    description: str = ""
+    #: plain PyTorch computes (and stores) the whole weight gradient even for a partial update
+    partial_weight_grads: bool = True
+
+    def __init__(self, parent: "Mode | None" = None):
+        self.parent = parent
+        self.rules: dict[str, Rule] = {}
+
+    def rule(self, *kinds: str) -> Callable[[Rule], Rule]:
+        def register(fn: Rule) -> Rule:
+            for k in kinds:
+                self.rules[k] = fn
+            return fn
+        return register
+
+    def find_rule(self, kind: str) -> Rule | None:
+        mode: Mode | None = self
+        while mode is not None:
+            if kind in mode.rules:
+                return mode.rules[kind]
+            mode = mode.parent
+        return None
+
+    def saved(self, op: OpView) -> list[Saved] | None:
+        rule = self.find_rule(op.kind)
+        if rule is None:
+            return None
+        return list(rule(op)) if op.recorded else []
+
+    def weight_fraction(self, fraction: float) -> float:
+        """Fraction of a partially-updated weight whose gradient is computed and stored."""
+        if fraction <= 0:
+            return 0.0
+        return fraction if self.partial_weight_grads else 1.0
+
+
+MODES: dict[str, Mode] = {}
+
+
+def register_mode(mode: Mode) -> Mode:
+    MODES[mode.name] = mode
+    return mode
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize

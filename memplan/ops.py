@@ -1,0 +1,89 @@
+"""Canonical op kinds: every traced node (module, function or method call) maps to one kind.
+
+Cost rules (FLOPs in ``flops.py``, saved tensors in ``modes/``) are registered per kind, so a
+model is never special-cased: supporting a new op means adding its kind here and one rule
+per registry. Anything that maps to no kind is reported as unknown, with counts.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+#: kinds whose forward is multiply-accumulate work: FLOPs = 2 x MACs
+MAC_KINDS = frozenset({"conv", "linear", "matmul"})
+#: norm kinds (scale = ``weight``, shift = ``bias``)
+NORM_KINDS = frozenset({"batchnorm", "groupnorm", "layernorm"})
+#: activations whose gradient is a 0/1 mask of the input (1 bit suffices)
+MASK_ACTIVATIONS = frozenset({"relu", "hardtanh", "leaky_relu"})
+ACTIVATIONS = MASK_ACTIVATIONS | {"hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh", "elu"}
+#: kinds that carry parameters the strategies can train
+PARAM_KINDS = frozenset({"conv", "linear"}) | NORM_KINDS
+#: no computation, no saved tensors (views, shape queries, constants)
+FREE_KINDS = frozenset({"view", "identity", "getitem", "meta", "input", "output"})
+
+MODULE_KINDS: dict[type, str] = {
+    nn.Conv1d: "conv", nn.Conv2d: "conv", nn.Conv3d: "conv",
+    nn.Linear: "linear",
+    nn.BatchNorm1d: "batchnorm", nn.BatchNorm2d: "batchnorm", nn.BatchNorm3d: "batchnorm",
+    nn.GroupNorm: "groupnorm", nn.LayerNorm: "layernorm",
+    nn.ReLU: "relu", nn.ReLU6: "hardtanh", nn.Hardtanh: "hardtanh", nn.LeakyReLU: "leaky_relu",
+    nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid", nn.SiLU: "silu", nn.GELU: "gelu",
+    nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.ELU: "elu",
+    nn.MaxPool1d: "maxpool", nn.MaxPool2d: "maxpool",
+    nn.AvgPool1d: "avgpool", nn.AvgPool2d: "avgpool",
+    nn.AdaptiveAvgPool1d: "adaptive_avgpool", nn.AdaptiveAvgPool2d: "adaptive_avgpool",
+    nn.AdaptiveMaxPool1d: "adaptive_maxpool", nn.AdaptiveMaxPool2d: "adaptive_maxpool",
+    nn.Dropout: "dropout", nn.Dropout1d: "dropout", nn.Dropout2d: "dropout",
+    nn.Flatten: "view", nn.Identity: "identity", nn.Upsample: "interpolate",
+    nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax",
+}
+
+FUNCTION_KINDS: dict[object, str] = {
+    F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", F.relu_: "relu",
+    F.relu6: "hardtanh", F.hardtanh: "hardtanh", torch.clamp: "hardtanh", F.leaky_relu: "leaky_relu",
+    F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.silu: "silu", F.gelu: "gelu",
+    torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh", F.elu: "elu",
+    operator.add: "add", operator.iadd: "add", torch.add: "add",
+    operator.sub: "sub", operator.isub: "sub", torch.sub: "sub",
+    operator.mul: "mul", operator.imul: "mul", torch.mul: "mul",
+    operator.truediv: "div", torch.div: "div",
+    operator.matmul: "matmul", torch.matmul: "matmul", torch.mm: "matmul", torch.bmm: "matmul",
+    torch.cat: "cat", torch.concat: "cat",
+    torch.flatten: "view", torch.reshape: "view", torch.squeeze: "view", torch.unsqueeze: "view",
+    torch.transpose: "view", torch.permute: "view", torch.chunk: "view", torch.split: "view",
+    operator.getitem: "getitem",
+    F.adaptive_avg_pool1d: "adaptive_avgpool", F.adaptive_avg_pool2d: "adaptive_avgpool",
+    F.adaptive_max_pool2d: "adaptive_maxpool",
+    F.avg_pool1d: "avgpool", F.avg_pool2d: "avgpool", F.max_pool1d: "maxpool", F.max_pool2d: "maxpool",
+    F.interpolate: "interpolate", F.pad: "pad",
+    F.dropout: "dropout", torch.mean: "mean",
+    F.softmax: "softmax", torch.softmax: "softmax", F.log_softmax: "log_softmax",
+    getattr: "meta",
+}
+
+METHOD_KINDS: dict[str, str] = {
+    "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh",
+    "clamp": "hardtanh", "clamp_": "hardtanh",
+    "add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "mul": "mul", "mul_": "mul",
+    "div": "div", "div_": "div", "matmul": "matmul", "mean": "mean",
+    "view": "view", "reshape": "view", "flatten": "view", "squeeze": "view", "unsqueeze": "view",
+    "permute": "view", "transpose": "view", "contiguous": "view", "expand": "view",
+    "chunk": "view", "split": "view", "softmax": "softmax",
+    "size": "meta", "dim": "meta",
+}
+
+#: elementwise / reduction cost in FLOPs per output element (the "other FLOPs" convention)
+ELEMENTWISE_FLOPS: dict[str, int] = {
+    "relu": 1, "hardtanh": 2, "leaky_relu": 2, "hardswish": 4, "hardsigmoid": 3, "silu": 4,
+    "gelu": 8, "sigmoid": 4, "tanh": 4, "elu": 4,
+    "add": 1, "sub": 1, "mul": 1, "div": 1, "softmax": 3, "log_softmax": 3, "dropout": 1,
+}
+
+
+def function_name(target: object) -> str:
+    """Short printable name of an fx call target (``F.relu`` -> ``relu``, ``operator.add`` -> ``add``)."""
+    return getattr(target, "__name__", None) or str(target)

@@ -1,0 +1,116 @@
+"""A strategy's plan (what trains, which norms use batch statistics) and backward reachability.
+
+Data flows one way: a strategy turns a :class:`~memplan.graph.LayerGraph` into a :class:`Plan`;
+:func:`grad_flow` derives, for every node, whether autograd records it and which of its
+inputs need a gradient; cost rules then see one :class:`OpView` per node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .graph import LayerGraph, Node
+from .ops import NORM_KINDS
+
+SELECT_RULES = ("magnitude+", "magnitude-", "random")
+
+
+@dataclass(frozen=True)
+class Train:
+    """What of one layer trains. For norms ``weight`` is the scale and ``bias`` the shift.
+
+    ``weight`` is the fraction of the weight updated: 0 frozen, 1 full, r in (0, 1) a
+    sub-channel update of ``int(C_in * r)`` input channels (output channels for depthwise).
+    """
+
+    weight: float = 0.0
+    bias: bool = False
+    select: str = "magnitude+"
+
+    @property
+    def any(self) -> bool:
+        return self.weight > 0 or self.bias
+
+
+FROZEN = Train()
+
+
+@dataclass
+class Plan:
+    """Per-layer training decisions of one strategy, keyed by layer name."""
+
+    method: str
+    train: dict[str, Train] = field(default_factory=dict)
+    norm_train: set[str] = field(default_factory=set)  # norms in train mode (batch statistics)
+    approx: set[str] = field(default_factory=set)  # activations with sign-approximated 1-bit backward
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def of(self, node: Node) -> Train:
+        return self.train.get(node.name, FROZEN)
+
+
+@dataclass
+class OpView:
+    """Everything a cost rule may read about one node under one plan."""
+
+    node: Node
+    graph: LayerGraph
+    train: Train
+    norm_train: bool
+    approx: bool
+    req_in: tuple[bool, ...]  # does each tensor input require grad
+    req_out: bool  # does the output require grad (= autograd records this op)
+
+    @property
+    def kind(self) -> str:
+        return self.node.kind
+
+    @property
+    def recorded(self) -> bool:
+        return self.req_out
+
+    @property
+    def grad_input(self) -> bool:
+        return any(self.req_in)
+
+    def param_numel(self, pname: str) -> int:
+        p = self.node.params.get(pname)
+        return p.numel if p is not None else 0
+
+
+def grad_flow(graph: LayerGraph, plan: Plan) -> list[OpView]:
+    """Forward requires-grad propagation: an output needs grad iff an input does or a
+    parameter of the node trains. Nodes below the earliest trainable parameter therefore
+    run forward only; residual DAGs need nothing special."""
+    req: list[bool] = [False] * len(graph.nodes)
+    views: list[OpView] = []
+    for n in graph.nodes:
+        t = plan.of(n)
+        if t.any and not n.params:
+            raise ValueError(f"plan trains {n.name!r}, which has no parameters")
+        if t.weight and "weight" not in n.params:
+            t = Train(0.0, t.bias, t.select)
+        if t.bias and "bias" not in n.params:
+            t = Train(t.weight, False, t.select)
+        req_in = tuple(req[i] for i in n.inputs)
+        req[n.index] = any(req_in) or t.any
+        views.append(OpView(n, graph, t, n.kind in NORM_KINDS and n.name in plan.norm_train,
+                            n.name in plan.approx, req_in, req[n.index]))
+    return views
+
+
+def updated_weight_numel(shape: tuple[int, ...], groups: int, fraction: float) -> int:
+    """Elements of a weight of ``shape`` updated at ``fraction``: ``int(C_in * r)`` input
+    channels (at least one) of every output channel; output channels for a depthwise conv."""
+    if fraction <= 0:
+        return 0
+    total = 1
+    for s in shape:
+        total *= s
+    if fraction >= 1:
+        return total
+    if len(shape) > 2 and shape[1] == 1 and groups == shape[0] and groups > 1:  # depthwise
+        return max(1, int(shape[0] * fraction)) * (total // shape[0])
+    n = max(1, int(shape[1] * fraction))
+    return total // shape[1] * n

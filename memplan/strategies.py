@@ -1,0 +1,112 @@
+"""Fine-tuning strategies: each turns a traced graph into a :class:`~memplan.plan.Plan`.
+
+A strategy says what trains and which norms use batch statistics; it knows nothing of
+memory or FLOPs (those come from the modes), so every strategy works under every mode.
+Register one with ``@strategy(name, description, options)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import BadOption
+from .graph import LayerGraph, Node
+from .ops import NORM_KINDS
+from .plan import Plan, Train
+
+StrategyFn = Callable[..., Plan]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    fn: StrategyFn
+    description: str
+    options: tuple[str, ...] = ()
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def strategy(name: str, description: str, options: tuple[str, ...] = ()) -> Callable[[StrategyFn], StrategyFn]:
+    def register(fn: StrategyFn) -> StrategyFn:
+        STRATEGIES[name] = Strategy(name, fn, description, options)
+        return fn
+    return register
+
+
+def make_plan(graph: LayerGraph, method: str, **options: Any) -> Plan:
+    """Build the plan of ``method``; options that are None count as not given."""
+    if method not in STRATEGIES:
+        raise BadOption(f"unknown method {method!r}", f"choose one of: {', '.join(STRATEGIES)}")
+    st = STRATEGIES[method]
+    given = {k: v for k, v in options.items() if v is not None}
+    extra = sorted(set(given) - set(st.options))
+    if extra:
+        raise BadOption(f"option --{extra[0].replace('_', '-')} does not apply to method {method!r}",
+                        f"{method} takes: {', '.join('--' + o.replace('_', '-') for o in st.options) or 'no options'}")
+    plan = st.fn(graph, **given)
+    plan.options = {**given, **plan.options}
+    return plan
+
+
+def full_train(node: Node) -> Train:
+    """Everything of one layer: weight and bias where they exist."""
+    return Train(1.0 if "weight" in node.params else 0.0, "bias" in node.params)
+
+
+def _norms(graph: LayerGraph) -> list[Node]:
+    return [n for n in graph.nodes if n.kind in NORM_KINDS]
+
+
+@strategy("full", "every parameter trains; norms use batch statistics")
+def full(graph: LayerGraph) -> Plan:
+    return Plan("full", {n.name: full_train(n) for n in graph.param_nodes()}, {n.name for n in _norms(graph)})
+
+
+@strategy("last", "classifier only; everything else frozen, norms in eval mode")
+def last(graph: LayerGraph) -> Plan:
+    head = graph.classifier
+    return Plan("last", {head.name: full_train(head)})
+
+
+@strategy("norm", "norm scale and shift + classifier; norms use batch statistics")
+def norm(graph: LayerGraph) -> Plan:
+    head = graph.classifier
+    train = {n.name: full_train(n) for n in _norms(graph) if n.params}
+    train[head.name] = full_train(head)
+    return Plan("norm", train, {n.name for n in _norms(graph)})
+
+
+@strategy("bias", "every bias and norm shift + classifier; norms in eval mode (frozen statistics)")
+def bias(graph: LayerGraph) -> Plan:
+    train = {n.name: Train(0.0, True) for n in graph.param_nodes() if "bias" in n.params}
+    head = graph.classifier
+    train[head.name] = full_train(head)
+    return Plan("bias", train)
+
+
+def lastk_start(graph: LayerGraph, blocks: int | None = None, layers: int | None = None) -> int:
+    """Index of the first node of the K-th last block, or of the K-th last conv / linear layer."""
+    if (blocks is None) == (layers is None):
+        raise BadOption("give exactly one of --blocks K or --layers K")
+    if blocks is not None:
+        if not graph.blocks:
+            raise BadOption("no blocks found in this model",
+                            "use --layers K, or name the blocks with --block-names (module qualnames)")
+        if not 1 <= blocks <= len(graph.blocks):
+            raise BadOption(f"--blocks {blocks} is out of range", f"the model has {len(graph.blocks)} blocks")
+        return graph.block_range(graph.blocks[-blocks])[0]
+    layer_nodes = [n for n in graph.param_nodes() if n.kind in ("conv", "linear")]
+    if not 1 <= layers <= len(layer_nodes):
+        raise BadOption(f"--layers {layers} is out of range", f"the model has {len(layer_nodes)} conv / linear layers")
+    return layer_nodes[-layers].index
+
+
+@strategy("lastk", "everything from the K-th last block (or layer) on trains; norms there use batch statistics",
+          ("blocks", "layers"))
+def lastk(graph: LayerGraph, blocks: int | None = None, layers: int | None = None) -> Plan:
+    start = lastk_start(graph, blocks, layers)
+    tail = [n for n in graph.param_nodes() if n.index >= start]
+    return Plan("lastk", {n.name: full_train(n) for n in tail}, {n.name for n in tail if n.kind in NORM_KINDS})
