@@ -157,6 +157,7 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
         if saved is None or flops_of(op, 0.0) is None:
             unknown[op.node.target] = unknown.get(op.node.target, 0) + 1
             saved = []
+        saved = [s for s in saved if s.storage not in graph.param_storages]  # parameters are not activations
         for s in saved:  # a shared storage is counted once, at the first op that keeps it
             if s.storage is None or s.storage not in counted:
                 lc.saved_activation_bytes += s.nbytes

@@ -31,6 +31,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     dtype: torch.dtype
     storage: int
+    contiguous: bool = True
 
     @property
     def numel(self) -> int:
@@ -322,7 +323,7 @@ def capture(
         sid = storage_ids[key]
         if is_param:
             param_storages.add(sid)
-        return TensorInfo(tuple(t.shape), t.dtype, sid)
+        return TensorInfo(tuple(t.shape), t.dtype, sid, t.is_contiguous())
 
     # parameters and buffers first, so an op that returns one (rare) is not mistaken for activations
     for state in runner._meta_cache.values():
@@ -364,13 +365,17 @@ def capture(
                 if id(p) not in seen_params:
                     seen_params.add(id(p))
                     params[pname] = Param(f"{fxn.target}.{pname}", tuple(p.shape), p.dtype)
+        attrs = _attrs(fxn, kind, mod)
+        if fxn.op == "get_attr":  # a parameter used functionally: it trains with its module
+            owner, _, pname = str(fxn.target).rpartition(".")
+            attrs["param_of"] = (owner, pname)
         stack = fxn.meta.get("nn_module_stack") or {}
         scope = str(fxn.target) if fxn.op == "call_module" else (list(stack.values())[-1][0] if stack else "")
         fx_index[fxn] = len(nodes)
         nodes.append(Node(
             index=len(nodes), name=layer_name, op=fxn.op, kind=kind, target=target,
             inputs=inputs, in_tensors=in_tensors, outs=outs, module=mod, params=params,
-            attrs=_attrs(fxn, kind, mod), scope=scope,
+            attrs=attrs, scope=scope,
         ))
 
     logits = nodes[-1].in_tensors[0] if nodes[-1].in_tensors else None

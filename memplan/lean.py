@@ -36,12 +36,13 @@ What each op saves for backward, in bytes (``numel`` = elements of the activatio
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from memplan.errors import BadOption
 
@@ -173,6 +174,7 @@ class _FrozenConvFn(torch.autograd.Function):
         return mod._conv(x, weight, bias)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad_out: Tensor):
         _check_versions(ctx, ctx.weight)
         gi, gb = _conv_input_bias_grads(ctx, grad_out, ctx.weight,
@@ -216,6 +218,7 @@ class _FrozenLinearFn(torch.autograd.Function):
         return F.linear(x, weight, bias)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad_out: Tensor):
         _check_versions(ctx, ctx.weight)
         gi = grad_out @ ctx.weight if ctx.needs_input_grad[0] else None
@@ -300,6 +303,7 @@ class _SubChannelConvFn(torch.autograd.Function):
         return mod._conv(x, mod.merged_weight(), bias)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad_out: Tensor):
         mod = ctx.mod
         _check_versions(ctx, mod.weight, ctx.weight_sel, mod.idx)
@@ -344,9 +348,6 @@ class SubChannelConv(_ConvGeometry):
         self.bias = m.bias
         idx = select_channels(m.weight, self.groups, ratio, rule, seed)
         self.register_buffer("idx", idx)
-        per_group = self.out_channels // self.groups  # depthwise multiplier (groups > 1 only)
-        rows = (idx[:, None] * per_group + torch.arange(per_group, device=idx.device)).reshape(-1)
-        self.register_buffer("rows", rows if self.groups > 1 else idx.new_empty(0), persistent=False)
         self.all_selected: bool = idx.numel() == self.in_channels
         with torch.no_grad():
             sel = m.weight.index_select(*self._sel_dim_index()).clone()
@@ -357,6 +358,13 @@ class SubChannelConv(_ConvGeometry):
                     seed: int = 0) -> "SubChannelConv":
         """Wrap ``m``: shares its weight (frozen) and bias; ``weight_sel`` is a new Parameter."""
         return cls(m, ratio, rule, seed)
+
+    @property
+    def rows(self) -> Tensor:
+        """Depthwise only: the weight rows (output channels) of the selected channels."""
+        per_group = self.out_channels // self.groups  # the depthwise multiplier
+        offsets = torch.arange(per_group, device=self.idx.device)
+        return (self.idx[:, None] * per_group + offsets).reshape(-1)
 
     def _sel_dim_index(self) -> tuple[int, Tensor]:
         return (1, self.idx) if self.groups == 1 else (0, self.rows)
@@ -388,16 +396,21 @@ class _ShiftNormFn(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, bias: Optional[Tensor], mod: "ShiftOnlyNorm") -> Tensor:
         ctx.mod = mod
         ctx.versions = _versions(mod.weight, mod.running_var)
-        scale, shift = mod.scale_shift(x.dim())
-        return x * scale + shift
+        # PyTorch's own eval-mode kernel: y = x * s + (beta - mean * s), bit-identical to nn.BatchNorm
+        return F.batch_norm(x, mod.running_mean, mod.running_var, mod.weight, bias, False, 0.0, mod.eps)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad_out: Tensor):
         mod = ctx.mod
         _check_versions(ctx, mod.weight, mod.running_var)
         gi = gb = None
         if ctx.needs_input_grad[0]:
-            gi = grad_out * mod.scale_shift(grad_out.dim())[0]
+            shape = (1, -1) + (1,) * (grad_out.dim() - 2)
+            # dy * invstd * gamma, in the order (and precision of invstd) of PyTorch's CPU kernel
+            gi = grad_out * mod.invstd().to(grad_out.dtype).reshape(shape)
+            if mod.weight is not None:
+                gi = gi * mod.weight.reshape(shape)
         if ctx.needs_input_grad[1]:
             gb = grad_out.sum([d for d in range(grad_out.dim()) if d != 1])
         return gi, gb, None
@@ -431,14 +444,18 @@ class ShiftOnlyNorm(nn.Module):
         return cls(m)
 
     @torch.no_grad()
-    def scale_shift(self, ndim: int) -> tuple[Tensor, Tensor]:
-        """Per-channel ``s`` and ``beta - mean * s``, shaped to broadcast over ``ndim`` dims."""
-        s = 1.0 / torch.sqrt(self.running_var + self.eps)
+    def invstd(self) -> Tensor:
+        """``1 / sqrt(running_var + eps)``, computed in float64 (C floats)."""
+        return 1.0 / torch.sqrt(self.running_var.double() + self.eps)
+
+    @torch.no_grad()
+    def scale_shift(self) -> tuple[Tensor, Tensor]:
+        """Per-channel ``s = gamma * invstd`` and ``beta - mean * s`` (shape ``C``)."""
+        s = self.invstd().to(self.running_var.dtype)
         if self.weight is not None:
             s = self.weight * s
         shift = -self.running_mean * s if self.bias is None else self.bias - self.running_mean * s
-        shape = (1, -1) + (1,) * (ndim - 2)
-        return s.reshape(shape), shift.reshape(shape)
+        return s, shift
 
     def forward(self, x: Tensor) -> Tensor:
         if self.weight is not None and self.weight.requires_grad:
@@ -464,6 +481,7 @@ class _MaskActFn(torch.autograd.Function):
         return mod.fn(x)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad_out: Tensor):
         (packed,) = ctx.saved_tensors
         mask = unpackbits(packed, math.prod(ctx.shape)).view(ctx.shape)
@@ -488,6 +506,8 @@ class _MaskedActivation(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
+        if not (torch.is_grad_enabled() and x.requires_grad):
+            return self.fn(x)  # nothing to save: plain forward
         return _MaskActFn.apply(x, self)
 
 

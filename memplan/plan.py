@@ -95,6 +95,10 @@ def grad_flow(graph: LayerGraph, plan: Plan) -> list[OpView]:
             t = Train(t.weight, False, t.select)
         req_in = tuple(req[i] for i in n.inputs)
         req[n.index] = any(req_in) or t.any
+        if "param_of" in n.attrs:  # functional use of a parameter: requires grad if it trains
+            owner, pname = n.attrs["param_of"]
+            owner_train = plan.train.get(owner, FROZEN)
+            req[n.index] = owner_train.weight > 0 if pname == "weight" else (pname == "bias" and owner_train.bias)
         views.append(OpView(n, graph, t, n.kind in NORM_KINDS and n.name in plan.norm_train,
                             n.name in plan.approx, req_in, req[n.index]))
     return views

@@ -109,16 +109,12 @@ def test_frozen_conv_matches_plain(name):
 
 @pytest.mark.parametrize("name", ["stride2_pad", "dilation", "groups2", "depthwise", "conv1d"])
 def test_frozen_conv_gradcheck(name):
+    from memplan.lean import _FrozenConvFn
     case = CONV_CASES[name]
     lean = FrozenConv.from_module(make_conv(case, dtype=torch.float64))
     x = conv_input(case, size=5, dtype=torch.float64).requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda x, b: F.conv2d if False else _frozen_apply(lean, x, b),
+    assert torch.autograd.gradcheck(lambda x, b: _FrozenConvFn.apply(x, b, lean.weight, lean),
                                     (x, lean.bias))
-
-
-def _frozen_apply(lean: FrozenConv, x, b):
-    from memplan.lean import _FrozenConvFn
-    return _FrozenConvFn.apply(x, b, lean.weight, lean)
 
 
 def test_frozen_conv_shares_parameters_and_bias_only_without_input_grad():
@@ -302,7 +298,7 @@ def test_shift_only_norm_matches_eval_bn():
     xl = x.clone().requires_grad_(True)
     y = lean(xl)
     y.backward(gy)
-    torch.testing.assert_close(y, y_ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(y, y_ref)
     torch.testing.assert_close(xl.grad, gx_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(lean.bias.grad, gb_ref, rtol=1e-6, atol=1e-6)
     assert lean.weight.grad is None
@@ -379,3 +375,34 @@ def test_sign_hardswish():
     yi = inplace(xi * 1.0)
     yi.backward(gy)
     assert torch.equal(yi, y.detach()) and torch.equal(xi.grad, x.grad)
+
+
+# ----------------------------------------------------------------------------- composition
+def test_lean_inverted_residual_block_saves_only_the_ideal():
+    """An MBV2-style block, MobileTL-style: pw1 sub-channel update (1/4), shift-only inner BNs,
+    1-bit ReLU6 masks, frozen depthwise and pw2 convs with trainable biases."""
+    torch.manual_seed(0)
+    c, e, hw, b = 8, 24, 6, 2
+    pw1, dw, pw2 = nn.Conv2d(c, e, 1), nn.Conv2d(e, e, 3, padding=1, groups=e), nn.Conv2d(e, c, 1)
+    bn1, bn2 = make_bn(e).eval(), make_bn(e).eval()
+    plain = nn.Sequential(pw1, bn1, nn.ReLU6(), dw, bn2, nn.ReLU6(), pw2)
+    ref = copy.deepcopy(plain)
+    lean = nn.Sequential(
+        SubChannelConv.from_module(pw1, 0.25), ShiftOnlyNorm.from_module(bn1),
+        MaskedReLU6.from_module(plain[2]), FrozenConv.from_module(dw),
+        ShiftOnlyNorm.from_module(bn2), MaskedReLU6.from_module(plain[5]), FrozenConv.from_module(pw2))
+    x = torch.randn(b, c, hw, hw)
+    assert torch.equal(lean(x), ref(x))
+    mask = math.ceil(b * e * hw * hw / 8)
+    assert saved_bytes(lean, x) == b * 2 * hw * hw * 4 + 2 * mask
+
+
+def test_subchannel_first_layer_and_frozen_slice():
+    conv = nn.Conv2d(4, 6, 3)
+    lean = SubChannelConv.from_module(conv, 0.5)
+    assert {"weight", "weight_sel", "bias", "idx"} == set(lean.state_dict())
+    x = torch.randn(2, 4, 5, 5)  # the input needs no gradient
+    assert saved_bytes(lean, x) == 2 * 2 * 25 * 4
+    lean.weight_sel.requires_grad_(False)  # bias-only: nothing saved
+    assert saved_bytes(lean, x) == 0 and lean.bias.grad is not None
+    assert torch.equal(lean(x[0]), conv(x[0]))  # unbatched

@@ -8,8 +8,9 @@ not activations and are not counted here; they are in the weight bytes.
 
 from __future__ import annotations
 
+from ..graph import TensorInfo
 from ..plan import OpView
-from .base import Mode, private, register_mode, tensor
+from .base import Mode, Saved, private, register_mode, tensor
 
 
 class PyTorchMode(Mode):
@@ -28,11 +29,19 @@ def conv(op: OpView):
     yield tensor(op, op.node.in_tensors[0], "input")
 
 
+def folded(op: OpView, t: TensorInfo, what: str) -> Saved:
+    """An operand as mm / bmm keep it: inputs with more than 2 dims are reshaped, which copies
+    a non-contiguous tensor (e.g. after a transpose) into a new storage."""
+    if len(t.shape) > 2 and not t.contiguous:
+        return private(t.nbytes, f"{what} (reshaped copy)")
+    return tensor(op, t, what)
+
+
 @rule("linear")
 def linear(op: OpView):
     # addmm / mm: input only if the weight needs a gradient
     if op.train.weight:
-        yield tensor(op, op.node.in_tensors[0], "input")
+        yield folded(op, op.node.in_tensors[0], "input")
 
 
 @rule("batchnorm")
@@ -134,9 +143,9 @@ def div(op: OpView):
 def matmul(op: OpView):
     a, b = op.node.in_tensors[:2]
     if op.req_in[0]:
-        yield tensor(op, b, "other operand")
+        yield folded(op, b, "other operand")
     if op.req_in[1]:
-        yield tensor(op, a, "other operand")
+        yield folded(op, a, "other operand")
 
 
 @rule("cross_entropy")

@@ -49,7 +49,8 @@ class UnknownModelError(ModelNotFound, KeyError):
     def __init__(self, name: str, suggestions: list[str]):
         self.name = name
         self.suggestions = suggestions
-        hint = f"did you mean {', '.join(suggestions)}?" if suggestions else f"known models: {', '.join(names())}"
+        known = ", ".join([*names(), "mobilenetv2-w<float>"])
+        hint = f"did you mean {', '.join(suggestions)}?" if suggestions else f"known models: {known}"
         super().__init__(f"unknown model {name!r}", hint)
 
 
@@ -63,9 +64,9 @@ _ENTRIES = [
     ZooEntry("mbv2-w0.35", mbv2_w035, 128, 1000,
              "MobileNetV2 x0.35 without feature-mix conv, 128 px (Lin et al., 256KB on-device training, NeurIPS 2022)"),
     ZooEntry("mobilenetv3-small", mobilenet_v3_small, 224, 1000,
-             "MobileNetV3-Small with SE and h-swish (Howard et al., ICCV 2019): 2.54M params, 56M MACs"),
+             "MobileNetV3-Small, SE + h-swish (Howard et al., ICCV 2019): 2.54M params, 56M MAdds (SE convs excluded)"),
     ZooEntry("mobilenetv3-large", mobilenet_v3_large, 224, 1000,
-             "MobileNetV3-Large with SE and h-swish (Howard et al., ICCV 2019): 5.48M params, 219M MACs"),
+             "MobileNetV3-Large, SE + h-swish (Howard et al., ICCV 2019): 5.48M params, 217M MACs (paper: 219M)"),
     ZooEntry("proxylessnas-mobile", proxylessnas_mobile, 224, 1000,
              "ProxylessNAS-Mobile (Cai et al., ICLR 2019), TinyTL / MobileTL backbone: 4.08M params, 320M MACs"),
     ZooEntry("proxylessnas-w0.3", proxylessnas_w03, 128, 1000,

@@ -15,7 +15,9 @@ from torch import nn
 from .blocks import ConvBNAct, ConvNet, InvertedResidual, make_divisible
 
 # MobileNetV2 stages: expand ratio t, output channels c, repeats n, first stride s.
-MBV2_SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+MBV2_SETTINGS = [
+    (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1),
+]  # fmt: skip
 
 
 def mobilenet_v2(
@@ -25,8 +27,9 @@ def mobilenet_v2(
 
     Every channel count is ``make_divisible(c * width_mult, 8)``; mid = round(cin * t). The
     1x1 feature-mix conv has ``make_divisible(1280 * max(1, width_mult), 8)`` channels (the
-    paper keeps 1280 for multipliers below 1). Checks at 224 px, 1000 classes: x1.0 has
-    3,504,872 params and 300.8M MACs (conv + FC), the paper's "3.4M / 300M".
+    paper keeps 1280 for multipliers below 1). At 224 px, 1000 classes: x1.0 has 3,504,872
+    params and 300.8M conv + FC MACs (reference 3.50M / 300M); x1.4 has 6,108,776 params and
+    582.2M MACs (TF-slim README: 582M; its 6.06M params leave out the BN affine params).
     ``feature_mix=False`` drops that conv (the 256KB paper's mbv2-w0.35 variant).
     """
     stem_channels = make_divisible(32 * width_mult)
@@ -50,7 +53,8 @@ def mbv2_w035(num_classes: int = 1000) -> ConvNet:
 
     Stem 16, stage outputs 8, 8, 16, 24, 32, 56, 112, no 1x1 feature-mix conv: the last
     block (112 ch) -> pool -> Linear(112, classes); 51 convs; run at 128x128, no dropout.
-    Paper: backbone 17M MACs, 0.25M params.
+    Paper: backbone 17M MACs, 0.25M params; built: 16.65M conv MACs, 250,208 params without
+    the classifier.
     """
     return mobilenet_v2(num_classes, 0.35, feature_mix=False, dropout=0.0)
 
@@ -79,7 +83,12 @@ def mobilenet_v3(num_classes: int = 1000, variant: str = "large", dropout: float
     with ``make_divisible(expanded // 4, 8)`` squeeze channels, biased 1x1 convs, ReLU and
     hard-sigmoid; last 1x1 conv (960 / 576 ch, h-swish) -> pool -> Linear(1280 / 1024) ->
     h-swish -> Dropout(0.2) -> Linear(classes). 224 px, 1000 classes: Large 5,483,032
-    params, Small 2,542,856 (paper 5.4M / 2.5M, torchvision 5.48M / 2.54M).
+    params, Small 2,542,856 (reference 5.48M / 2.54M).
+
+    MACs: the paper's figures are not pure conv + FC counts. Large: conv + FC = 216.6M, the
+    217M of the authors' TF-slim README; the paper's 219M is about what one op per h-swish,
+    SE-multiply and residual-add element adds (219.1M). Small: conv + FC = 56.51M; the
+    paper's 56M matches conv + FC without the SE 1x1 convs (56.05M).
     """
     config, last_conv, last_linear = (MBV3_LARGE, 960, 1280) if variant == "large" else (MBV3_SMALL, 576, 1024)
     blocks: list[nn.Module] = []

@@ -1,0 +1,182 @@
+"""``memplan`` command line: a thin typer layer over the Python API.
+
+Every error caused by the input ends in one line ``error: ...`` on stderr and exit code 2
+(1 for an internal error; set MEMPLAN_DEBUG=1 for its traceback; 130 when interrupted).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from . import api, render
+from .errors import MemplanError
+from .io import write_text
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  help="Memory / FLOP profiler and sparse-update planner for on-device transfer learning.")
+
+ModelArg = typer.Argument(..., help="zoo name (see `memplan models`), package.module:attr or path/to/file.py:attr")
+BatchOpt = typer.Option(1, "--batch", "-b", help="batch size")
+ResOpt = typer.Option(None, "--resolution", "-r", help="input side in px (default: the model's)")
+ClassesOpt = typer.Option(None, "--classes", "-c", help="classifier outputs (default: the model's)")
+ModeOpt = typer.Option("pytorch", "--mode", help="accounting convention: pytorch (eager autograd, byte-exact) or ideal")
+OptimOpt = typer.Option("sgd", "--optimizer", help="sgd | sgd-momentum | adam (state counted per trainable weight)")
+BitsOpt = typer.Option(32, "--frozen-bits", help="storage bits of frozen weights (8 = int8)")
+LeafOpt = typer.Option(None, "--leaf", help="module class or qualname to treat as one op (repeatable)")
+BlocksNamesOpt = typer.Option(None, "--block-names", help="comma-separated block module qualnames (overrides the structural rule)")
+ShapeOpt = typer.Option(None, "--input-shape", help="per-sample input shape, e.g. 3,224,224 (models outside the zoo)")
+BinaryOpt = typer.Option(False, "--binary", help="print sizes 1024-based (KiB/MiB) instead of 1000-based (kB/MB)")
+
+
+def _shape(text: Optional[str]) -> Optional[tuple[int, ...]]:
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(s) for s in text.replace("x", ",").split(",") if s.strip())
+    except ValueError:
+        raise MemplanError(f"cannot read --input-shape {text!r}", "write it like 3,224,224") from None
+    if not shape or min(shape) < 1:
+        raise MemplanError(f"--input-shape {text!r} must be positive integers")
+    return shape
+
+
+def _capture_opts(batch, resolution, classes, leaf, block_names, input_shape) -> dict:
+    return dict(batch=batch, resolution=resolution, classes=classes, leaf_modules=tuple(leaf or ()),
+                block_names=[b.strip() for b in block_names.split(",") if b.strip()] if block_names else None,
+                input_shape=_shape(input_shape))
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
+def _emit(text: str, target: str, console: Console) -> None:
+    if target == "-":
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        path = write_text(target, text)
+        console.print(f"wrote {path}")
+
+
+@app.command()
+def profile(
+    model: str = ModelArg,
+    method: str = typer.Option("full", "--method", "-m", help="strategy: full, last, norm, bias, lastk, ..."),
+    blocks: Optional[int] = typer.Option(None, "--blocks", "-k", help="number of last blocks that train (lastk)"),
+    layers: Optional[int] = typer.Option(None, "--layers", help="number of last conv/linear layers that train (lastk)"),
+    batch: int = BatchOpt, resolution: Optional[int] = ResOpt, classes: Optional[int] = ClassesOpt,
+    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt,
+    per_layer: bool = typer.Option(False, "--per-layer", help="print the per-layer table"),
+    json_out: Optional[str] = typer.Option(None, "--json", help="write the profile as JSON to PATH ('-' = stdout, JSON only)"),
+    csv_out: Optional[str] = typer.Option(None, "--csv", help="write the per-layer table as CSV to PATH ('-' = stdout)"),
+    leaf: Optional[List[str]] = LeafOpt, block_names: Optional[str] = BlocksNamesOpt,
+    input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt,
+) -> None:
+    """Memory and FLOPs of fine-tuning MODEL with one strategy."""
+    quiet = json_out == "-" or csv_out == "-"
+    console = _console(quiet)
+    p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, blocks=blocks,
+                    layers=layers, **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape))
+    if json_out:
+        _emit(render.to_json(p), json_out, console)
+    if csv_out:
+        _emit(render.layers_csv([p]), csv_out, console)
+    if not quiet:
+        render.print_profile(p, console, per_layer=per_layer, binary=binary)
+
+
+@app.command()
+def compare(
+    model: str = ModelArg,
+    methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated strategies, e.g. full,bias,lastk:3 "
+                                          "(default: full,last,norm,bias,lastk:3)"),
+    batch: int = BatchOpt, resolution: Optional[int] = ResOpt, classes: Optional[int] = ClassesOpt,
+    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt,
+    json_out: Optional[str] = typer.Option(None, "--json", help="write all profiles as JSON to PATH ('-' = stdout)"),
+    csv_out: Optional[str] = typer.Option(None, "--csv", help="write one totals row per strategy as CSV to PATH"),
+    leaf: Optional[List[str]] = LeafOpt, block_names: Optional[str] = BlocksNamesOpt,
+    input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt,
+) -> None:
+    """One row per strategy: trainable params, saved activations, weights, memory, FLOPs."""
+    quiet = json_out == "-" or csv_out == "-"
+    console = _console(quiet)
+    items = None
+    if methods:
+        items = []
+        for tok in (t.strip() for t in methods.split(",") if t.strip()):
+            name, _, k = tok.partition(":")
+            if k and not k.isdigit():
+                raise MemplanError(f"cannot read {tok!r} in --methods", "write a method, or method:K for K blocks")
+            items.append((name, {"blocks": int(k)} if k else {}))
+    profiles = api.compare(model, items, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
+                           **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape))
+    if json_out:
+        _emit(render.many_to_json(profiles), json_out, console)
+    if csv_out:
+        _emit(render.totals_csv(profiles), csv_out, console)
+    if not quiet:
+        render.print_compare(profiles, console, binary=binary)
+
+
+@app.command()
+def models() -> None:
+    """The model zoo with parameters and MACs at each model's default resolution."""
+    from rich.table import Table
+
+    from . import zoo
+    from .units import fmt_count
+
+    console = _console()
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ["name", "input", "classes", "params", "MACs", "blocks", "description"]:
+        table.add_column(col, justify="right" if col in ("params", "MACs", "classes", "blocks") else "left")
+    for name in zoo.names():
+        entry = zoo.get_entry(name)
+        cap = api.capture_model(name)
+        p = api.profile_captured(cap, "last")
+        table.add_row(name, "x".join(map(str, entry.input_shape(entry.resolution))), str(cap.classes),
+                      fmt_count(p.totals.params), fmt_count(p.totals.macs), str(len(cap.graph.blocks)), entry.description)
+    console.print(table)
+    console.print("[dim]Any other model: package.module:attr or path/to/file.py:attr (nn.Module class, instance or "
+                  "zero-argument factory).[/]")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console entry point: run the app and turn every failure into one line and an exit code."""
+    command = typer.main.get_command(app)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        rv = command.main(args=argv, prog_name="memplan", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except MemplanError as exc:
+        err.print(f"error: {exc}", markup=False)
+        code = exc.exit_code
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        err.print("error: interrupted", markup=False)
+        code = 130
+    except typer.TyperException as exc:  # usage errors (bad option value, missing argument, ...)
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            print(exc.format_message())
+            code = 0
+        else:
+            err.print(f"error: {' '.join(exc.format_message().split())}", markup=False)
+            code = getattr(exc, "exit_code", 2)
+    except Exception as exc:  # an internal bug: still one line unless debugging
+        if os.environ.get("MEMPLAN_DEBUG"):
+            raise
+        err.print(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+                  "(rerun with MEMPLAN_DEBUG=1 for the traceback)", markup=False)
+        code = 1
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Atomic output: write to a temporary file beside the target, then rename over it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import MemplanError
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (no partial file is ever visible)."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise MemplanError(f"cannot write {target}: directory {directory} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise MemplanError(f"cannot write {target}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise MemplanError(f"cannot write {target}: {exc.strerror or exc}") from None
+        raise
+    return target
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    return write_text(path, json.dumps(data, indent=2, default=str) + "\n")

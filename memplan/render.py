@@ -1,0 +1,142 @@
+"""Views of profiles: rich tables, JSON and CSV. Nothing here computes a cost."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, fields
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from .costs import Costs, LayerCost, Profile
+from .units import fmt_bytes, fmt_count
+
+LAYER_CSV_FIELDS = ["name", "kind", "target", "output_shape", "block", "grad_input", "grad_weight", "grad_bias"] + [
+    f.name for f in fields(Costs)
+]
+
+
+def to_json(profile: Profile) -> str:
+    return json.dumps(profile.to_dict(), indent=2, default=str)
+
+
+def many_to_json(profiles: Sequence[Profile]) -> str:
+    return json.dumps([p.to_dict() for p in profiles], indent=2, default=str)
+
+
+def layers_csv(profiles: Sequence[Profile]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["model", "method", "mode"] + LAYER_CSV_FIELDS)
+    for p in profiles:
+        for layer in p.layers:
+            row = asdict(layer)
+            w.writerow([p.model, p.method, p.mode] + [
+                "x".join(map(str, row[k])) if k == "output_shape" else row[k] for k in LAYER_CSV_FIELDS
+            ])
+    return buf.getvalue()
+
+
+def totals_csv(profiles: Sequence[Profile]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    keys = list(asdict(profiles[0].totals))
+    w.writerow(["model", "method", "options", "mode", "batch"] + keys)
+    for p in profiles:
+        t = asdict(p.totals)
+        w.writerow([p.model, p.method, json.dumps(p.options), p.mode, p.batch] + [t[k] for k in keys])
+    return buf.getvalue()
+
+
+def _header(p: Profile) -> str:
+    shape = "x".join(map(str, p.input_shape[1:]))
+    opts = "".join(f" {k}={v}" for k, v in p.options.items())
+    return (f"[bold]{p.model}[/] · method [bold]{p.method}[/]{opts} · mode [bold]{p.mode}[/] · batch {p.batch} · "
+            f"input {shape} · {p.classes} classes · optimizer {p.optimizer}")
+
+
+def method_label(p: Profile) -> str:
+    opts = ",".join(f"{k}={v}" for k, v in p.options.items() if not isinstance(v, (dict, list)))
+    return f"{p.method}({opts})" if opts else p.method
+
+
+def print_profile(p: Profile, console: Console, per_layer: bool = False, binary: bool = False) -> None:
+    t = p.totals
+    b = lambda n: fmt_bytes(n, binary)  # noqa: E731
+    console.print(_header(p))
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("memory")
+    table.add_column("size", justify="right")
+    table.add_column("bytes", justify="right")
+    for label, value in [
+        ("weights" + (f" (frozen at {p.frozen_bits} bit)" if p.frozen_bits != 32 else ""), t.weight_bytes),
+        ("gradients", t.gradient_bytes),
+        ("optimizer state", t.optimizer_bytes),
+        ("saved activations", t.saved_activation_bytes),
+        ("total", t.total_bytes),
+        (f"peak ({p.peak_phase} at {p.peak_layer})", t.peak_bytes),
+    ]:
+        table.add_row(label, b(value), f"{value:,}")
+    console.print(table)
+    console.print(
+        f"params {t.params:,} · trainable {t.trainable_params:,} · MACs {fmt_count(t.macs)} · "
+        f"forward {fmt_count(t.forward_flops)}FLOPs (+{fmt_count(t.forward_other_flops)} other) · "
+        f"backward {fmt_count(t.backward_flops)}FLOPs (input {fmt_count(t.backward_grad_input_flops)}, "
+        f"weight {fmt_count(t.backward_grad_weight_flops)}, bias {fmt_count(t.backward_grad_bias_flops)}; "
+        f"+{fmt_count(t.backward_other_flops)} other)"
+    )
+    for key, value in p.extras.items():
+        console.print(f"{key}: {value}")
+    if p.unknown_ops:
+        ops = ", ".join(f"{k} x{v}" for k, v in sorted(p.unknown_ops.items()))
+        console.print(f"[yellow]unknown ops (not costed, memory and FLOPs of these are missing): {ops}[/]")
+    console.print("[dim]FLOPs = 2 x MACs of conv/linear/matmul; other = norms, activations, adds, pooling, loss. "
+                  f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]")
+    if per_layer:
+        print_layers(p.layers, console, binary)
+
+
+def print_layers(layers: Sequence[LayerCost], console: Console, binary: bool = False) -> None:
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col, justify in [("#", "right"), ("layer", "left"), ("kind", "left"), ("output", "left"), ("block", "left"),
+                         ("params", "right"), ("trainable", "right"), ("grad i/w/b", "left"),
+                         ("saved act", "right"), ("fwd FLOPs", "right"), ("bwd FLOPs", "right")]:
+        table.add_column(col, justify=justify)
+    for i, layer in enumerate(layers):
+        if layer.kind in ("view", "identity", "getitem"):
+            continue
+        grads = "".join(["i" if layer.grad_input else "-",
+                         ("w" if layer.grad_weight >= 1 else f"w{layer.grad_weight:g}") if layer.grad_weight else "-",
+                         "b" if layer.grad_bias else "-"])
+        table.add_row(
+            str(i), layer.name, layer.kind, "x".join(map(str, layer.output_shape)), layer.block or "",
+            f"{layer.params:,}" if layer.params else "", f"{layer.trainable_params:,}" if layer.trainable_params else "",
+            grads, fmt_bytes(layer.saved_activation_bytes, binary) if layer.saved_activation_bytes else "",
+            fmt_count(layer.forward_flops + layer.forward_other_flops),
+            fmt_count(layer.backward_flops + layer.backward_other_flops),
+        )
+    console.print(table)
+
+
+def print_compare(profiles: Sequence[Profile], console: Console, binary: bool = False) -> None:
+    p0 = profiles[0]
+    console.print(f"[bold]{p0.model}[/] · mode [bold]{p0.mode}[/] · batch {p0.batch} · "
+                  f"input {'x'.join(map(str, p0.input_shape[1:]))} · {p0.classes} classes · optimizer {p0.optimizer}")
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ["method", "trainable params", "saved act", "weights", "grads+opt", "total", "peak", "fwd FLOPs", "bwd FLOPs"]:
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for p in profiles:
+        t = p.totals
+        table.add_row(method_label(p), f"{t.trainable_params:,}", fmt_bytes(t.saved_activation_bytes, binary),
+                      fmt_bytes(t.weight_bytes, binary), fmt_bytes(t.gradient_bytes + t.optimizer_bytes, binary),
+                      fmt_bytes(t.total_bytes, binary), fmt_bytes(t.peak_bytes, binary),
+                      fmt_count(t.forward_flops), fmt_count(t.backward_flops))
+    console.print(table)
+    unknown = {k: v for p in profiles for k, v in p.unknown_ops.items()}
+    if unknown:
+        console.print(f"[yellow]unknown ops (not costed): {', '.join(f'{k} x{v}' for k, v in unknown.items())}[/]")
+    console.print("[dim]FLOPs = 2 x MACs of conv/linear/matmul only. "
+                  f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]")

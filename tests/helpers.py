@@ -1,0 +1,34 @@
+"""Shared test helpers: build a real model, its graph, and measure the truth."""
+
+from __future__ import annotations
+
+import torch
+
+from memplan import zoo
+from memplan.costs import compute
+from memplan.graph import capture
+from memplan.measure import apply_plain, saved_bytes
+from memplan.modes import get_mode
+from memplan.strategies import make_plan
+
+from .conftest import small_shape
+
+STRATEGIES = [("full", {}), ("last", {}), ("norm", {}), ("bias", {}), ("lastk", {"blocks": 2})]
+
+
+def real_model(name: str, classes: int = 10, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return zoo.build(name, num_classes=classes)
+
+
+def predicted_and_measured(model, shape, method, opts, mode="pytorch", classes=10):
+    graph = capture(model, shape)
+    if method == "lastk" and not graph.blocks:
+        opts = {"layers": 3}
+    plan = make_plan(graph, method, **opts)
+    prof = compute(graph, plan, get_mode(mode))
+    apply_plain(model, graph, plan)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=g)
+    y = torch.randint(0, classes, (shape[0],), generator=g)
+    return prof, saved_bytes(model, x, y)
