@@ -12,7 +12,7 @@ from .errors import BadOption
 from .graph import LayerGraph, capture
 from .loading import resolve, sample_shape
 from .modes import get_mode
-from .strategies import make_plan
+from .strategies import get_strategy, make_plan, transform_model
 
 DEFAULT_METHODS = ("full", "last", "norm", "bias", "lastk")
 
@@ -41,11 +41,14 @@ def capture_model(
     input_shape: Sequence[int] | None = None,
     leaf_modules: Iterable[str | type] = (),
     block_names: Sequence[str] | None = None,
+    method: str | None = None,
+    method_options: dict[str, Any] | None = None,
 ) -> Captured:
     """Trace ``model`` (zoo name, import spec or module) at ``batch`` x per-sample shape.
 
     ``input_shape`` is the per-sample shape (no batch); by default (3, r, r) at the zoo's
-    resolution, or 224 for models outside the zoo.
+    resolution, or 224 for models outside the zoo. With ``method``, that strategy's
+    architecture transform (if any) is applied before tracing.
     """
     _positive("batch", batch)
     _positive("resolution", resolution)
@@ -53,6 +56,8 @@ def capture_model(
     spec = resolve(model, classes)
     res = resolution or spec.resolution or 224
     shape = tuple(input_shape) if input_shape is not None else sample_shape(model, res)
+    if method is not None:
+        spec.model = transform_model(spec.model, method, **(method_options or {}))
     graph = capture(spec.model, (batch, *shape), leaf_modules=leaf_modules, block_names=block_names, name=spec.name)
     classes_out = graph.nodes[-2].in_tensors[0].shape[-1]
     return Captured(graph, spec.name, None if input_shape is not None else res, classes_out)
@@ -93,7 +98,7 @@ def profile(
     ``options``: strategy options, e.g. ``blocks=3`` for ``lastk``.
     """
     cap = capture_model(model, batch=batch, resolution=resolution, classes=classes, input_shape=input_shape,
-                        leaf_modules=leaf_modules, block_names=block_names)
+                        leaf_modules=leaf_modules, block_names=block_names, method=method, method_options=options)
     return profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **options)
 
 
@@ -106,13 +111,17 @@ def compare(
     frozen_bits: int = 32,
     **capture_options: Any,
 ) -> list[Profile]:
-    """One profile per strategy, traced once. ``methods`` items are names or (name, options)."""
+    """One profile per strategy. ``methods`` items are names or (name, options). The model is
+    traced once, plus once per strategy that transforms the architecture."""
     cap = capture_model(model, **capture_options)
     items = methods if methods is not None else default_methods(cap)
     out = []
     for item in items:
         name, opts = (item, {}) if isinstance(item, str) else item
-        out.append(profile_captured(cap, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **opts))
+        this = cap
+        if get_strategy(name).transform is not None:
+            this = capture_model(model, method=name, method_options=opts, **capture_options)
+        out.append(profile_captured(this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **opts))
     return out
 
 

@@ -21,7 +21,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from .errors import MemplanError, TraceFailure
-from .ops import FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, PARAM_KINDS, function_name
+from .ops import ACTIVATIONS, FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, NORM_KINDS, PARAM_KINDS, function_name
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,26 @@ def trace(model: nn.Module, leaf_modules: Iterable[str | type] = (), name: str =
 # --------------------------------------------------------------------------- shape propagation
 
 
+#: module kinds whose output is a tensor like their input: no need to run their meta kernels
+#: (BatchNorm's would import torch._dynamo, about a second on first use)
+SHAPE_PRESERVING = NORM_KINDS | ACTIVATIONS
+
+
+def _conv_shape(conv: nn.Module, x: torch.Size) -> tuple[int, ...] | None:
+    """Output shape of a zero-padded conv with integer padding; None when not that simple."""
+    if isinstance(conv.padding, str) or conv.padding_mode != "zeros" or len(x) != conv.weight.dim():
+        return None
+    spatial = []
+    for size, k, s, p, d in zip(x[2:], conv.kernel_size, conv.stride, conv.padding, conv.dilation):
+        out = (size + 2 * p - d * (k - 1) - 1) // s + 1
+        if out < 1:
+            return None
+        spatial.append(out)
+    if x[1] != conv.in_channels:
+        return None
+    return (x[0], conv.out_channels, *spatial)
+
+
 class _MetaRunner(fx.Interpreter):
     """Runs a GraphModule on meta tensors, swapping in meta copies of real parameters."""
 
@@ -223,6 +243,14 @@ class _MetaRunner(fx.Interpreter):
 
     def call_module(self, target, args, kwargs):
         mod = self.fetch_attr(target)
+        if module_kind(mod) in SHAPE_PRESERVING and len(args) == 1 and isinstance(args[0], torch.Tensor):
+            # same shape and strides out; in-place variants return their input (same storage)
+            x = args[0]
+            return x if getattr(mod, "inplace", False) else torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        if type(mod) in (nn.Conv1d, nn.Conv2d) and len(args) == 1 and isinstance(args[0], torch.Tensor):
+            shape = _conv_shape(mod, args[0].shape)
+            if shape is not None:  # torch's meta conv imports sympy on first use (~1 s)
+                return torch.empty(shape, dtype=args[0].dtype, device="meta")
         state = dict(mod.named_parameters(recurse=True))
         state.update(mod.named_buffers(recurse=True))
         if all(t.device.type == "meta" for t in state.values()):

@@ -217,7 +217,13 @@ class ConvNet(nn.Module):
 
 
 def init_weights(model: nn.Module) -> None:
-    """Kaiming-normal (fan_out) convs, unit/zero norms, N(0, 0.01) linears, zero biases."""
+    """Kaiming-normal (fan_out) convs, unit/zero norms, N(0, 0.01) linears, zero biases.
+
+    Skipped on the meta device (profiling needs shapes only; random init there would pull in
+    torch's decomposition machinery and cost seconds).
+    """
+    if any(p.is_meta for p in model.parameters()):
+        return
     for m in model.modules():
         if isinstance(m, (nn.Conv1d, nn.Conv2d)):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

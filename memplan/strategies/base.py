@@ -1,8 +1,10 @@
-"""Fine-tuning strategies: each turns a traced graph into a :class:`~memplan.plan.Plan`.
+"""The strategy registry and the basic strategies (full, last, norm, bias, lastk).
 
-A strategy says what trains and which norms use batch statistics; it knows nothing of
-memory or FLOPs (those come from the modes), so every strategy works under every mode.
-Register one with ``@strategy(name, description, options)``.
+A strategy turns a traced graph into a :class:`~memplan.plan.Plan`: what trains and which
+norms use batch statistics. It knows nothing of memory or FLOPs (those come from the modes),
+so every strategy works under every mode. A strategy that changes the architecture (TinyTL's
+lite residual branches) also declares a ``transform`` applied to the model before tracing;
+the same transform is what ``apply_strategy`` uses on a real model.
 """
 
 from __future__ import annotations
@@ -10,44 +12,69 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import BadOption
-from .graph import LayerGraph, Node
-from .ops import NORM_KINDS
-from .plan import Plan, Train
+import torch.nn as nn
+
+from ..errors import BadOption
+from ..graph import LayerGraph, Node
+from ..ops import NORM_KINDS
+from ..plan import Plan, Train
 
 StrategyFn = Callable[..., Plan]
+TransformFn = Callable[..., nn.Module]
 
 
 @dataclass(frozen=True)
 class Strategy:
     name: str
-    fn: StrategyFn
+    fn: StrategyFn  # fn(graph, **plan_options) -> Plan
     description: str
-    options: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()  # plan options accepted by fn
+    transform: TransformFn | None = None  # transform(model, **transform_options) -> model, before tracing
+    transform_options: tuple[str, ...] = ()
 
 
 STRATEGIES: dict[str, Strategy] = {}
 
 
-def strategy(name: str, description: str, options: tuple[str, ...] = ()) -> Callable[[StrategyFn], StrategyFn]:
+def strategy(name: str, description: str, options: tuple[str, ...] = (), transform: TransformFn | None = None,
+             transform_options: tuple[str, ...] = ()) -> Callable[[StrategyFn], StrategyFn]:
     def register(fn: StrategyFn) -> StrategyFn:
-        STRATEGIES[name] = Strategy(name, fn, description, options)
+        STRATEGIES[name] = Strategy(name, fn, description, options, transform, transform_options)
         return fn
     return register
 
 
-def make_plan(graph: LayerGraph, method: str, **options: Any) -> Plan:
-    """Build the plan of ``method``; options that are None count as not given."""
+def get_strategy(method: str) -> Strategy:
     if method not in STRATEGIES:
         raise BadOption(f"unknown method {method!r}", f"choose one of: {', '.join(STRATEGIES)}")
-    st = STRATEGIES[method]
+    return STRATEGIES[method]
+
+
+def split_options(method: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(plan options, transform options) of ``method``; None values count as not given."""
+    st = get_strategy(method)
     given = {k: v for k, v in options.items() if v is not None}
-    extra = sorted(set(given) - set(st.options))
+    extra = sorted(set(given) - set(st.options) - set(st.transform_options))
     if extra:
+        accepted = st.options + st.transform_options
         raise BadOption(f"option --{extra[0].replace('_', '-')} does not apply to method {method!r}",
-                        f"{method} takes: {', '.join('--' + o.replace('_', '-') for o in st.options) or 'no options'}")
-    plan = st.fn(graph, **given)
-    plan.options = {**given, **plan.options}
+                        f"{method} takes: {', '.join('--' + o.replace('_', '-') for o in accepted) or 'no options'}")
+    return ({k: v for k, v in given.items() if k in st.options},
+            {k: v for k, v in given.items() if k in st.transform_options})
+
+
+def transform_model(model: nn.Module, method: str, **options: Any) -> nn.Module:
+    """Apply ``method``'s architecture transform (if any) to ``model``; returns the model."""
+    st = get_strategy(method)
+    _, topts = split_options(method, options)
+    return st.transform(model, **topts) if st.transform is not None else model
+
+
+def make_plan(graph: LayerGraph, method: str, **options: Any) -> Plan:
+    """Build the plan of ``method`` on a graph traced from the (transformed) model."""
+    popts, topts = split_options(method, options)
+    plan = get_strategy(method).fn(graph, **popts)
+    plan.options = {**popts, **topts, **plan.options}
     return plan
 
 
