@@ -43,12 +43,14 @@ def capture_model(
     block_names: Sequence[str] | None = None,
     method: str | None = None,
     method_options: dict[str, Any] | None = None,
+    norm: str | None = None,
 ) -> Captured:
     """Trace ``model`` (zoo name, import spec or module) at ``batch`` x per-sample shape.
 
     ``input_shape`` is the per-sample shape (no batch); by default (3, r, r) at the zoo's
     resolution, or 224 for models outside the zoo. With ``method``, that strategy's
-    architecture transform (if any) is applied before tracing.
+    architecture transform (if any) is applied before tracing. ``norm="group"`` swaps every
+    BatchNorm for GroupNorm first (TinyTL's setting; see ``memplan.transforms``).
     """
     _positive("batch", batch)
     _positive("resolution", resolution)
@@ -56,6 +58,10 @@ def capture_model(
     spec = resolve(model, classes)
     res = resolution or spec.resolution or 224
     shape = tuple(input_shape) if input_shape is not None else sample_shape(model, res)
+    if norm is not None:
+        from .transforms import swap_norm
+
+        spec.model = swap_norm(spec.model, norm)
     if method is not None:
         spec.model = transform_model(spec.model, method, **(method_options or {}))
     graph = capture(spec.model, (batch, *shape), leaf_modules=leaf_modules, block_names=block_names, name=spec.name)
@@ -89,6 +95,7 @@ def profile(
     frozen_bits: int = 32,
     leaf_modules: Iterable[str | type] = (),
     block_names: Sequence[str] | None = None,
+    norm: str | None = None,
     **options: Any,
 ) -> Profile:
     """Memory and FLOPs of fine-tuning ``model`` with ``method``, layer by layer.
@@ -98,7 +105,8 @@ def profile(
     ``options``: strategy options, e.g. ``blocks=3`` for ``lastk``.
     """
     cap = capture_model(model, batch=batch, resolution=resolution, classes=classes, input_shape=input_shape,
-                        leaf_modules=leaf_modules, block_names=block_names, method=method, method_options=options)
+                        leaf_modules=leaf_modules, block_names=block_names, method=method, method_options=options,
+                        norm=norm)
     return profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **options)
 
 

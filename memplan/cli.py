@@ -31,6 +31,34 @@ LeafOpt = typer.Option(None, "--leaf", help="module class or qualname to treat a
 BlocksNamesOpt = typer.Option(None, "--block-names", help="comma-separated block module qualnames (overrides the structural rule)")
 ShapeOpt = typer.Option(None, "--input-shape", help="per-sample input shape, e.g. 3,224,224 (models outside the zoo)")
 BinaryOpt = typer.Option(False, "--binary", help="print sizes 1024-based (KiB/MiB) instead of 1000-based (kB/MB)")
+BlocksOpt = typer.Option(None, "--blocks", "-k", help="number of last blocks that train (lastk, mobiletl, cache-reuse)")
+LayersOpt = typer.Option(None, "--layers", help="number of last conv/linear layers that train (lastk)")
+SchemeOpt = typer.Option(None, "--scheme", help="sparse-update scheme: memplan scheme JSON or tiny-training backward_config")
+BitsCacheOpt = typer.Option(None, "--bits", help="bits per cached feature (cache-reuse, minilearn)")
+SamplesOpt = typer.Option(None, "--samples", help="number of training samples (cache-reuse, minilearn)")
+EpochsOpt = typer.Option(None, "--epochs", help="training epochs (cache-reuse)")
+OptionOpt = typer.Option(None, "--option", "-o", help="other strategy option as key=value (repeatable), e.g. -o lite_kernel=3")
+NormOpt = typer.Option(None, "--norm", help="replace the model's norm layers: 'group' (GroupNorm, 8 channels per group) as TinyTL does")
+
+
+def _strategy_opts(blocks, layers, scheme, bits, samples, epochs, option) -> dict:
+    """Strategy options from the CLI; ``-o key=value`` passes any other (ints / floats parsed)."""
+    opts = dict(blocks=blocks, layers=layers, scheme=scheme, bits=bits, samples=samples, epochs=epochs)
+    for item in option or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise MemplanError(f"cannot read -o {item!r}", "write -o key=value")
+        opts[key.strip().replace("-", "_")] = _scalar(value.strip())
+    return opts
+
+
+def _scalar(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def _shape(text: Optional[str]) -> Optional[tuple[int, ...]]:
@@ -45,8 +73,8 @@ def _shape(text: Optional[str]) -> Optional[tuple[int, ...]]:
     return shape
 
 
-def _capture_opts(batch, resolution, classes, leaf, block_names, input_shape) -> dict:
-    return dict(batch=batch, resolution=resolution, classes=classes, leaf_modules=tuple(leaf or ()),
+def _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm=None) -> dict:
+    return dict(batch=batch, resolution=resolution, classes=classes, leaf_modules=tuple(leaf or ()), norm=norm,
                 block_names=[b.strip() for b in block_names.split(",") if b.strip()] if block_names else None,
                 input_shape=_shape(input_shape))
 
@@ -67,9 +95,10 @@ def _emit(text: str, target: str, console: Console) -> None:
 @app.command()
 def profile(
     model: str = ModelArg,
-    method: str = typer.Option("full", "--method", "-m", help="strategy: full, last, norm, bias, lastk, ..."),
-    blocks: Optional[int] = typer.Option(None, "--blocks", "-k", help="number of last blocks that train (lastk)"),
-    layers: Optional[int] = typer.Option(None, "--layers", help="number of last conv/linear layers that train (lastk)"),
+    method: str = typer.Option("full", "--method", "-m", help="strategy (see `memplan methods`)"),
+    blocks: Optional[int] = BlocksOpt, layers: Optional[int] = LayersOpt, scheme: Optional[str] = SchemeOpt,
+    bits: Optional[int] = BitsCacheOpt, samples: Optional[int] = SamplesOpt, epochs: Optional[int] = EpochsOpt,
+    option: Optional[List[str]] = OptionOpt, norm: Optional[str] = NormOpt,
     batch: int = BatchOpt, resolution: Optional[int] = ResOpt, classes: Optional[int] = ClassesOpt,
     mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt,
     per_layer: bool = typer.Option(False, "--per-layer", help="print the per-layer table"),
@@ -81,8 +110,9 @@ def profile(
     """Memory and FLOPs of fine-tuning MODEL with one strategy."""
     quiet = json_out == "-" or csv_out == "-"
     console = _console(quiet)
-    p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, blocks=blocks,
-                    layers=layers, **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape))
+    p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
+                    **_strategy_opts(blocks, layers, scheme, bits, samples, epochs, option),
+                    **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
     if json_out:
         _emit(render.to_json(p), json_out, console)
     if csv_out:
@@ -94,8 +124,9 @@ def profile(
 @app.command()
 def compare(
     model: str = ModelArg,
-    methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated strategies, e.g. full,bias,lastk:3 "
-                                          "(default: full,last,norm,bias,lastk:3)"),
+    methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated strategies, method:K sets --blocks K, "
+                                          "e.g. full,bias,lastk:3,mobiletl:3 (default: full,last,norm,bias,lastk:3)"),
+    norm: Optional[str] = NormOpt,
     batch: int = BatchOpt, resolution: Optional[int] = ResOpt, classes: Optional[int] = ClassesOpt,
     mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt,
     json_out: Optional[str] = typer.Option(None, "--json", help="write all profiles as JSON to PATH ('-' = stdout)"),
@@ -115,13 +146,24 @@ def compare(
                 raise MemplanError(f"cannot read {tok!r} in --methods", "write a method, or method:K for K blocks")
             items.append((name, {"blocks": int(k)} if k else {}))
     profiles = api.compare(model, items, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
-                           **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape))
+                           **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
     if json_out:
         _emit(render.many_to_json(profiles), json_out, console)
     if csv_out:
         _emit(render.totals_csv(profiles), csv_out, console)
     if not quiet:
         render.print_compare(profiles, console, binary=binary)
+
+
+@app.command()
+def methods() -> None:
+    """The fine-tuning strategies and their options."""
+    from .strategies import STRATEGIES
+
+    console = _console()
+    for st in STRATEGIES.values():
+        opts = " ".join(f"--{o.replace('_', '-')}" for o in st.options + st.transform_options)
+        console.print(f"[bold]{st.name}[/] {opts}\n    {st.description}")
 
 
 @app.command()
