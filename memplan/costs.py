@@ -55,6 +55,8 @@ class LayerCost(Costs):
     grad_weight: float = 0.0  # fraction of the weight updated
     grad_bias: bool = False
     saved: list[str] = field(default_factory=list)  # what is kept, e.g. "input 802816 B"
+    total_bytes: int = 0  # this layer's weights + gradients + optimizer state + saved activations
+    peak_bytes: int = 0  # memory in use while this op runs (forward or backward) in the simulated step
 
 
 @dataclass
@@ -152,6 +154,7 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
     unknown: dict[str, int] = {}
     counted: set[int] = set()
     grad_bytes: list[int] = []
+    all_layers: list[LayerCost] = []
     for op in views:
         lc, saved = layer_costs(op, mode, optimizer, frozen_bits)
         if saved is None or flops_of(op, 0.0) is None:
@@ -166,13 +169,17 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
                     counted.add(s.storage)
         saved_by_node.append(saved)
         grad_bytes.append(lc.gradient_bytes)
+        all_layers.append(lc)
         totals.add(lc)
         if op.node.kind not in HIDDEN_KINDS:
             layers.append(lc)
     totals.total_bytes = totals.weight_bytes + totals.gradient_bytes + totals.optimizer_bytes + totals.saved_activation_bytes
     static = totals.weight_bytes + totals.optimizer_bytes + graph.buffer_bytes
-    peak, peak_index, phase = simulate_peak(graph, views, saved_by_node, grad_bytes, static)
+    peak, peak_index, phase, at = simulate_peak(graph, views, saved_by_node, grad_bytes, static)
     totals.peak_bytes = peak
+    for lc, op in zip(all_layers, views):
+        lc.total_bytes = lc.weight_bytes + lc.gradient_bytes + lc.optimizer_bytes + lc.saved_activation_bytes
+        lc.peak_bytes = at[op.node.index]
     meta = dict(meta or {})
     return Profile(
         model=meta.pop("model", graph.model_name), method=plan.method, mode=mode.name, batch=graph.batch,

@@ -81,6 +81,7 @@ class Node:
     params: dict[str, Param] = field(default_factory=dict)
     attrs: dict[str, Any] = field(default_factory=dict)
     scope: str = ""  # qualname of the innermost module whose forward created this node
+    scopes: tuple[str, ...] = ()  # qualnames of every module call this node runs inside, outermost first
     block: str | None = None
 
     @property
@@ -398,12 +399,15 @@ def capture(
             owner, _, pname = str(fxn.target).rpartition(".")
             attrs["param_of"] = (owner, pname)
         stack = fxn.meta.get("nn_module_stack") or {}
-        scope = str(fxn.target) if fxn.op == "call_module" else (list(stack.values())[-1][0] if stack else "")
+        scopes = tuple(str(v[0]) for v in stack.values())
+        if fxn.op == "call_module" and (not scopes or scopes[-1] != str(fxn.target)):
+            scopes += (str(fxn.target),)
+        scope = scopes[-1] if scopes else ""
         fx_index[fxn] = len(nodes)
         nodes.append(Node(
             index=len(nodes), name=layer_name, op=fxn.op, kind=kind, target=target,
             inputs=inputs, in_tensors=in_tensors, outs=outs, module=mod, params=params,
-            attrs=attrs, scope=scope,
+            attrs=attrs, scope=scope, scopes=scopes,
         ))
 
     logits = nodes[-1].in_tensors[0] if nodes[-1].in_tensors else None

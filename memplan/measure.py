@@ -78,3 +78,22 @@ def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward: bo
     if backward and loss.requires_grad:
         loss.backward()
     return SavedMeasurement(total, rows)
+
+
+def step_peak_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Peak of CPU memory allocated during one forward + cross-entropy + backward, above what
+    was allocated before it (weights, buffers, ``x`` and ``y`` already exist), in bytes.
+
+    Replays torch.profiler's per-op allocation records (``profile_memory=True``) in time order.
+    Allocations and frees inside one op are netted by the profiler, so short-lived kernel
+    workspaces are only partly visible. Parameter gradients should be None before the call.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        F.cross_entropy(model(x), y).backward()
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak

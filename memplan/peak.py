@@ -3,8 +3,10 @@
 Model of eager execution with ``optimizer.zero_grad(set_to_none=True)`` before the step:
 
 * static: weights, buffers and optimizer state, alive throughout;
-* forward at op i: every activation storage produced so far that still has a consumer at or
-  after i, or that some op up to i keeps for backward, plus private saved tensors of ops <= i;
+* forward at op i: every activation storage produced so far that is still referenced at i,
+  or that some op up to i keeps for backward, plus private saved tensors of ops <= i. A
+  tensor is referenced until its last consumer and, as in eager Python, until every module
+  call it was passed into returns (the callee's argument holds it);
 * backward at op i (reverse order, recorded ops only): saved storages whose earliest saver is
   <= i (they are freed once every op keeping them has run backward), private saved tensors of
   ops <= i, gradient buffers of outputs whose producer has not run backward yet but some
@@ -20,17 +22,24 @@ from .plan import OpView
 
 
 def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]], param_grads: list[int],
-                  static: int) -> tuple[int, int, str]:
-    """Return (peak bytes, index of the op where it occurs, "forward" | "backward")."""
+                  static: int) -> tuple[int, int, str, list[int]]:
+    """Return (peak bytes, index of the op where it occurs, "forward" | "backward", and per op
+    the most memory in use while it runs, forward or backward)."""
     n = len(graph.nodes)
     producer: dict[int, int] = {}
     last_use: dict[int, int] = {}
+    scope_end: dict[str, int] = {}
+    for node in graph.nodes:
+        for sc in node.scopes:
+            scope_end[sc] = node.index
     for node in graph.nodes:
         for t in node.outs:
             producer.setdefault(t.storage, node.index)
             last_use.setdefault(t.storage, node.index)
-        for t in node.in_tensors:
-            last_use[t.storage] = max(last_use.get(t.storage, node.index), node.index)
+        for src, t in zip(node.inputs, node.in_tensors):
+            entered = [sc for sc in node.scopes if sc not in graph.nodes[src].scopes]
+            end = max([node.index] + [scope_end[sc] for sc in entered])
+            last_use[t.storage] = max(last_use.get(t.storage, end), end)
     first_saver: dict[int, int] = {}
     private_at = [0] * n
     for i, items in enumerate(saved):
@@ -53,10 +62,12 @@ def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved
             diff[i] += graph.storages[sid]
             diff[n] -= graph.storages[sid]
     best, where, phase = 0, 0, "forward"
+    at = [0] * n
     live = private = 0
     for i in range(n):
         live += diff[i]
         private += private_at[i]
+        at[i] = live + private
         if live + private > best:
             best, where = live + private, i
 
@@ -85,9 +96,10 @@ def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved
         if views[i].req_out:
             pgrads += param_grads[i]
             total = held + private + grads + pgrads
+            at[i] = max(at[i], total)
             if total > best:
                 best, where, phase = total, i, "backward"
         held -= saved_free[i]
         private -= private_at[i]
         grads -= grad_free[i]
-    return static + best, where, phase
+    return static + best, where, phase, [static + a for a in at]
