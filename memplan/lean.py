@@ -30,6 +30,7 @@ What each op saves for backward, in bytes (``numel`` = elements of the activatio
 ``MaskedHardtanh``     ceil(numel / 8)  (``MaskedReLU6`` too)
 ``MaskedLeakyReLU``    ceil(numel / 8)
 ``SignHardswish``      ceil(numel / 8)
+``MaskedDropout``      ceil(numel / 8)  (the keep mask; PyTorch's CPU dropout keeps a float one)
 =====================  ===============================================================
 """
 
@@ -50,7 +51,7 @@ __all__ = [
     "packbits", "unpackbits", "select_channels",
     "FrozenConv", "FrozenLinear", "SubChannelConv", "ShiftOnlyNorm",
     "MaskedReLU", "MaskedHardtanh", "MaskedReLU6", "MaskedLeakyReLU", "SignHardswish",
-    "SELECTION_RULES",
+    "MaskedDropout", "SELECTION_RULES",
 ]
 
 SELECTION_RULES = ("magnitude+", "magnitude-", "random")
@@ -627,3 +628,48 @@ class SignHardswish(_MaskedActivation):
 
     def extra_repr(self) -> str:
         return f"threshold={self.threshold}" + (", inplace=True" if self.inplace else "")
+
+
+# ----------------------------------------------------------------------------- dropout
+class _DropoutFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, p: float) -> Tensor:
+        # the same draw as PyTorch's CPU dropout: bernoulli_(1 - p) on an empty_like(x) tensor
+        keep = torch.empty_like(x).bernoulli_(1 - p)
+        ctx.shape, ctx.p = x.shape, p
+        ctx.save_for_backward(packbits(keep.bool()))
+        return x * keep.div_(1 - p)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor):
+        (packed,) = ctx.saved_tensors
+        keep = unpackbits(packed, math.prod(ctx.shape)).view(ctx.shape)
+        return grad_out * keep.to(grad_out.dtype).div_(1 - ctx.p), None
+
+
+class MaskedDropout(nn.Module):
+    """nn.Dropout (0 < p < 1, out of place) keeping a bit-packed keep mask: ``ceil(numel / 8)``
+    bytes instead of PyTorch's float mask (CPU). Same random draw as ``F.dropout`` on CPU, so
+    outputs and gradients are bit-identical under the same RNG state. Eval mode, or an input
+    that needs no gradient, runs plain ``F.dropout``."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 < p < 1.0:
+            raise NotImplementedError(f"MaskedDropout needs 0 < p < 1, got p={p}")
+        self.p = float(p)
+
+    @classmethod
+    def from_module(cls, m: nn.Dropout) -> "MaskedDropout":
+        if type(m) is not nn.Dropout or m.inplace:
+            raise NotImplementedError(f"MaskedDropout wraps an out-of-place nn.Dropout, not {m!r}")
+        return cls(m.p)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (self.training and torch.is_grad_enabled() and x.requires_grad):
+            return F.dropout(x, self.p, self.training)
+        return _DropoutFn.apply(x, self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
