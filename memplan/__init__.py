@@ -7,11 +7,13 @@ transfer learning.
 """
 
 from .api import capture_model, compare, profile, profile_captured
+from .apply import apply_plan, apply_scheme, apply_strategy
 from .costs import LayerCost, Profile, Totals
 from .errors import MemplanError
 from .graph import LayerGraph, capture, trace
 from .modes import MODES
 from .plan import Plan, Train
+from .scheme import Scheme, load_scheme
 from .strategies import STRATEGIES, make_plan
 
 __version__ = "0.1.0"
@@ -19,5 +21,5 @@ __version__ = "0.1.0"
 __all__ = [
     "profile", "compare", "capture_model", "profile_captured", "Profile", "LayerCost", "Totals",
     "MemplanError", "LayerGraph", "capture", "trace", "MODES", "Plan", "Train", "STRATEGIES", "make_plan",
-    "__version__",
+    "apply_plan", "apply_strategy", "apply_scheme", "Scheme", "load_scheme", "__version__",
 ]

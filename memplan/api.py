@@ -78,8 +78,12 @@ def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorc
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
     acc = get_mode(mode)
     plan = make_plan(cap.graph, method, **options)
-    return compute(cap.graph, plan, acc, optimizer=optimizer, frozen_bits=frozen_bits,
+    prof = compute(cap.graph, plan, acc, optimizer=optimizer, frozen_bits=frozen_bits,
                    meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes})
+    extras = get_strategy(method).extras
+    if extras is not None:
+        prof.extras.update(extras(cap.graph, plan, prof))
+    return prof
 
 
 def profile(

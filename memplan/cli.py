@@ -101,7 +101,9 @@ def profile(
     option: Optional[List[str]] = OptionOpt, norm: Optional[str] = NormOpt,
     batch: int = BatchOpt, resolution: Optional[int] = ResOpt, classes: Optional[int] = ClassesOpt,
     mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt,
-    per_layer: bool = typer.Option(False, "--per-layer", help="print the per-layer table"),
+    per_layer: bool = typer.Option(False, "--per-layer", help="print the per-layer table (and, for sparse / "
+                                   "tinytraining, the cost of updating each conv: the 256KB paper's Figure 11a)"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="draw the per-conv update costs (Figure 11a) to PATH"),
     json_out: Optional[str] = typer.Option(None, "--json", help="write the profile as JSON to PATH ('-' = stdout, JSON only)"),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="write the per-layer table as CSV to PATH ('-' = stdout)"),
     leaf: Optional[List[str]] = LeafOpt, block_names: Optional[str] = BlocksNamesOpt,
@@ -119,6 +121,24 @@ def profile(
         _emit(render.layers_csv([p]), csv_out, console)
     if not quiet:
         render.print_profile(p, console, per_layer=per_layer, binary=binary)
+    if plot or (per_layer and not quiet and (method == "sparse" or mode == "tinytraining")):
+        from . import fig11
+
+        cap = api.capture_model(model, **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
+        rows = fig11.conv_update_costs(cap.graph)
+        if per_layer and not quiet:
+            render.print_conv_update_costs(rows, console)
+        if plot:
+            fig11.plot_layer_costs(rows, plot, title=f"{p.model}: cost of updating each conv (tinytraining)")
+            console.print(f"wrote {plot}")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of memplan's update-scheme format (a copy is in schema/)."""
+    from .scheme import schema_json
+
+    sys.stdout.write(schema_json() if schema_json().endswith("\n") else schema_json() + "\n")
 
 
 @app.command()

@@ -13,7 +13,6 @@ from .flops import flops_of
 from .graph import LayerGraph
 from .modes import Mode, Saved
 from .ops import MAC_KINDS
-from .peak import simulate_peak
 from .plan import OpView, Plan, grad_flow, updated_weight_numel
 
 OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adam": 2}  # fp32 state tensors per trainable weight
@@ -153,7 +152,6 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
     saved_by_node: list[list[Saved]] = []
     unknown: dict[str, int] = {}
     counted: set[int] = set()
-    grad_bytes: list[int] = []
     all_layers: list[LayerCost] = []
     for op in views:
         lc, saved = layer_costs(op, mode, optimizer, frozen_bits)
@@ -168,24 +166,21 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
                 if s.storage is not None:
                     counted.add(s.storage)
         saved_by_node.append(saved)
-        grad_bytes.append(lc.gradient_bytes)
         all_layers.append(lc)
         totals.add(lc)
         if op.node.kind not in HIDDEN_KINDS:
             layers.append(lc)
-    totals.total_bytes = totals.weight_bytes + totals.gradient_bytes + totals.optimizer_bytes + totals.saved_activation_bytes
-    static = totals.weight_bytes + totals.optimizer_bytes + graph.buffer_bytes
-    peak, peak_index, phase, at = simulate_peak(graph, views, saved_by_node, grad_bytes, static)
-    totals.peak_bytes = peak
+    summary = mode.summarize(graph, views, saved_by_node, all_layers, totals)
+    totals.total_bytes, totals.peak_bytes = summary.total_bytes, summary.peak_bytes
     for lc, op in zip(all_layers, views):
         lc.total_bytes = lc.weight_bytes + lc.gradient_bytes + lc.optimizer_bytes + lc.saved_activation_bytes
-        lc.peak_bytes = at[op.node.index]
+        lc.peak_bytes = summary.at[op.node.index]
     meta = dict(meta or {})
     return Profile(
         model=meta.pop("model", graph.model_name), method=plan.method, mode=mode.name, batch=graph.batch,
         resolution=meta.pop("resolution", None), classes=meta.pop("classes", graph.nodes[-2].in_tensors[0].shape[-1]),
         input_shape=list(graph.input_shape), optimizer=optimizer, frozen_bits=frozen_bits,
         options=dict(plan.options), totals=totals, layers=layers,
-        peak_layer=graph.nodes[peak_index].name, peak_phase=phase, unknown_ops=unknown,
-        conventions={**CONVENTIONS, "mode": mode.description}, extras=meta,
+        peak_layer=graph.nodes[summary.peak_index].name, peak_phase=summary.peak_phase, unknown_ops=unknown,
+        conventions={**CONVENTIONS, "mode": mode.description}, extras={**meta, **summary.extras},
     )

@@ -26,12 +26,23 @@ from .ops import ACTIVATIONS, FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, NORM_K
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Shape, dtype and storage of one tensor (storage ids index ``LayerGraph.storages``)."""
+    """Shape, dtype, storage and strides (in elements; empty = contiguous) of one tensor
+    (storage ids index ``LayerGraph.storages``)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     storage: int
-    contiguous: bool = True
+    strides: tuple[int, ...] = ()
+
+    @property
+    def contiguous(self) -> bool:
+        return self.mergeable(len(self.shape)) and all(st == 1 for s, st in zip(self.shape[-1:], self.strides[-1:]) if s != 1)
+
+    def mergeable(self, dims: int) -> bool:
+        """Whether the first ``dims`` dims can be viewed as one (``reshape`` without a copy);
+        size-1 dims do not matter, as in torch's view rule."""
+        kept = [(s, st) for s, st in zip(self.shape[:dims], self.strides[:dims]) if s != 1]
+        return all(st0 == st1 * s1 for (_, st0), (s1, st1) in zip(kept, kept[1:]))
 
     @property
     def numel(self) -> int:
@@ -298,15 +309,19 @@ def _attrs(node: fx.Node, kind: str, mod: nn.Module | None) -> dict[str, Any]:
             if hasattr(mod, key):
                 attrs[key] = getattr(mod, key)
     else:
-        attrs["inplace"] = bool(node.kwargs.get("inplace", False)) or str(node.target).endswith("_") or (
-            getattr(node.target, "__name__", "").startswith("i") and kind in {"add", "sub", "mul"}
+        fn = node.target if isinstance(node.target, str) else function_name(node.target)
+        attrs["inplace"] = bool(node.kwargs.get("inplace", False)) or fn.endswith("_") or (
+            fn.startswith("i") and kind in {"add", "sub", "mul"}
         )
         if kind == "adaptive_avgpool":
             attrs["output_size"] = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
         if kind == "dropout":
+            attrs["p"] = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
             attrs["training"] = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
         if kind == "mean":
             attrs["keepdim"] = node.kwargs.get("keepdim", False)
+        if kind == "pad":
+            attrs["mode"] = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
     return attrs
 
 
@@ -352,7 +367,7 @@ def capture(
         sid = storage_ids[key]
         if is_param:
             param_storages.add(sid)
-        return TensorInfo(tuple(t.shape), t.dtype, sid, t.is_contiguous())
+        return TensorInfo(tuple(t.shape), t.dtype, sid, tuple(t.stride()))
 
     # parameters and buffers first, so an op that returns one (rare) is not mistaken for activations
     for state in runner._meta_cache.values():

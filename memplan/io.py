@@ -40,3 +40,21 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def save_figure(fig: Any, path: str | os.PathLike) -> Path:
+    """Save a matplotlib figure atomically (format from the suffix of ``path``)."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise MemplanError(f"cannot write {target}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".png", dir=directory)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format=(target.suffix.lstrip(".") or "png"), bbox_inches="tight")
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return target

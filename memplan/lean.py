@@ -31,6 +31,7 @@ What each op saves for backward, in bytes (``numel`` = elements of the activatio
 ``MaskedLeakyReLU``    ceil(numel / 8)
 ``SignHardswish``      ceil(numel / 8)
 ``MaskedDropout``      ceil(numel / 8)  (the keep mask; PyTorch's CPU dropout keeps a float one)
+``LeanAvgPool2d``      0  (PyTorch's avg-pool keeps its input, though backward needs only its shape)
 =====================  ===============================================================
 """
 
@@ -51,7 +52,7 @@ __all__ = [
     "packbits", "unpackbits", "select_channels",
     "FrozenConv", "FrozenLinear", "SubChannelConv", "ShiftOnlyNorm",
     "MaskedReLU", "MaskedHardtanh", "MaskedReLU6", "MaskedLeakyReLU", "SignHardswish",
-    "MaskedDropout", "SELECTION_RULES",
+    "MaskedDropout", "LeanAvgPool2d", "SELECTION_RULES",
 ]
 
 SELECTION_RULES = ("magnitude+", "magnitude-", "random")
@@ -673,3 +674,40 @@ class MaskedDropout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+# ----------------------------------------------------------------------------- average pooling
+def _pair(v: Any) -> list[int]:
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+class _AvgPoolFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, mod: "LeanAvgPool2d") -> Tensor:
+        ctx.input_shape, ctx.mod = x.shape, mod
+        return F.avg_pool2d(x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
+                            mod.count_include_pad, mod.divisor_override)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor):
+        m = ctx.mod
+        shape_only = grad_out.new_empty(1).expand(ctx.input_shape)
+        gi = torch.ops.aten.avg_pool2d_backward(
+            grad_out, shape_only, _pair(m.kernel_size), _pair(m.stride), _pair(m.padding), m.ceil_mode,
+            m.count_include_pad, m.divisor_override)
+        return gi, None
+
+
+class LeanAvgPool2d(nn.AvgPool2d):
+    """nn.AvgPool2d that saves nothing (0 bytes): its backward needs only the input shape.
+    Same forward (PyTorch's kernel) and the same grad-input kernel as PyTorch."""
+
+    @classmethod
+    def from_module(cls, m: nn.AvgPool2d) -> "LeanAvgPool2d":
+        return cls(m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad, m.divisor_override)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (torch.is_grad_enabled() and x.requires_grad):
+            return super().forward(x)
+        return _AvgPoolFn.apply(x, self)

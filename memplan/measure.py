@@ -50,7 +50,7 @@ def model_modules(model: nn.Module, graph: LayerGraph) -> None:
     """Point the graph's nodes at ``model``'s modules (the graph may come from a meta copy)."""
     for node in graph.nodes:
         if node.op == "call_module":
-            node.module = model.get_submodule(node.name if "." in node.name or hasattr(model, node.name) else node.target)
+            node.module = model.get_submodule(node.scope)
 
 
 def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward: bool = False) -> SavedMeasurement:
@@ -84,16 +84,39 @@ def step_peak_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
     """Peak of CPU memory allocated during one forward + cross-entropy + backward, above what
     was allocated before it (weights, buffers, ``x`` and ``y`` already exist), in bytes.
 
-    Replays torch.profiler's per-op allocation records (``profile_memory=True``) in time order.
-    Allocations and frees inside one op are netted by the profiler, so short-lived kernel
-    workspaces are only partly visible. Parameter gradients should be None before the call.
+    Replays every allocation and free that torch.profiler records (``profile_memory=True``)
+    in time order. Parameter gradients should be None before the call.
     """
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         F.cross_entropy(model(x), y).backward()
+    records: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.tag == _EventType.Allocation:
+            records.append((event.start_time_ns, event.extra_fields.alloc_size))
+        stack.extend(event.children)
     live = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
-        live += event.self_cpu_memory_usage
+    for _, size in sorted(records, key=lambda r: r[0]):
+        live += size
         peak = max(peak, live)
     return peak
+
+
+def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        *args, out_shape=None, **kwargs) -> int:
+    """Group-aware FLOPs of ``aten.convolution_backward`` for ``FlopCounterMode(custom_mapping=...)``.
+
+    torch 2.13's own formula over-counts the weight gradient of grouped / depthwise convs by
+    the group factor. Here each requested gradient (``output_mask``) costs what the forward
+    costs: 2 x out_numel x (C_in / groups) x kernel elements, computed from the shapes the
+    autograd engine really passes.
+    """
+    from torch.utils.flop_counter import conv_flop_count
+
+    output_mask = args[-1]
+    fwd = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=transposed)
+    return fwd * int(bool(output_mask[0])) + fwd * int(bool(output_mask[1]))

@@ -44,9 +44,11 @@ MODULE_KINDS: dict[type, str] = {
 
 FUNCTION_KINDS: dict[object, str] = {
     F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", F.relu_: "relu",
-    F.relu6: "hardtanh", F.hardtanh: "hardtanh", torch.clamp: "hardtanh", F.leaky_relu: "leaky_relu",
+    F.relu6: "hardtanh", F.hardtanh: "hardtanh", F.hardtanh_: "hardtanh", torch.clamp: "hardtanh",
+    F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu",
     F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.silu: "silu", F.gelu: "gelu",
-    torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh", F.elu: "elu",
+    torch.sigmoid: "sigmoid", torch.sigmoid_: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", torch.tanh_: "tanh",
+    F.tanh: "tanh", F.elu: "elu", F.elu_: "elu",
     operator.add: "add", operator.iadd: "add", torch.add: "add",
     operator.sub: "sub", operator.isub: "sub", torch.sub: "sub",
     operator.mul: "mul", operator.imul: "mul", torch.mul: "mul",
@@ -66,7 +68,7 @@ FUNCTION_KINDS: dict[object, str] = {
 }
 
 METHOD_KINDS: dict[str, str] = {
-    "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh",
+    "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh",
     "clamp": "hardtanh", "clamp_": "hardtanh",
     "add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "mul": "mul", "mul_": "mul",
     "div": "div", "div_": "div", "matmul": "matmul", "mean": "mean",

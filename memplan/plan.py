@@ -61,6 +61,7 @@ class OpView:
     approx: bool
     req_in: tuple[bool, ...]  # does each tensor input require grad
     req_out: bool  # does the output require grad (= autograd records this op)
+    plan: Plan | None = field(default=None, repr=False, compare=False)  # the plan the view comes from
 
     @property
     def kind(self) -> str:
@@ -100,7 +101,7 @@ def grad_flow(graph: LayerGraph, plan: Plan) -> list[OpView]:
             owner_train = plan.train.get(owner, FROZEN)
             req[n.index] = owner_train.weight > 0 if pname == "weight" else (pname == "bias" and owner_train.bias)
         views.append(OpView(n, graph, t, n.kind in NORM_KINDS and n.name in plan.norm_train,
-                            n.name in plan.approx, req_in, req[n.index]))
+                            n.name in plan.approx, req_in, req[n.index], plan))
     return views
 
 

@@ -140,3 +140,14 @@ def print_compare(profiles: Sequence[Profile], console: Console, binary: bool = 
         console.print(f"[yellow]unknown ops (not costed): {', '.join(f'{k} x{v}' for k, v in unknown.items())}[/]")
     console.print("[dim]FLOPs = 2 x MACs of conv/linear/matmul only. "
                   f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]")
+
+
+def print_conv_update_costs(rows: Sequence, console: Console) -> None:
+    """The 256KB paper's Figure 11a as a table: KiB (bits / 8 / 1024) to update each conv."""
+    table = Table(header_style="bold", box=None, pad_edge=False,
+                  title="cost of updating each conv (tinytraining: 8-bit activations/weights, 32-bit bias, 1-bit masks; KiB)")
+    for col in ["conv", "layer", "activation KiB", "weight KiB", "total KiB"]:
+        table.add_column(col, justify="left" if col == "layer" else "right")
+    for r in rows:
+        table.add_row(str(r.conv_index), r.layer, f"{r.activation_kib:.2f}", f"{r.weight_kib:.2f}", f"{r.total_kib:.2f}")
+    console.print(table)

@@ -2,9 +2,18 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 torch.set_num_threads(1)
 os.environ.setdefault("MEMPLAN_NUM_THREADS", "1")
+
+# hypothesis profiles: `ci` (default) is reproducible and fixed-size; `pytest --hypothesis-profile long`
+# runs thousands of random examples (failures are kept in .hypothesis/ and replayed first)
+settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow], print_blob=False)
+settings.register_profile("long", max_examples=5000, deadline=None, derandomize=False,
+                          suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.load_profile("ci")
 
 from memplan import zoo  # noqa: E402
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 from memplan import zoo
 from memplan.costs import compute
 from memplan.graph import capture
-from memplan.measure import apply_plain
+from memplan.measure import apply_plain, conv_backward_flops
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
 
@@ -24,21 +24,12 @@ from .helpers import STRATEGIES, real_model
 aten = torch.ops.aten
 
 
-def conv_backward_group_aware(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-                              *args, out_shape=None, **kwargs):
-    """FLOPs of aten.convolution_backward from the shapes autograd passes; weight gradient
-    costs the same as the forward (2 x out_numel x C_in/groups x k), counted per output_mask."""
-    output_mask = args[-1]
-    fwd = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=transposed)
-    return fwd * int(bool(output_mask[0])) + fwd * int(bool(output_mask[1]))
-
-
 def measure_flops(model, shape, classes=10):
     x = torch.randn(shape)
     y = torch.randint(0, classes, (shape[0],))
     with FlopCounterMode(display=False) as fwd:
         loss = F.cross_entropy(model(x), y)
-    with FlopCounterMode(display=False, custom_mapping={aten.convolution_backward: conv_backward_group_aware}) as bwd:
+    with FlopCounterMode(display=False, custom_mapping={aten.convolution_backward: conv_backward_flops}) as bwd:
         if loss.requires_grad:
             loss.backward()
     return fwd.get_total_flops(), bwd.get_total_flops()

@@ -3,6 +3,9 @@
 from .base import MODES, Mode, Saved, register_mode
 from . import pytorch as _pytorch  # noqa: F401  (registers "pytorch")
 from . import ideal as _ideal  # noqa: F401  (registers "ideal")
+from . import applied as _applied  # noqa: F401  (registers "applied")
+from . import tinytl as _tinytl  # noqa: F401  (registers "tinytl")
+from . import tinytraining as _tinytraining  # noqa: F401  (registers "tinytraining")
 
 __all__ = ["MODES", "Mode", "Saved", "register_mode", "get_mode"]
 

@@ -10,13 +10,16 @@ counted per op. A mode may inherit the rules of a parent and override some of th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
-from ..graph import TensorInfo
+from ..graph import LayerGraph, TensorInfo
 from ..plan import OpView
+
+if TYPE_CHECKING:
+    from ..costs import LayerCost, Totals
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,18 @@ class Saved:
 
 
 Rule = Callable[[OpView], Iterable[Saved]]
+
+
+@dataclass
+class Summary:
+    """A mode's whole-step figures: ``Totals.total_bytes`` / ``peak_bytes`` and where the peak is."""
+
+    total_bytes: int
+    peak_bytes: int
+    peak_index: int  # node index of the peak
+    peak_phase: str  # "forward" or "backward"
+    at: list[int]  # per node: bytes in use while it runs (``LayerCost.peak_bytes``)
+    extras: dict[str, Any] = field(default_factory=dict)  # merged into Profile.extras
 
 
 def ref(t: TensorInfo, graph_storages: list[int], what: str = "") -> Saved:
@@ -82,6 +97,18 @@ class Mode:
         if rule is None:
             return None
         return list(rule(op)) if op.recorded else []
+
+    def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
+                  node_costs: list[LayerCost], totals: Totals) -> Summary:
+        """Total and peak bytes from the per-node costs (``node_costs[i]`` and ``saved[i]`` belong
+        to node i). Default: total = weights + gradients + optimizer state + saved activations;
+        peak = the simulated training step of ``memplan.peak``."""
+        from ..peak import simulate_peak
+
+        total = totals.weight_bytes + totals.gradient_bytes + totals.optimizer_bytes + totals.saved_activation_bytes
+        static = totals.weight_bytes + totals.optimizer_bytes + graph.buffer_bytes
+        peak, index, phase, at = simulate_peak(graph, views, saved, [lc.gradient_bytes for lc in node_costs], static)
+        return Summary(total, peak, index, phase, at)
 
     def weight_fraction(self, fraction: float) -> float:
         """Fraction of a partially-updated weight whose gradient is computed and stored."""

@@ -8,6 +8,9 @@ not activations and are not counted here; they are in the weight bytes.
 
 from __future__ import annotations
 
+import torch
+import torch.nn as nn
+
 from ..graph import TensorInfo
 from ..plan import OpView
 from .base import Mode, Saved, private, register_mode, tensor
@@ -20,34 +23,93 @@ class PyTorchMode(Mode):
 
 
 pytorch = register_mode(PyTorchMode())
+FEATURE_DROPOUT = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 rule = pytorch.rule
+
+
+def _conv_padding(m: nn.Module) -> list[tuple[int, int]]:
+    """(before, after) padding per spatial dim of a conv module (ints, "valid" or "same")."""
+    if m.padding == "valid":
+        return [(0, 0)] * len(m.kernel_size)
+    if m.padding == "same":
+        total = [d * (k - 1) for k, d in zip(m.kernel_size, m.dilation)]
+        return [(t // 2, t - t // 2) for t in total]
+    return [(p, p) for p in m.padding]
 
 
 @rule("conv")
 def conv(op: OpView):
-    # convolution saves input and weight whenever recorded, whatever needs a gradient
-    yield tensor(op, op.node.in_tensors[0], "input")
+    """Convolution saves input and weight whenever recorded, whatever needs a gradient. It
+    keeps a padded copy instead of its input when it pads before convolving: a padding_mode
+    other than zeros (F.pad first; reflect / replicate pads keep their input too), or
+    padding="same" with an odd total (the asymmetric remainder is zero-padded into a copy)."""
+    x = op.node.in_tensors[0]
+    m = op.node.module
+    pads = _conv_padding(m)
+    mode = getattr(m, "padding_mode", "zeros")
+    if mode == "zeros":
+        extra = [after - before for before, after in pads]
+        if not any(extra):
+            yield tensor(op, x, "input")
+            return
+    else:
+        extra = [before + after for before, after in pads]
+        if mode in ("reflect", "replicate") and op.grad_input:
+            yield tensor(op, x, "input")
+    spatial = len(pads)
+    numel = 1
+    for s in x.shape[:-spatial]:
+        numel *= s
+    for s, e in zip(x.shape[-spatial:], extra):
+        numel *= s + e
+    yield private(numel * x.itemsize, "padded input copy")
 
 
-def folded(op: OpView, t: TensorInfo, what: str) -> Saved:
-    """An operand as mm / bmm keep it: inputs with more than 2 dims are reshaped, which copies
-    a non-contiguous tensor (e.g. after a transpose) into a new storage."""
-    if len(t.shape) > 2 and not t.contiguous:
-        return private(t.nbytes, f"{what} (reshaped copy)")
-    return tensor(op, t, what)
+def reshaped(op: OpView, t: TensorInfo, dims: int, what: str) -> Saved:
+    """An operand kept after merging its first ``dims`` dims into one (what at::matmul and
+    linear do before mm / bmm): the same storage when a view can do it, else a new copy."""
+    if t.mergeable(dims):
+        return tensor(op, t, what)
+    return private(t.nbytes, f"{what} (reshaped copy)")
+
+
+def _transposed(t: TensorInfo) -> TensorInfo:
+    """``t.mT``: the last two dims swapped (a view)."""
+    shape, strides = list(t.shape), list(t.strides or _row_major(t.shape))
+    shape[-2:], strides[-2:] = shape[:-3:-1], strides[:-3:-1]
+    return TensorInfo(tuple(shape), t.dtype, t.storage, tuple(strides))
+
+
+def _expanded(t: TensorInfo, batch: tuple[int, ...]) -> TensorInfo:
+    """``t`` broadcast to ``batch`` leading dims (a view; broadcast dims get stride 0)."""
+    strides = t.strides or _row_major(t.shape)
+    lead = len(batch) - (len(t.shape) - 2)
+    new = [0] * lead + [st if s == b else 0 for s, st, b in zip(t.shape[:-2], strides[:-2], batch[lead:])]
+    return TensorInfo(batch + t.shape[-2:], t.dtype, t.storage, tuple(new) + tuple(strides[-2:]))
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, n = [], 1
+    for s in reversed(shape):
+        strides.append(n)
+        n *= s
+    return tuple(reversed(strides))
 
 
 @rule("linear")
 def linear(op: OpView):
-    # addmm / mm: input only if the weight needs a gradient
+    # addmm / mm: input only if the weight needs a gradient; an input with more than 2 dims
+    # is flattened to (-1, in_features)
     if op.train.weight:
-        yield folded(op, op.node.in_tensors[0], "input")
+        x = op.node.in_tensors[0]
+        yield reshaped(op, x, len(x.shape) - 1, "input")
 
 
 @rule("batchnorm")
 def batchnorm(op: OpView):
     yield tensor(op, op.node.in_tensors[0], "input")
-    if op.norm_train:  # save_mean and save_invstd, one float per channel each
+    # batch statistics in train mode, and always without running statistics (track_running_stats=False)
+    if op.norm_train or op.node.module.running_mean is None:  # save_mean and save_invstd, one float per channel each
         c = op.node.out.shape[1]
         yield private(c * 4, "mean")
         yield private(c * 4, "invstd")
@@ -73,13 +135,13 @@ def layernorm(op: OpView):
     yield private(rows * 4, "rstd")
 
 
-@rule("relu", "sigmoid", "tanh", "softmax", "log_softmax", "elu")
+@rule("relu", "sigmoid", "tanh", "softmax", "log_softmax")
 def saves_output(op: OpView):
     yield tensor(op, op.node.out, "output")
 
 
-@rule("leaky_relu")
-def leaky_relu(op: OpView):
+@rule("leaky_relu", "elu")
+def input_or_inplace_result(op: OpView):
     # out-of-place saves the input; the in-place variant saves its result
     yield tensor(op, op.node.out if op.node.attrs.get("inplace") else op.node.in_tensors[0], "input")
 
@@ -113,8 +175,12 @@ def adaptive_avgpool(op: OpView):
 
 @rule("dropout")
 def dropout(op: OpView):
-    if op.node.attrs.get("training", True) and (op.node.module is None or op.node.module.training):
-        yield private(op.node.out.nbytes, "mask")
+    # a scaled float mask, one value per element (per (batch, channel) for Dropout1d/2d/3d);
+    # p = 0 returns the input itself: nothing to keep
+    out = op.node.out
+    if op.node.attrs.get("training", True) and (op.node.module is None or op.node.module.training) and op.node.attrs["p"] > 0:
+        numel = out.shape[0] * out.shape[1] if isinstance(op.node.module, FEATURE_DROPOUT) else out.numel
+        yield private(numel * out.itemsize, "mask")
 
 
 @rule("mul")
@@ -141,11 +207,25 @@ def div(op: OpView):
 
 @rule("matmul")
 def matmul(op: OpView):
+    """at::matmul: a >2-dim operand against a <=2-dim one is folded into one mm (its leading
+    dims merged; for 2-dim @ >2-dim the transposed right operand is folded); two >2-dim
+    operands are broadcast to one batch shape whose dims are merged for bmm."""
     a, b = op.node.in_tensors[:2]
+    da, db = len(a.shape), len(b.shape)
+    if da >= 3 and db <= 2:
+        keep_a, keep_b = reshaped(op, a, da - 1, "other operand"), tensor(op, b, "other operand")
+    elif da <= 2 and db >= 3:
+        keep_a, keep_b = tensor(op, a, "other operand"), reshaped(op, _transposed(b), db - 1, "other operand")
+    elif da >= 3:
+        batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        keep_a = reshaped(op, _expanded(a, batch), len(batch), "other operand")
+        keep_b = reshaped(op, _expanded(b, batch), len(batch), "other operand")
+    else:
+        keep_a, keep_b = tensor(op, a, "other operand"), tensor(op, b, "other operand")
     if op.req_in[0]:
-        yield folded(op, b, "other operand")
+        yield keep_b
     if op.req_in[1]:
-        yield folded(op, a, "other operand")
+        yield keep_a
 
 
 @rule("cross_entropy")
@@ -155,6 +235,13 @@ def cross_entropy(op: OpView):
     yield private(4, "total weight")
 
 
-@rule("add", "sub", "cat", "interpolate", "pad", "mean", "view", "identity", "getitem", "meta", "input", "output")
+@rule("pad")
+def pad(op: OpView):
+    # reflect / replicate padding keep their input; constant and circular keep nothing
+    if op.node.attrs.get("mode") in ("reflect", "replicate"):
+        yield tensor(op, op.node.in_tensors[0], "input")
+
+
+@rule("add", "sub", "cat", "interpolate", "mean", "view", "identity", "getitem", "meta", "input", "output")
 def saves_nothing(op: OpView):
     return ()

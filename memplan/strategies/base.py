@@ -4,7 +4,9 @@ A strategy turns a traced graph into a :class:`~memplan.plan.Plan`: what trains 
 norms use batch statistics. It knows nothing of memory or FLOPs (those come from the modes),
 so every strategy works under every mode. A strategy that changes the architecture (TinyTL's
 lite residual branches) also declares a ``transform`` applied to the model before tracing;
-the same transform is what ``apply_strategy`` uses on a real model.
+the same transform is what ``apply_strategy`` uses on a real model. A strategy with figures
+of its own beyond per-layer costs (cache bytes, FLOPs per epoch) declares ``extras``, called
+after the costs are computed; its plain-data result is merged into ``Profile.extras``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..plan import Plan, Train
 
 StrategyFn = Callable[..., Plan]
 TransformFn = Callable[..., nn.Module]
+ExtrasFn = Callable[[LayerGraph, Plan, Any], dict[str, Any]]  # extras(graph, plan, profile) -> plain data
 
 
 @dataclass(frozen=True)
@@ -31,15 +34,17 @@ class Strategy:
     options: tuple[str, ...] = ()  # plan options accepted by fn
     transform: TransformFn | None = None  # transform(model, **transform_options) -> model, before tracing
     transform_options: tuple[str, ...] = ()
+    extras: ExtrasFn | None = None  # strategy-specific figures for Profile.extras
 
 
 STRATEGIES: dict[str, Strategy] = {}
 
 
 def strategy(name: str, description: str, options: tuple[str, ...] = (), transform: TransformFn | None = None,
-             transform_options: tuple[str, ...] = ()) -> Callable[[StrategyFn], StrategyFn]:
+             transform_options: tuple[str, ...] = (),
+             extras: ExtrasFn | None = None) -> Callable[[StrategyFn], StrategyFn]:
     def register(fn: StrategyFn) -> StrategyFn:
-        STRATEGIES[name] = Strategy(name, fn, description, options, transform, transform_options)
+        STRATEGIES[name] = Strategy(name, fn, description, options, transform, transform_options, extras)
         return fn
     return register
 

@@ -1,0 +1,290 @@
+"""``run_contrib``: contribution analysis end to end, resumable.
+
+1. model (zoo name, ``module:attr`` or ``file.py:attr``) with its classifier sized for the
+   data; backbone weights from ``weights`` (a local state_dict, ``weights_only=True``), or
+   for ``data="digits"`` without weights a cached pretraining on digits 0-4;
+2. a linear probe trains the classifier from zero on frozen features; every run starts
+   from that head;
+3. the grid (:mod:`memplan.contrib.protocol`) runs on the chosen executor, each finished run
+   appended to the JSONL checkpoint ``<out stem>.runs.jsonl`` (flushed and fsynced) beside
+   ``out``, the probe head saved as ``<out stem>.head.pt``; rerunning the same call skips
+   finished runs, so a kill (even SIGKILL) loses at most the runs in flight;
+4. the profile is assembled and written atomically to ``out``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from pydantic import ValidationError
+
+from ..errors import BadOption, MemplanError
+from ..graph import capture, trace
+from ..loading import resolve
+from ..scheme import fingerprint
+from .data import Data, load_data
+from .executors import default_threads, execute
+from .profile import ContribProfile, assemble
+from .protocol import Protocol, grid, grid_layers, ratio_label
+from .runner import Context, linear_probe
+from .weights import load_weights, pretrain_digits, save_state
+
+DIGITS_RESOLUTION = 32  # px: MNIST is 28 x 28; small keeps the full grid within minutes on 2 cores
+
+
+def default_cache_dir() -> Path:
+    """``$MEMPLAN_CACHE`` or ``~/.cache/memplan`` (digits pretraining checkpoints)."""
+    return Path(os.environ.get("MEMPLAN_CACHE") or Path.home() / ".cache" / "memplan")
+
+
+# ----------------------------------------------------------------------------- checkpoint
+class Checkpoint:
+    """JSONL file: a header line ``{"identity": ...}``, then one ``{"run": record}`` line per finished run."""
+
+    def __init__(self, path: Path, identity: dict[str, Any]):
+        self.path, self.identity = path, identity
+
+    def finished(self) -> dict[str, dict[str, Any]] | None:
+        """Records already in the file (None when there is no usable header). A torn last line
+        (a kill during a write) is cut off; a header for another configuration is an error."""
+        if not self.path.is_file():
+            return None
+        raw = self.path.read_bytes()
+        lines = raw.split(b"\n")
+        good = len(raw) if raw.endswith(b"\n") else len(raw) - len(lines[-1])
+        rows = []
+        for i, line in enumerate(lines[:-1] if not raw.endswith(b"\n") else lines):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise MemplanError(f"checkpoint {self.path} is corrupt at line {i + 1}",
+                                   "delete it to start over") from None
+        if good != len(raw):  # drop the torn tail so the next append starts a fresh line
+            with open(self.path, "r+b") as f:
+                f.truncate(good)
+        if not rows or "identity" not in rows[0]:
+            return None
+        if rows[0]["identity"] != self.identity:
+            diff = sorted(k for k in self.identity if rows[0]["identity"].get(k) != self.identity[k])
+            raise MemplanError(f"checkpoint {self.path} was written for another configuration (differs in: "
+                               f"{', '.join(diff) or 'keys'})", "delete it, or write to another --out")
+        return {row["run"]["id"]: row["run"] for row in rows[1:] if "run" in row}
+
+    def _append(self, obj: dict[str, Any], mode: str = "a") -> None:
+        with open(self.path, mode, encoding="utf-8") as f:
+            f.write(json.dumps(obj) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def start(self) -> None:
+        self._append({"identity": self.identity}, "w")
+
+    def append(self, record: dict[str, Any]) -> None:
+        self._append({"run": record})
+
+
+# ----------------------------------------------------------------------------- helpers
+def state_digest(model: torch.nn.Module, skip: str) -> str:
+    """SHA-256 prefix over the model's tensors (names, shapes, bytes), ``skip`` module excluded."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        if name.startswith(skip + "."):
+            continue
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def data_digest(data: Data) -> str:
+    h = hashlib.sha256()
+    for t in (data.x_train, data.y_train, data.x_test, data.y_test):
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _protocol(options: dict[str, Any]) -> Protocol:
+    try:
+        return Protocol(**{k: v for k, v in options.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "protocol"
+        raise BadOption(f"bad contribution option {where}: {err.get('msg', 'invalid value')}") from None
+
+
+def _model_and_data(model: str, data: str, resolution: int | None, train_per_class: int | None):
+    """(spec name, model, Data): zoo models get the data resized to their input; others keep the
+    data's own shape (or C x r x r with ``resolution``)."""
+    from .. import zoo
+
+    zoo_entry = None
+    if isinstance(model, str) and ":" not in model:
+        try:
+            zoo_entry = zoo.get_entry(model)
+        except KeyError:
+            zoo_entry = None  # resolve() below raises the one-line error
+    if zoo_entry is not None:
+        res = resolution or (DIGITS_RESOLUTION if data == "digits" else zoo_entry.resolution)
+        shape = tuple(zoo_entry.input_shape(res))
+        task = load_data(data, shape, train_per_class)
+    else:
+        task = load_data(data, None, train_per_class)
+        if resolution is not None:
+            from .data import fit_to
+            shape = (task.x_train.shape[1], resolution, resolution)
+            task.x_train, task.x_test = fit_to(task.x_train, shape), fit_to(task.x_test, shape)
+    torch.manual_seed(0)
+    spec = resolve(model, task.classes, meta=False)
+    return spec.name, spec.model, task
+
+
+def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_layers: int, cache: bool) -> str:
+    p = protocol
+    ks = "all k = 1..L" if p.bias_ks is None else f"k in {list(p.bias_ks)} and those the weight runs need"
+    wl = "every conv" if p.weight_layers is None else f"the last {p.weight_layers} convs"
+    ratios = ", ".join(ratio_label(r) for r in p.ratios)
+    cache_text = ("feature cache of the frozen prefix " + ("exact fp32" if p.bits is None else f"quantised to {p.bits} bits")
+                  if cache else "no feature cache (every step runs the whole model)")
+    return (
+        f"Contribution analysis (Lin et al., NeurIPS 2022, Sec. 2.2 / Fig. 5) of {name} "
+        f"({n_layers} convs, L) at input {'x'.join(map(str, shape))} on {data.name} "
+        f"({data.x_train.shape[0]} train / {data.x_test.shape[0]} test images, {data.classes} classes). "
+        f"Linear probe first: classifier from zero, {p.probe_epochs} epochs SGD momentum 0.9 lr {p.probe_lr}, "
+        f"cosine decay; every run starts from that head. Runs: classifier only (k = 0); biases of the last "
+        f"k convs ({ks}; a conv's bias is the BN shift after it, norms in eval mode) + classifier; weight "
+        f"of conv i at ratios {ratios} (select {p.select}) for {wl}, + biases of convs i..L-1 + classifier. "
+        f"Each run: {p.epochs} epochs of SGD (momentum {p.momentum}), batch {p.batch_size}, cosine decay to 0, "
+        f"lr classifier {p.lr_classifier} / biases {p.lr_bias} / analysed weight {p.lr_weight}, no augmentation, "
+        f"seeds {list(p.seeds)} (data order). Δacc in accuracy points, paired by seed: bias k vs classifier "
+        f"only, weight (i, r) vs bias k = L - i; mean and std over seeds. {cache_text}."
+    )
+
+
+def _progress(enabled: bool, total: int, done: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("contrib"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("ETA"), TimeRemainingColumn(), disable=not enabled, transient=False)
+    task = bar.add_task("runs", total=total, completed=done)
+    return bar, task
+
+
+# ----------------------------------------------------------------------------- the entry point
+def run_contrib(
+    model: str,
+    weights: str | os.PathLike | None = None,
+    data: str = "digits",
+    out: str | os.PathLike | None = None,
+    *,
+    workers: int = 1,
+    executor: str = "process",
+    address: str | None = None,
+    cache: bool = True,
+    bits: int | None = None,
+    seeds: Sequence[int] | None = None,
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    lr_classifier: float | None = None,
+    lr_bias: float | None = None,
+    lr_weight: float | None = None,
+    momentum: float | None = None,
+    probe_epochs: int | None = None,
+    probe_lr: float | None = None,
+    ratios: Sequence[float] | None = None,
+    bias_ks: Sequence[int] | None = None,
+    weight_layers: int | None = None,
+    select: str | None = None,
+    resolution: int | None = None,
+    train_per_class: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> ContribProfile:
+    """Measure the contribution profile of ``model`` on ``data`` (see the module docstring).
+
+    Options left as None take the :class:`~memplan.contrib.protocol.Protocol` defaults.
+    ``out``: the profile JSON (with the checkpoint and head beside it); None keeps nothing
+    on disk and cannot resume. ``train_per_class`` keeps that many training images per class.
+    """
+    t_start = time.perf_counter()
+    protocol = _protocol(dict(seeds=None if seeds is None else tuple(seeds), epochs=epochs, batch_size=batch_size,
+                              lr_classifier=lr_classifier, lr_bias=lr_bias, lr_weight=lr_weight, momentum=momentum,
+                              probe_epochs=probe_epochs, probe_lr=probe_lr,
+                              ratios=None if ratios is None else tuple(ratios),
+                              bias_ks=None if bias_ks is None else tuple(bias_ks), weight_layers=weight_layers,
+                              select=select, bits=bits))
+    if train_per_class is not None and train_per_class < 1:
+        raise BadOption(f"train_per_class must be a positive integer, got {train_per_class}")
+    name, net, task = _model_and_data(model, data, resolution, train_per_class)
+    shape = tuple(task.x_train.shape[1:])
+    gm = trace(net, name=name)
+    graph = capture(net, (1, *shape), gm=gm, name=name)
+    classes = graph.nodes[-2].in_tensors[0].shape[-1]
+    if classes != task.classes:
+        raise MemplanError(f"{name} outputs {classes} classes; {data} has {task.classes}",
+                           "give a model factory that accepts num_classes")
+    head = graph.classifier.name
+    if weights is not None:
+        digest = load_weights(net, weights, head)
+        source: dict[str, Any] = {"source": str(weights), "sha256": digest}
+    elif data == "digits":
+        key = f"{fingerprint(graph)}-{'x'.join(map(str, shape))}"
+        source = {"source": "digits pretraining", **pretrain_digits(net, shape, key, Path(cache_dir or default_cache_dir()))}
+    else:
+        source = {"source": "as built (no weights given)"}
+    layers = grid_layers(graph)
+    specs = grid(layers, protocol)
+    identity = {"model": name, "fingerprint": fingerprint(graph), "input_shape": list(shape),
+                "backbone": state_digest(net, head), "data": {**task.summary(), "digest": data_digest(task)},
+                "protocol": protocol.model_dump(mode="json")}
+
+    finished: dict[str, dict[str, Any]] = {}
+    ckpt = head_path = None
+    if out is not None:
+        out = Path(out)
+        if not out.parent.is_dir():
+            raise MemplanError(f"cannot write {out}: directory {out.parent} does not exist")
+        ckpt, head_path = Checkpoint(out.with_suffix(".runs.jsonl"), identity), out.with_suffix(".head.pt")
+        previous = ckpt.finished()
+        if previous and head_path.is_file():
+            finished = previous
+    if finished:
+        stored = torch.load(head_path, map_location="cpu", weights_only=True)
+        net.get_submodule(head).load_state_dict(stored["head"])
+        probe_acc = float(stored["accuracy"])
+    else:
+        probe_acc = linear_probe(net, head, task, protocol)
+        if ckpt is not None:
+            save_state(head_path, {"head": net.get_submodule(head).state_dict(), "accuracy": torch.tensor(probe_acc)})
+            ckpt.start()
+    todo = [s for s in specs if s.id not in finished]
+    threads = default_threads(workers)
+    ctx = Context(name, net, task, protocol, cache, threads)
+    bar, bar_task = _progress(progress, len(specs), len(specs) - len(todo))
+    t_grid = time.perf_counter()
+    with bar:
+        for record in execute(ctx, todo, workers=workers, executor=executor, address=address,
+                              key=identity["backbone"] + identity["data"]["digest"]):
+            finished[record["id"]] = record
+            if ckpt is not None:
+                ckpt.append(record)
+            bar.advance(bar_task)
+    wall = time.perf_counter() - t_start
+    profile = assemble(
+        specs, finished, layers, model=name, fingerprint=fingerprint(graph), input_shape=list(shape),
+        weights=source, dataset={**task.summary(), "digest": identity["data"]["digest"]}, protocol=protocol,
+        description=describe(name, shape, task, protocol, len(layers), cache), probe_accuracy=probe_acc,
+        timing={"wall_s": round(wall, 2), "grid_wall_s": round(time.perf_counter() - t_grid, 2),
+                "runs_executed": len(todo), "runs_resumed": len(specs) - len(todo), "workers": workers,
+                "threads_per_worker": threads, "executor": executor, "cache": cache,
+                "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2)})
+    if out is not None:
+        profile.save(out)
+    return profile

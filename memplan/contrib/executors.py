@@ -1,0 +1,151 @@
+"""Where runs execute: in this process, a local process pool, or a Ray cluster.
+
+Every executor runs :meth:`memplan.contrib.runner.Worker.execute` on long-lived workers
+that received the :class:`~memplan.contrib.runner.Context` once, so a worker's feature cache
+is reused by the consecutive runs it gets (the grid is ordered by split point). At most
+``2 x workers`` runs are in flight at a time; records are yielded as runs finish, in
+completion order. Each worker uses ``threads`` intra-op threads; ``default_threads`` keeps
+workers x threads within the cores this process may use (oversubscribed threads make small
+convolutions many times slower).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+import torch
+
+from ..errors import BadOption, MemplanError
+from .protocol import RunSpec
+from .runner import Context, Worker
+
+EXECUTORS = ("process", "ray")
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(workers: int) -> int:
+    """Intra-op threads per worker: the available cores shared evenly, at least 1."""
+    return max(1, available_cores() // workers)
+
+
+# ----------------------------------------------------------------------------- in this process
+def run_here(ctx: Context, specs: Sequence[RunSpec]) -> Iterator[dict]:
+    """Runs one after another in this process (``workers=1``)."""
+    before = torch.get_num_threads()
+    try:
+        worker = Worker(ctx)
+        for spec in specs:
+            yield worker.execute(spec)
+    finally:
+        torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- process pool
+_WORKER: Worker | None = None
+
+
+def _init_process(ctx: Context) -> None:
+    global _WORKER
+    _WORKER = Worker(ctx)
+
+
+def _run_in_process(spec: RunSpec) -> dict:
+    assert _WORKER is not None, "worker not initialised"
+    return _WORKER.execute(spec)
+
+
+def run_pool(ctx: Context, specs: Sequence[RunSpec], workers: int) -> Iterator[dict]:
+    """Runs on ``workers`` spawned processes (spawn: safe with torch's thread pools)."""
+    pending = list(reversed(specs))
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_process,
+                               initargs=(ctx,))
+    running: set[Future] = set()
+    try:
+        while pending or running:
+            while pending and len(running) < 2 * workers:
+                running.add(pool.submit(_run_in_process, pending.pop()))
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield fut.result()
+    finally:
+        pool.shutdown(wait=not running, cancel_futures=True)
+        if running:  # interrupted: stop the workers now rather than after their current run
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
+
+
+# ----------------------------------------------------------------------------- Ray
+_RAY_WORKERS: dict[str, Worker] = {}
+
+
+def _run_on_ray(key: str, ctx_ref: list, spec: RunSpec) -> dict:
+    """Ray task body: the context travels by reference (wrapped in a list, so Ray does not
+    resolve it) and is fetched once per Ray worker process."""
+    import ray
+
+    worker = _RAY_WORKERS.get(key)
+    if worker is None:
+        _RAY_WORKERS.clear()
+        worker = _RAY_WORKERS[key] = Worker(ray.get(ctx_ref[0]))
+    return worker.execute(spec)
+
+
+def run_ray(ctx: Context, specs: Sequence[RunSpec], workers: int, address: str | None, key: str) -> Iterator[dict]:
+    """Runs as Ray tasks (``threads`` CPUs each) on the cluster at ``address`` (None: an already
+    initialised Ray, else a local instance started here and shut down at the end)."""
+    try:
+        import ray
+    except ImportError:
+        raise MemplanError("the ray executor needs Ray", "pip install 'memplan[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        try:
+            if address is None:
+                ray.init(num_cpus=workers * ctx.threads, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise MemplanError(f"cannot start or reach Ray{f' at {address}' if address else ''}: {first}") from None
+        started = True
+    task = ray.remote(num_cpus=ctx.threads, max_retries=0)(_run_on_ray)
+    ctx_ref = [ray.put(ctx)]
+    pending = list(reversed(specs))
+    running: list = []
+    try:
+        while pending or running:
+            while pending and len(running) < 2 * workers:
+                running.append(task.remote(key, ctx_ref, pending.pop()))
+            done, running = ray.wait(running, num_returns=1)
+            for ref in done:
+                yield ray.get(ref)
+    finally:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
+
+
+def execute(ctx: Context, specs: Sequence[RunSpec], *, workers: int = 1, executor: str = "process",
+            address: str | None = None, key: str = "") -> Iterator[dict]:
+    """Records of ``specs`` as they finish, on the chosen executor (``key`` names the context)."""
+    if executor not in EXECUTORS:
+        raise BadOption(f"unknown executor {executor!r}", f"choose one of: {', '.join(EXECUTORS)}")
+    if not isinstance(workers, int) or workers < 1:
+        raise BadOption(f"workers must be a positive integer, got {workers!r}")
+    if address is not None and executor != "ray":
+        raise BadOption("an address applies only to the ray executor")
+    if executor == "ray":
+        return run_ray(ctx, specs, workers, address, key)
+    if workers == 1:
+        return run_here(ctx, specs)
+    return run_pool(ctx, specs, workers)

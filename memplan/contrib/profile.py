@@ -1,0 +1,150 @@
+"""The contribution profile: the JSON document that contribution analysis writes and the
+sparse-update search reads.
+
+Accuracies and Δacc are in accuracy points (0..100). ``bias[k]`` = Δacc_b[:k] (biases of the
+last k convs vs the classifier only); ``weight[layer][ratio]`` = Δacc_W(i, r) (weight of conv
+i at ratio r vs the bias-only run over convs i..L-1). Both are means over seeds of the
+paired (same-seed) differences; ``*_std`` are their sample standard deviations over seeds
+(0 with one seed). ``layers`` maps names to conv indices (``memplan.scheme`` convention).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import MemplanError
+from ..io import write_text
+from .protocol import Layer, Protocol, RunSpec
+
+SCHEMA_VERSION = 1
+
+
+class LayerEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="conv module qualname")
+    conv_index: int = Field(description="forward-order index among convs, stem = 0 (memplan.scheme)")
+    weight_shape: list[int]
+    groups: int
+    bias: str | None = Field(description="layer carrying this conv's bias: itself or the norm after it")
+
+
+class RunRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    kind: Literal["classifier", "bias", "weight"]
+    k: int = Field(description="biases of the last k convs train")
+    layer: str | None = None
+    conv_index: int | None = None
+    ratio: float | None = None
+    seeds: list[int]
+    accuracy: list[float] = Field(description="test accuracy per seed, %")
+    accuracy_mean: float
+    accuracy_std: float
+    reference: str | None = Field(description="id of the run Δacc is measured against")
+    delta: list[float] | None = Field(description="paired Δacc per seed, points")
+    delta_mean: float | None
+    delta_std: float | None
+    trainable_params: int
+    train_s: float = Field(description="training seconds, all seeds")
+    eval_s: float = Field(description="evaluation seconds, all seeds")
+    cache_s: float = Field(description="seconds building this run's feature cache (0 when reused)")
+
+
+class Noise(BaseModel):
+    """How much a measurement moves with the seed (data order) alone."""
+
+    accuracy_std: float = Field(description="mean over runs of the std of accuracy across seeds, points")
+    delta_std: float = Field(description="mean over bias and weight runs of the std of Δacc across seeds, points")
+    seeds: int
+
+
+class ContribProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model: str
+    fingerprint: str = Field(description="memplan.scheme.fingerprint of the traced layer table")
+    input_shape: list[int] = Field(description="per-sample input shape")
+    weights: dict[str, Any] = Field(description="where the backbone weights came from")
+    dataset: dict[str, Any]
+    protocol: Protocol
+    description: str = Field(description="how the numbers were measured, in words")
+    probe_accuracy: float = Field(description="linear-probe test accuracy every run starts from, %")
+    layers: list[LayerEntry]
+    bias: dict[int, float] = Field(description="k -> Δacc_b[:k], mean over seeds")
+    bias_std: dict[int, float]
+    weight: dict[str, dict[float, float]] = Field(description="layer -> ratio -> Δacc_W, mean over seeds")
+    weight_std: dict[str, dict[float, float]]
+    noise: Noise
+    runs: list[RunRecord]
+    timing: dict[str, Any] = Field(description="wall seconds and how the runs were executed")
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically."""
+        return write_text(path, self.model_dump_json(indent=1) + "\n")
+
+    def weight_table(self) -> list[tuple[str, int, float, float]]:
+        """(layer, conv index, ratio, Δacc) rows in conv order, then ratio."""
+        index = {l.name: l.conv_index for l in self.layers}
+        return sorted(((name, index[name], r, d) for name, row in self.weight.items() for r, d in row.items()),
+                      key=lambda row: (row[1], row[2]))
+
+
+def load_profile(path: str | os.PathLike) -> ContribProfile:
+    """Read a contribution profile; a one-line MemplanError when it cannot be read."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MemplanError(f"cannot read contribution profile {path}: {exc.strerror or exc}") from None
+    try:
+        return ContribProfile.model_validate(json.loads(text))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise MemplanError(f"{path} is not a memplan contribution profile: {first}") from None
+
+
+def _std(xs: list[float]) -> float:
+    return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def run_record(raw: dict[str, Any], reference: dict[str, Any] | None) -> RunRecord:
+    """A finished run's record with its paired Δacc against ``reference`` (None for the classifier run)."""
+    accs = [float(a) for a in raw["accuracy"]]
+    delta = None if reference is None else [a - b for a, b in zip(accs, reference["accuracy"])]
+    return RunRecord(
+        id=raw["id"], kind=raw["kind"], k=raw["k"], layer=raw["layer"], conv_index=raw["conv_index"],
+        ratio=raw["ratio"], seeds=raw["seeds"], accuracy=accs, accuracy_mean=statistics.fmean(accs),
+        accuracy_std=_std(accs), reference=None if reference is None else reference["id"], delta=delta,
+        delta_mean=None if delta is None else statistics.fmean(delta), delta_std=None if delta is None else _std(delta),
+        trainable_params=raw["trainable_params"], train_s=raw["train_s"], eval_s=raw["eval_s"], cache_s=raw["cache_s"])
+
+
+def assemble(specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[Layer], **fields: Any) -> ContribProfile:
+    """The profile of a finished grid: ``raw`` maps run ids to worker records."""
+    n = len(layers)
+    runs = [run_record(raw[s.id], None if s.reference(n) is None else raw[s.reference(n)]) for s in specs]
+    runs.sort(key=lambda r: (r.kind != "classifier", r.kind == "weight", -r.k, r.ratio or 0))
+    bias = {r.k: r for r in runs if r.kind == "bias"}
+    weight: dict[str, dict[float, RunRecord]] = {}
+    for r in runs:
+        if r.kind == "weight":
+            weight.setdefault(r.layer, {})[r.ratio] = r
+    by_conv = sorted(weight, key=lambda name: next(l.conv_index for l in layers if l.name == name))
+    deltas = [r.delta_std for r in runs if r.delta_std is not None]
+    noise = Noise(accuracy_std=statistics.fmean(r.accuracy_std for r in runs),
+                  delta_std=statistics.fmean(deltas) if deltas else 0.0, seeds=len(runs[0].seeds))
+    return ContribProfile(
+        layers=[LayerEntry(name=l.name, conv_index=l.conv_index, weight_shape=list(l.shape), groups=l.groups,
+                           bias=l.bias) for l in layers],
+        bias={k: bias[k].delta_mean for k in sorted(bias)}, bias_std={k: bias[k].delta_std for k in sorted(bias)},
+        weight={name: {r: weight[name][r].delta_mean for r in sorted(weight[name])} for name in by_conv},
+        weight_std={name: {r: weight[name][r].delta_std for r in sorted(weight[name])} for name in by_conv},
+        noise=noise, runs=runs, **fields)

@@ -1,0 +1,176 @@
+"""The run grid of contribution analysis (Lin et al., "On-Device Training Under 256KB Memory",
+NeurIPS 2022, Section 2.2 and Figure 5).
+
+Layers are the model's convs in forward order (``memplan.scheme.conv_layers``: stem = conv
+index 0, a conv classifier excluded); L is their number. A conv's *bias* is its own bias or,
+in a conv -> BN model, the shift of the BN right after it with the norm in eval mode
+(``memplan.scheme.bias_carrier``). Every run is a :class:`memplan.scheme.Scheme` and trains
+through ``memplan.scheme.scheme_to_plan``; all runs start from the same linear-probe head.
+
+* ``classifier``: the classifier only (the k = 0 reference);
+* ``bias`` k: the biases of the last k convs + the classifier;
+  Δacc_b[:k] = acc(bias k) - acc(classifier);
+* ``weight`` (i, r): the weight of conv i at channel ratio r (``int(C_in * r)`` input
+  channels, output channels for a depthwise conv, picked by ``select``) + the biases of convs
+  i..L-1 + the classifier; Δacc_W(i, r) = acc(weight i, r) - acc(bias L - i).
+
+Δacc is paired by seed (same data order) and reported as mean and standard deviation over
+seeds, in accuracy points (0..100).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..errors import BadOption
+from ..graph import LayerGraph
+from ..plan import SELECT_RULES, Plan
+from ..scheme import Scheme, WeightUpdate, bias_carrier, conv_layers, fingerprint, scheme_to_plan
+
+RunKind = Literal["classifier", "bias", "weight"]
+PAPER_RATIOS = (0.125, 0.25, 0.5, 1.0)
+
+
+class Protocol(BaseModel):
+    """Everything that determines the measured numbers (the checkpoint's identity)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seeds: tuple[int, ...] = Field((0, 1), min_length=1, description="one training run per seed (data order)")
+    epochs: int = Field(4, ge=1, description="epochs of every grid run")
+    batch_size: int = Field(32, ge=1)
+    lr_classifier: float = Field(0.05, gt=0, description="learning rate of the classifier, in every run")
+    lr_bias: float = Field(0.05, gt=0, description="learning rate of biases / norm shifts, in every run")
+    lr_weight: float = Field(0.1, gt=0, description="learning rate of the analysed conv weight (weight runs)")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (the paper's runs use none)")
+    probe_epochs: int = Field(20, ge=1, description="epochs of the linear probe that every run starts from")
+    probe_lr: float = Field(0.05, gt=0)
+    ratios: tuple[float, ...] = Field(PAPER_RATIOS, min_length=1, description="channel ratios of weight runs")
+    bias_ks: tuple[int, ...] | None = Field(None, description="bias-run depths k; None = every k in 1..L")
+    weight_layers: int | None = Field(None, ge=1, description="weight runs for the last N convs; None = all")
+    select: str = Field("magnitude+", description="channel selection rule of sub-channel updates")
+    bits: int | None = Field(None, ge=1, le=8, description="feature-cache quantisation bits; None = exact fp32")
+
+    @field_validator("ratios")
+    @classmethod
+    def _ratios(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0 < r <= 1 for r in v):
+            raise ValueError("ratios must lie in (0, 1]")
+        return tuple(sorted(set(v)))
+
+    @field_validator("select")
+    @classmethod
+    def _select(cls, v: str) -> str:
+        if v not in SELECT_RULES:
+            raise ValueError(f"select must be one of {', '.join(SELECT_RULES)}")
+        return v
+
+    def lr(self, role: str) -> float:
+        """Learning rate of a parameter role: ``classifier``, ``bias`` or ``weight``."""
+        return {"classifier": self.lr_classifier, "bias": self.lr_bias, "weight": self.lr_weight}[role]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One conv of the grid."""
+
+    name: str  # module qualname
+    conv_index: int  # forward order among convs, stem = 0 (memplan.scheme convention)
+    node: int  # index in the LayerGraph
+    shape: tuple[int, ...]  # weight shape
+    groups: int
+    bias: str | None  # the layer that carries its bias (itself or the BN after it)
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups > 1 and self.groups == self.shape[0] and self.shape[1] == 1
+
+
+def grid_layers(graph: LayerGraph) -> list[Layer]:
+    """The model's convs (classifier excluded) with their bias carriers."""
+    out = []
+    for i, n in enumerate(conv_layers(graph)):
+        carrier = bias_carrier(graph, n)
+        out.append(Layer(n.name, i, n.index, tuple(n.params["weight"].shape), int(n.attrs.get("groups", 1)),
+                         None if carrier is None else carrier.name))
+    return out
+
+
+def ratio_label(r: float) -> str:
+    """``0.125 -> '1/8'``, ``1.0 -> '1'``."""
+    return str(Fraction(r).limit_denominator(64))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One grid run: ``k`` = number of last convs whose biases train; weight runs add ``layer`` at ``ratio``."""
+
+    kind: RunKind
+    k: int
+    layer: str | None = None
+    conv_index: int | None = None
+    ratio: float | None = None
+
+    @property
+    def id(self) -> str:
+        if self.kind == "weight":
+            return f"weight:{self.layer}@{ratio_label(self.ratio)}"
+        return "classifier" if self.kind == "classifier" else f"bias:{self.k}"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "k": self.k, "layer": self.layer, "conv_index": self.conv_index,
+                "ratio": self.ratio}
+
+    def reference(self, n_layers: int) -> str | None:
+        """Id of the run this one's Δacc is measured against."""
+        if self.kind == "classifier":
+            return None
+        return "classifier" if self.kind == "bias" else RunSpec("bias", self.k).id
+
+
+def grid(layers: list[Layer], protocol: Protocol) -> list[RunSpec]:
+    """All runs, ordered by split point (earliest first, the most expensive), then bias before weight."""
+    n = len(layers)
+    if n == 0:
+        raise BadOption("the model has no conv layers to analyse")
+    for k in protocol.bias_ks or ():
+        if not 1 <= k <= n:
+            raise BadOption(f"bias depth k={k} is out of range", f"the model has {n} convs (k = 1..{n})")
+    wl = layers if protocol.weight_layers is None else layers[-protocol.weight_layers:]
+    ks = set(range(1, n + 1)) if protocol.bias_ks is None else set(protocol.bias_ks)
+    ks |= {n - l.conv_index for l in wl}
+    runs = [RunSpec("classifier", 0)]
+    for k in sorted(ks, reverse=True):
+        runs.append(RunSpec("bias", k))
+        layer = layers[n - k]
+        if layer in wl:
+            runs += [RunSpec("weight", k, layer.name, layer.conv_index, r) for r in protocol.ratios]
+    # earliest split first: classifier run last (it is the cheapest)
+    return runs[1:] + runs[:1]
+
+
+def run_scheme(spec: RunSpec, graph: LayerGraph, model: str, protocol: Protocol) -> Scheme:
+    """The run as a sparse-update scheme (what trains; norms stay in eval mode)."""
+    updates = []
+    if spec.kind == "weight":
+        updates = [WeightUpdate(layer=spec.layer, conv_index=spec.conv_index, ratio=spec.ratio, select=protocol.select)]
+    shape = list(graph.input_shape[1:])
+    return Scheme(model=model, fingerprint=fingerprint(graph), input_shape=shape, bias_update=spec.k,
+                  weight_updates=updates, mode="contrib")
+
+
+def run_plan(spec: RunSpec, graph: LayerGraph, model: str, protocol: Protocol) -> Plan:
+    return scheme_to_plan(graph, run_scheme(spec, graph, model, protocol), method=f"contrib-{spec.kind}")
+
+
+def split_layer(spec: RunSpec, layers: list[Layer], graph: LayerGraph) -> str:
+    """Name of the first layer whose input depends on trainable parameters: everything before it
+    is a frozen prefix whose output can be cached. For a bias or weight run with depth k this is
+    conv L - k (its frozen weight is computed in the suffix); for the classifier run, the classifier."""
+    if spec.k == 0:
+        return graph.classifier.name
+    return layers[len(layers) - spec.k].name

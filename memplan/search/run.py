@@ -1,0 +1,313 @@
+"""``run_search``: budget -> searched sparse-update scheme, as plain data (:class:`SearchResult`),
+and ``print_search`` to render it. The CLI (``memplan search``) is a thin layer over these.
+
+Steps: trace the model; read its contribution profile; build the space; derive the per-option
+cost table from ``memplan.costs.compute`` and check additivity on probe candidates; then
+
+* ``method="exact"`` (the default when memory is additive): the certified optimum
+  (``memplan.search.exact``);
+* ``method="evolution"`` (the default otherwise) or ``"random"``: DEAP search with the same
+  operators; with additive memory the exact optimum is also computed to report the gap.
+
+The returned scheme is re-profiled with ``compute()``: its memory must fit the budget, and, when
+the table was used, equal the table's estimate (else the mode is declared non-additive for this
+run and the search is redone with ``compute()`` as the memory function).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch.nn as nn
+from rich.console import Console
+from rich.table import Table
+
+from ..api import capture_model
+from ..errors import BadOption, MemplanError
+from ..scheme import Scheme, fingerprint, new_provenance, read_json
+from ..units import fmt_bytes, parse_bytes
+from .devices import PROFILES_DIR, Device, load_device
+from .evolution import Trace, evolve
+from .exact import ExactResult, solve_exact
+from .memory import Additivity, CostTable, MemoryModel, build_table, check_additivity, probe_candidates
+from .random_search import random_search
+from .space import DEFAULT_RATIOS, Contributions, ProfileError, SearchSpace, build_space, contributions_from_dict
+from .toolbox import Problem, make_toolbox
+
+#: the default microcontroller model (the 256KB paper's MCUNet-5FPS at 128 px)
+DEFAULT_MODEL = "mcunet-5fps"
+DEFAULT_RESOLUTION = 128
+METHODS = ("exact", "evolution", "random")
+
+
+class BudgetError(MemplanError):
+    """No scheme fits the budget."""
+
+
+@dataclass
+class SearchResult:
+    """Everything one search produced. Bytes are integers; Δacc is in the profile's units."""
+
+    model: str
+    input_shape: list[int]
+    mode: str
+    metric: str  # which Profile figure the budget bounds (memplan.search.memory.METRICS)
+    method: str  # the method that produced ``scheme``
+    budget_bytes: int
+    budget_text: str  # as given ("100KB", or the device name)
+    budget_convention: str  # how the text was read
+    device: Device | None
+    profile_path: str | None
+    profile_hash: str
+    scheme: Scheme
+    summed_delta_acc: float
+    memory_bytes: int  # compute() of the scheme, the bounded metric
+    breakdown: dict[str, int]
+    additive: bool
+    additivity: Additivity
+    space_size: dict[str, Any]
+    table: CostTable
+    exact: ExactResult | None = None
+    gap_to_exact: float | None = None  # 1 - value / exact value (0 = optimal); None without exact
+    evolution: Trace | None = None
+    random: Trace | None = None
+    compute_calls: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    out: str | None = None
+    plot: str | None = None
+
+
+def budget_convention(text: str | int | float) -> str:
+    """How ``memplan.units.parse_bytes`` reads the unit of ``text``."""
+    unit = re.search(r"([A-Za-z]*)\s*$", str(text)).group(1).lower() if isinstance(text, str) else ""
+    if unit in ("", "b", "e"):
+        return "bytes"
+    return "1024-based (KiB, MiB, GiB)" if unit.endswith("ib") else "1000-based (kB, MB, GB; KB read as kB)"
+
+
+def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES_DIR) -> Path:
+    """The shipped contribution profile (``profiles/*.json``) measured on this layer table."""
+    matches = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            data = read_json(path, "contribution profile")
+        except MemplanError:
+            continue
+        if data.get("fingerprint") == graph_fingerprint and "bias" in data:
+            matches.append(path)
+    if not matches:
+        raise ProfileError(f"no shipped contribution profile in {directory} matches this model "
+                           f"(fingerprint {graph_fingerprint})", "measure one with memplan contrib and pass it as profile")
+    return matches[0]
+
+
+def _budget(budget: str | int | float | None, device: str | os.PathLike | None) -> tuple[int, str, str, Device | None]:
+    if (budget is None) == (device is None):
+        raise BadOption("give either a budget or a device", 'e.g. budget="100KB" or device="stm32f746"')
+    if device is not None:
+        dev = load_device(device)
+        return dev.budget_bytes, f"device {dev.name}", f"SRAM {dev.sram_bytes} B - reserve {dev.reserve_bytes} B", dev
+    return parse_bytes(budget), str(budget), budget_convention(budget), None
+
+
+def run_search(
+    model: str | nn.Module | None = None,
+    budget: str | int | float | None = None,
+    *,
+    profile_path: str | os.PathLike | None = None,
+    profile: dict[str, Any] | None = None,
+    device: str | os.PathLike | None = None,
+    mode: str = "tinytraining",
+    metric: str = "total",
+    method: str | None = None,
+    generations: int = 60,
+    population: int = 64,
+    seed: int = 0,
+    out: str | os.PathLike | None = None,
+    plot: str | os.PathLike | None = None,
+    ratios: Iterable[float] = DEFAULT_RATIOS,
+    pw1_only: bool = False,
+    max_weight_layers: int | None = None,
+    classes: int | None = None,
+    resolution: int | None = None,
+    input_shape: Sequence[int] | None = None,
+    optimizer: str = "sgd",
+    frozen_bits: int = 32,
+    command: str | None = None,
+) -> SearchResult:
+    """Search the sparse-update scheme of largest summed Δacc whose memory fits ``budget``.
+
+    ``model``: zoo name, import spec or module (default: mcunet-5fps at 128 px). ``budget``:
+    "100KB" (1000-based), "100KiB" (1024-based), "0.1MB", or bytes; or ``device``: a device
+    profile name / JSON path (budget = SRAM - reserve). Contribution profile: ``profile_path``,
+    a ``profile`` dict, or the shipped profile whose fingerprint matches the model. ``mode`` /
+    ``metric``: memplan's accounting mode and which figure the budget bounds (``"total"``,
+    ``"peak"``). ``method``: exact | evolution | random (default: exact when memory is additive,
+    else evolution). ``generations`` / ``population`` / ``seed``: the DEAP run (random search
+    gets as many evaluations). ``ratios``, ``pw1_only``, ``max_weight_layers``: the space.
+    ``classes`` / ``resolution`` / ``input_shape`` (per sample): the traced model (classes default
+    to the profile's). ``out``: write the scheme JSON; ``plot``: draw Figure 13 + 11b (runs evolution and random).
+    """
+    if method is not None and method not in METHODS:
+        raise BadOption(f"unknown search method {method!r}", f"choose one of: {', '.join(METHODS)}")
+    for name, value in (("generations", generations), ("population", population)):
+        if not isinstance(value, int) or value < 1:
+            raise BadOption(f"{name} must be a positive integer, got {value!r}")
+    budget_bytes, budget_text, convention, dev = _budget(budget, device)
+    seconds: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    if model is None:
+        model, resolution = DEFAULT_MODEL, resolution or DEFAULT_RESOLUTION
+    if profile is None and profile_path is not None:
+        profile = read_json(profile_path, "contribution profile")
+    contrib_classes = profile.get("classes") if profile else None
+    cap = capture_model(model, batch=1, resolution=resolution, classes=classes or contrib_classes,
+                        input_shape=input_shape)
+    seconds["capture"] = time.perf_counter() - t0
+    if profile is None:
+        profile_path = find_profile(fingerprint(cap.graph))
+        profile = read_json(profile_path, "contribution profile")
+    contributions = contributions_from_dict(profile, f"contribution profile {profile_path or '(dict)'}")
+    space = build_space(cap.graph, contributions, model=cap.name, ratios=ratios, pw1_only=pw1_only,
+                        max_weight_layers=max_weight_layers)
+    memory = MemoryModel(space, mode, metric, optimizer=optimizer, frozen_bits=frozen_bits)
+
+    t0 = time.perf_counter()
+    table = build_table(memory)
+    seconds["table"] = time.perf_counter() - t0
+    floor = table.base[0]
+    if budget_bytes < floor:
+        raise BudgetError(f"budget {budget_text} = {budget_bytes} B is below the classifier-only memory "
+                          f"{floor} B ({fmt_bytes(floor)}) of {cap.name} under mode {mode} ({metric})",
+                          "raise the budget")
+    t0 = time.perf_counter()
+    additivity = check_additivity(memory, table, probe_candidates(space, seed=seed))
+    seconds["additivity"] = time.perf_counter() - t0
+    method = method or ("exact" if additivity.additive else "evolution")
+    if method == "exact" and not additivity.additive:
+        raise BadOption(f"memory is not additive under mode {mode} ({metric}): the exact solver does not apply",
+                        "use method evolution or random")
+
+    runs = _search(space, memory, table, additivity, budget_bytes, method, plot is not None, seed=seed,
+                   generations=generations, population=population, seconds=seconds)
+    best = {"exact": runs.get("exact"), "evolution": runs.get("evolution"), "random": runs.get("random")}[method]
+    cand = best.candidate if isinstance(best, ExactResult) else best.best
+    measured = memory.measure(cand)
+    if additivity.additive:
+        additivity.record(cand, table.estimate(cand), measured)
+        if not additivity.additive:  # the table misled: search again with compute() itself
+            method = "evolution"
+            runs = _search(space, memory, table, additivity, budget_bytes, method, plot is not None, seed=seed,
+                           generations=generations, population=population, seconds=seconds)
+            cand, measured = runs["evolution"].best, memory.measure(runs["evolution"].best)
+    if measured > budget_bytes:  # repair guarantees feasibility; this is a bug, never a user error
+        raise RuntimeError(f"search returned {cand.describe()} using {measured} B > budget {budget_bytes} B")
+
+    value = space.value(cand)
+    breakdown = memory.breakdown(cand)
+    scheme = space.to_scheme(cand, mode=mode, budget_bytes=budget_bytes,
+                             predicted={**breakdown, "memory_bytes": measured}, summed_delta_acc=value,
+                             provenance=new_provenance(command, contributions.sha256))
+    exact = runs.get("exact")
+    result = SearchResult(
+        model=cap.name, input_shape=list(cap.graph.input_shape[1:]), mode=mode, metric=metric, method=method,
+        budget_bytes=budget_bytes, budget_text=budget_text, budget_convention=convention, device=dev,
+        profile_path=str(profile_path) if profile_path is not None else None, profile_hash=contributions.sha256,
+        scheme=scheme, summed_delta_acc=value, memory_bytes=measured, breakdown=breakdown,
+        additive=additivity.additive, additivity=additivity, space_size=_space_size(space), table=table,
+        exact=exact, gap_to_exact=_gap(value, exact.value) if exact is not None and additivity.additive else None,
+        evolution=runs.get("evolution"), random=runs.get("random"), compute_calls=memory.calls, seconds=seconds,
+    )
+    if out is not None:
+        scheme.save(out)
+        result.out = str(out)
+    if plot is not None:
+        from .plot import plot_search
+
+        plot_search(result, plot)
+        result.plot = str(plot)
+    return result
+
+
+def _search(space: SearchSpace, memory: MemoryModel, table: CostTable, additivity: Additivity, budget: int,
+            method: str, curves: bool, *, seed: int, generations: int, population: int,
+            seconds: dict[str, float]) -> dict[str, Any]:
+    """Run the requested method, exact too when additive (for the gap), evolution + random for curves."""
+    runs: dict[str, Any] = {}
+    if additivity.additive:
+        t0 = time.perf_counter()
+        runs["exact"] = solve_exact(space, table, budget)
+        seconds["exact"] = time.perf_counter() - t0
+    wanted = {"evolution", "random"} if curves else set()
+    wanted |= {method} - {"exact"}
+    if wanted:
+        problem = Problem(space, table, budget, table.estimate if additivity.additive else memory.measure,
+                          additivity.additive)
+        toolbox = make_toolbox(problem)
+        if "evolution" in wanted or "random" in wanted:
+            t0 = time.perf_counter()
+            runs["evolution"] = evolve(problem, toolbox, population=population, generations=generations, seed=seed)
+            seconds["evolution"] = time.perf_counter() - t0
+        if "random" in wanted:
+            t0 = time.perf_counter()
+            runs["random"] = random_search(problem, toolbox, evaluations=runs["evolution"].evaluations, seed=seed)
+            seconds["random"] = time.perf_counter() - t0
+    return runs
+
+
+def _gap(value: float, optimum: float) -> float:
+    """Relative shortfall from the optimum (0 = optimal); measured against |optimum|."""
+    if math.isclose(value, optimum, rel_tol=1e-9, abs_tol=1e-12):
+        return 0.0
+    return (optimum - value) / abs(optimum) if optimum else math.inf
+
+
+def _space_size(space: SearchSpace) -> dict[str, Any]:
+    options = sum(len(c.ratios) for c in space.layers)
+    return {"convs": space.n_convs, "bias_depths": len(space.ks), "weight_layers": len(space.layers),
+            "weight_options": options, "ratios": list(space.ratio_set), "pw1_only": space.pw1_only,
+            "max_weight_layers": space.max_weight_layers}
+
+
+def print_search(result: SearchResult, console: Console) -> None:
+    """Render a search result: budget, scheme, memory breakdown, methods compared."""
+    r = result
+    dev = f" (device {r.device.name})" if r.device else ""
+    console.print(f"[bold]{r.model}[/] · input {'x'.join(map(str, r.input_shape))} · mode [bold]{r.mode}[/] "
+                  f"({r.metric}) · budget {r.budget_bytes} B = {fmt_bytes(r.budget_bytes)} "
+                  f"= {fmt_bytes(r.budget_bytes, binary=True)}{dev} · read as {r.budget_convention}")
+    console.print(f"profile {r.profile_path or '(dict)'} · hash {r.profile_hash} · space: {r.space_size['convs']} convs, "
+                  f"{r.space_size['bias_depths']} bias depths, {r.space_size['weight_options']} weight options "
+                  f"on {r.space_size['weight_layers']} layers")
+    add = "additive" if r.additive else "NOT additive"
+    console.print(f"memory is {add} in this mode (checked on {r.additivity.checked} candidates against compute())"
+                  + ("; exact solver certified" if r.additive else "; evolutionary search with compute()"))
+    s = r.scheme
+    weights = ", ".join(f"{w.conv_index} {w.layer} @{w.ratio:g}" for w in s.weight_updates) or "none"
+    console.print(f"[bold]scheme[/] ({r.method}): biases of the last {s.bias_update} convs; weights: {weights}")
+    console.print(f"summed Δacc {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = {fmt_bytes(r.memory_bytes)} "
+                  f"({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)")
+    table = Table("component", "bytes", "size")
+    for k, v in r.breakdown.items():
+        table.add_row(k, str(v), fmt_bytes(v))
+    console.print(table)
+    runs = Table("method", "summed Δacc", "gap to exact", "evaluations", "seconds")
+    if r.exact is not None:
+        runs.add_row("exact", f"{r.exact.value:.4g}", "0", "-", f"{r.exact.seconds:.3f}")
+    for tr in (r.evolution, r.random):
+        if tr is not None:
+            gap = f"{100 * _gap(tr.value, r.exact.value):.2f}%" if r.exact is not None and r.additive else "-"
+            runs.add_row(tr.method, f"{tr.value:.4g}", gap, str(tr.evaluations), f"{tr.seconds:.2f}")
+    if runs.row_count:
+        console.print(runs)
+    if r.out:
+        console.print(f"scheme written to {r.out}")
+    if r.plot:
+        console.print(f"plot written to {r.plot}")

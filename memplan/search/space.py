@@ -1,0 +1,229 @@
+"""The search space of the 256KB paper's Eq. 5 and the map from a candidate to a scheme / plan.
+
+A candidate is ``(k, weights)``: the biases of the last ``k`` convs update (conv indices in
+forward order, stem = 0, classifier excluded: ``memplan.scheme.conv_layers``), and each conv
+in that range may also update its weight at one channel ratio r of a ratio set ({1/8, 1/4,
+1/2, 1} by default; "0" = bias only). The classifier always trains. Its objective is the
+summed contribution ``Δacc_b[:k] + Σ Δacc_W(i, r)`` of a contribution profile (accuracy
+points, as the profile gives them); memory comes from ``memplan.search.memory``.
+
+A candidate becomes a :class:`memplan.scheme.Scheme` and, through
+``memplan.scheme.scheme_to_plan``, a plan: the search has no plan rules of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Iterable
+
+from ..errors import BadOption, MemplanError
+from ..graph import LayerGraph, Node
+from ..plan import Plan
+from ..scheme import BackwardFlags, Scheme, WeightUpdate, conv_layers, fingerprint, is_pw1, read_json, scheme_to_plan
+
+#: the paper's channel ratios (0 = bias only is always allowed)
+DEFAULT_RATIOS = (0.125, 0.25, 0.5, 1.0)
+
+
+class ProfileError(MemplanError):
+    """A contribution profile that cannot be used for this model."""
+
+
+@dataclass(frozen=True)
+class Contributions:
+    """Δacc of a contribution profile: ``bias[k]`` = gain of updating the last k biases over the
+    classifier alone; ``weight[layer][r]`` = gain of also updating that conv's weight at ratio r
+    over the bias-only run that reaches it. Units are the profile's (accuracy points)."""
+
+    bias: dict[int, float]
+    weight: dict[str, dict[float, float]]
+    fingerprint: str | None
+    sha256: str  # of the canonical JSON of the profile (the scheme's provenance.profile_hash)
+    source: str
+    model: str | None = None
+    classes: int | None = None
+    input_shape: tuple[int, ...] | None = None
+
+
+def _ratio(key: Any, where: str) -> float:
+    try:
+        r = float(Fraction(str(key).strip()))
+    except (ValueError, ZeroDivisionError):
+        raise ProfileError(f"{where}: cannot read ratio {key!r}", 'write ratios like "0.125" or "1/8"') from None
+    if not 0 < r <= 1:
+        raise ProfileError(f"{where}: ratio {key!r} is not in (0, 1]")
+    return r
+
+
+def _gain(value: Any, where: str) -> float:
+    """A Δacc entry: a number, or an object with a ``mean``."""
+    if isinstance(value, dict):
+        value = value.get("mean")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(f"{where}: Δacc must be a number (or {{'mean': number}}), got {value!r}")
+    return float(value)
+
+
+def profile_hash(data: dict[str, Any]) -> str:
+    """16 hex digits of SHA-256 over the profile's canonical JSON (sorted keys, no spaces)."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def contributions_from_dict(data: dict[str, Any], source: str = "contribution profile") -> Contributions:
+    """Read ``{"bias": {k: Δacc}, "weight": {layer: {ratio: Δacc}}, "fingerprint": ...}``."""
+    for key in ("bias", "weight"):
+        if not isinstance(data.get(key), dict):
+            raise ProfileError(f"{source} has no {key!r} table", 'expected {"bias": {k: Δacc}, "weight": {layer: {ratio: Δacc}}}')
+    bias: dict[int, float] = {}
+    for k, v in data["bias"].items():
+        try:
+            kk = int(k)
+        except ValueError:
+            raise ProfileError(f"{source}: bias depth {k!r} is not an integer") from None
+        if kk < 0:
+            raise ProfileError(f"{source}: bias depth {k!r} is negative")
+        bias[kk] = _gain(v, f"{source} bias[{k}]")
+    weight = {str(layer): {_ratio(r, f"{source} weight[{layer}]"): _gain(v, f"{source} weight[{layer}][{r}]")
+                           for r, v in table.items()}
+              for layer, table in data["weight"].items()}
+    shape = data.get("input_shape")
+    return Contributions(bias, weight, data.get("fingerprint"), profile_hash(data), source, data.get("model"),
+                         data.get("classes"), tuple(shape) if shape else None)
+
+
+def load_contributions(path: str | os.PathLike) -> Contributions:
+    """Read a contribution profile JSON file."""
+    return contributions_from_dict(read_json(path, "contribution profile"), f"contribution profile {path}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """``k`` last biases + weight updates ``(conv_index, ratio)``, ascending conv index."""
+
+    k: int
+    weights: tuple[tuple[int, float], ...] = ()
+
+    def describe(self) -> str:
+        ws = ", ".join(f"{i}@{Fraction(r).limit_denominator(64)}" for i, r in self.weights)
+        return f"k={self.k}" + (f" weights [{ws}]" if ws else "")
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """One conv whose weight may update: its allowed ratios (ascending) and their Δacc."""
+
+    conv_index: int
+    layer: str
+    ratios: tuple[float, ...]
+    gains: tuple[float, ...]
+
+
+@dataclass
+class SearchSpace:
+    """Allowed bias depths ``ks`` (ascending, 0 first) and weight options ``layers`` (ascending
+    conv index) of one traced model under one contribution profile."""
+
+    graph: LayerGraph
+    model: str
+    convs: list[Node]
+    ks: tuple[int, ...]
+    bias_gain: dict[int, float]
+    layers: tuple[LayerChoice, ...]
+    ratio_set: tuple[float, ...]
+    pw1_only: bool = False
+    max_weight_layers: int | None = None
+    contributions: Contributions | None = field(default=None, repr=False)
+    fingerprint: str = ""  # memplan.scheme.fingerprint of the graph
+
+    def __post_init__(self) -> None:
+        self.fingerprint = self.fingerprint or fingerprint(self.graph)
+
+    @property
+    def n_convs(self) -> int:
+        return len(self.convs)
+
+    def first(self, k: int) -> int:
+        """Conv index of the first conv whose bias updates at depth k."""
+        return self.n_convs - k
+
+    def min_k(self, conv_index: int) -> int:
+        """Smallest allowed depth whose range covers ``conv_index``."""
+        need = self.n_convs - conv_index
+        return min(k for k in self.ks if k >= need)
+
+    def value(self, cand: Candidate) -> float:
+        """Summed Δacc of ``cand`` (profile units)."""
+        by_index = {c.conv_index: c for c in self.layers}
+        total = self.bias_gain[cand.k]
+        for i, r in cand.weights:
+            c = by_index[i]
+            total += c.gains[c.ratios.index(r)]
+        return total
+
+    def check(self, cand: Candidate) -> None:
+        """Raise ValueError unless ``cand`` lies in the space."""
+        if cand.k not in self.bias_gain:
+            raise ValueError(f"bias depth {cand.k} is not in the space")
+        by_index = {c.conv_index: c for c in self.layers}
+        for i, r in cand.weights:
+            if i not in by_index or r not in by_index[i].ratios or i < self.first(cand.k):
+                raise ValueError(f"weight update {i}@{r} is not allowed at k={cand.k}")
+        if self.max_weight_layers is not None and len(cand.weights) > self.max_weight_layers:
+            raise ValueError(f"{len(cand.weights)} weight updates exceed the cap {self.max_weight_layers}")
+
+    def to_scheme(self, cand: Candidate, **fields: Any) -> Scheme:
+        """The candidate as a scheme (``fields`` fill mode, budget, predicted, provenance ...)."""
+        updates = [WeightUpdate(layer=self.convs[i].name, conv_index=i, ratio=r) for i, r in cand.weights]
+        base = dict(model=self.model, fingerprint=self.fingerprint, input_shape=list(self.graph.input_shape[1:]),
+                    batch=self.graph.batch, backward_flags=BackwardFlags(pw1_weight_only=self.pw1_only))
+        return Scheme(**{**base, **fields, "bias_update": cand.k, "weight_updates": updates})
+
+    def to_plan(self, cand: Candidate) -> Plan:
+        return scheme_to_plan(self.graph, self.to_scheme(cand), method="sparse")
+
+
+def build_space(graph: LayerGraph, contributions: Contributions, *, model: str | None = None,
+                ratios: Iterable[float] = DEFAULT_RATIOS, pw1_only: bool = False,
+                max_weight_layers: int | None = None, check_fingerprint: bool = True) -> SearchSpace:
+    """The space of ``graph`` under ``contributions``: every bias depth the profile measured (and
+    0), and every (conv, ratio) in ``ratios`` that it measured, restricted to first-pointwise convs
+    with ``pw1_only``. Profile entries for other layers or ratios are ignored."""
+    ratio_set = tuple(sorted({float(r) for r in ratios}))
+    if not ratio_set or any(not 0 < r <= 1 for r in ratio_set):
+        raise BadOption(f"weight ratios must lie in (0, 1], got {list(ratios)}")
+    if max_weight_layers is not None and max_weight_layers < 0:
+        raise BadOption(f"max_weight_layers must be >= 0, got {max_weight_layers}")
+    if check_fingerprint and contributions.fingerprint is not None and contributions.fingerprint != fingerprint(graph):
+        raise ProfileError(f"{contributions.source} was measured on another layer table "
+                           f"(fingerprint {contributions.fingerprint}, this model {fingerprint(graph)})",
+                           "measure a profile for this model with memplan contrib")
+    convs = conv_layers(graph)
+    n = len(convs)
+    bad = sorted(k for k in contributions.bias if k > n)
+    if bad:
+        raise ProfileError(f"{contributions.source} has bias depth {bad[0]}; the model has {n} convs")
+    gains = {0: 0.0, **{k: g for k, g in contributions.bias.items() if k > 0}}
+    ks = tuple(sorted(gains))
+    names = {c.name: i for i, c in enumerate(convs)}
+    unknown = sorted(set(contributions.weight) - set(names))
+    if unknown:
+        raise ProfileError(f"{contributions.source} names layer {unknown[0]!r}, which is not a conv of this model")
+    layers = []
+    for name, table in contributions.weight.items():
+        i = names[name]
+        if pw1_only and not is_pw1(convs[i]):
+            continue
+        if n - i > ks[-1]:  # no measured bias depth reaches it
+            continue
+        rs = tuple(r for r in ratio_set if any(abs(r - q) < 1e-12 for q in table))
+        if rs:
+            lookup = {round(q, 12): g for q, g in table.items()}
+            layers.append(LayerChoice(i, name, rs, tuple(lookup[round(r, 12)] for r in rs)))
+    layers.sort(key=lambda c: c.conv_index)
+    return SearchSpace(graph, model or graph.model_name, convs, ks, gains, tuple(layers), ratio_set, pw1_only,
+                       max_weight_layers, contributions)

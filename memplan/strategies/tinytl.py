@@ -1,0 +1,66 @@
+"""TinyTL's strategies (Cai et al., NeurIPS 2020, Table 2): ``tinytl-b``, ``tinytl-l``, ``tinytl-lb``.
+
+* ``tinytl-b``: every bias and norm shift + classifier, norms in eval mode (the ``bias``
+  strategy under TinyTL's name);
+* ``tinytl-l``: the lite residual branches train fully (convs, norm scale + shift, norms in
+  train mode) + classifier; the backbone is frozen;
+* ``tinytl-lb``: ``tinytl-l`` plus every bias and norm shift of the backbone.
+
+The ``-l`` variants add the branches first (``memplan.transforms.add_lite_residual``) with the
+transform options ``lite_kernel`` (5), ``lite_groups`` (2), ``lite_downsample`` (2) and
+``lite_norm`` ("batch" / "group"; default: the kind the block uses). TinyTL's own setting also
+swaps every BatchNorm for GroupNorm: ``--norm group``.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..errors import BadOption
+from ..graph import LayerGraph
+from ..ops import NORM_KINDS
+from ..plan import Plan, Train
+from ..transforms import add_lite_residual, is_lite
+from .base import bias, full_train, strategy
+
+LITE_OPTIONS = ("lite_kernel", "lite_groups", "lite_downsample", "lite_norm")
+
+
+def lite_transform(model: nn.Module, lite_kernel: int = 5, lite_groups: int = 2, lite_downsample: int = 2,
+                   lite_norm: str | None = None) -> nn.Module:
+    """``add_lite_residual`` under the strategies' option names."""
+    return add_lite_residual(model, kernel=lite_kernel, groups=lite_groups, downsample=lite_downsample,
+                             norm=lite_norm)
+
+
+def _lite_plan(graph: LayerGraph, method: str, biases: bool) -> Plan:
+    lite = [n for n in graph.param_nodes() if is_lite(n.name)]
+    if not lite:
+        raise BadOption(f"method {method!r} found no lite residual branch in the model",
+                        "profile it through memplan.profile / the CLI, which add the branches first")
+    train = {n.name: Train(0.0, True) for n in graph.param_nodes() if biases and "bias" in n.params}
+    train.update({n.name: full_train(n) for n in lite})
+    head = graph.classifier
+    train[head.name] = full_train(head)
+    return Plan(method, train, {n.name for n in lite if n.kind in NORM_KINDS})
+
+
+@strategy("tinytl-b", "TinyTL-B: every bias and norm shift + classifier; norms in eval mode (frozen statistics)")
+def tinytl_b(graph: LayerGraph) -> Plan:
+    plan = bias(graph)
+    plan.method = "tinytl-b"
+    return plan
+
+
+@strategy("tinytl-l", "TinyTL-L: lite residual branches (added to every block but the first) + classifier; "
+          "backbone frozen, branch norms use batch statistics", transform=lite_transform,
+          transform_options=LITE_OPTIONS)
+def tinytl_l(graph: LayerGraph) -> Plan:
+    return _lite_plan(graph, "tinytl-l", biases=False)
+
+
+@strategy("tinytl-lb", "TinyTL-L+B: lite residual branches + every bias and norm shift + classifier; "
+          "backbone norms in eval mode, branch norms use batch statistics", transform=lite_transform,
+          transform_options=LITE_OPTIONS)
+def tinytl_lb(graph: LayerGraph) -> Plan:
+    return _lite_plan(graph, "tinytl-lb", biases=True)
