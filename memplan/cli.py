@@ -6,6 +6,7 @@ Every error caused by the input ends in one line ``error: ...`` on stderr and ex
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import List, Optional
@@ -173,6 +174,24 @@ def compare(
         _emit(render.totals_csv(profiles), csv_out, console)
     if not quiet:
         render.print_compare(profiles, console, binary=binary)
+
+
+@app.command()
+def reproduce(
+    only: Optional[str] = typer.Option(None, "--only", help="figure key prefix, e.g. tinytl.table2 or mobiletl"),
+    json_out: Optional[str] = typer.Option(None, "--json", help="write the rows as JSON to PATH ('-' = stdout)"),
+    hide_not_modelled: bool = typer.Option(False, "--hide-not-modelled", help="omit figures memplan cannot model"),
+) -> None:
+    """Published figures of the seed papers next to memplan's values, with the mode used."""
+    from . import reproduce as rep
+
+    quiet = json_out == "-"
+    console = _console(quiet)
+    rows = rep.reproduce(only or "", include_not_modelled=not hide_not_modelled)
+    if json_out:
+        _emit(json.dumps(rep.to_dicts(rows), indent=2), json_out, console)
+    if not quiet:
+        render.print_reproduction(rows, console)
 
 
 @app.command()

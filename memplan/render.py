@@ -151,3 +151,23 @@ def print_conv_update_costs(rows: Sequence, console: Console) -> None:
     for r in rows:
         table.add_row(str(r.conv_index), r.layer, f"{r.activation_kib:.2f}", f"{r.weight_kib:.2f}", f"{r.total_kib:.2f}")
     console.print(table)
+
+
+def print_reproduction(rows: Sequence, console: Console) -> None:
+    """``memplan reproduce``: published vs ours, one row per figure."""
+    from collections import Counter
+
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ["figure", "source", "mode", "published", "ours", "error", "status", "note"]:
+        table.add_column(col, justify="right" if col in ("published", "ours", "error") else "left",
+                         overflow="fold", max_width=60 if col == "note" else None, no_wrap=col == "figure")
+    style = {"ok": "green", "close": "yellow", "differs": "red", "not modelled": "dim"}
+    for r in rows:
+        ours = "" if r.ours is None else (f"{r.ours:,.0f}" if abs(r.ours) >= 1000 else f"{r.ours:.4g}")
+        err = "" if r.error is None else f"{100 * r.error:+.1f}%"
+        table.add_row(r.key, r.source, r.mode, f"{r.published:g} {r.unit}", ours, err,
+                      f"[{style[r.status]}]{r.status}[/]", "" if r.status == "ok" else r.note)
+    console.print(table)
+    counts = Counter(r.status for r in rows)
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()) + ". ok = within 1% or the printed precision; "
+                  "close = within 5%. MB = 1e6 B; the 256KB paper's kB = KiB.")

@@ -859,7 +859,8 @@ def heads(draw, c: int, h: int, w: int) -> Head:
     hidden = draw(st.one_of(st.none(), st.integers(1, MAX_C)))
     return Head(
         reduce=reduce,
-        flatten=draw(st.sampled_from(["module", "torch", "method", "view", "reshape"])),
+        # x.view needs a flattenable layout: only after pooling (the body's output may be a permuted view)
+        flatten=draw(st.sampled_from(["module", "torch", "method", "reshape"] + ["view"] * (reduce != "none"))),
         norm=draw(st.sampled_from([None, "bn", "ln"])),
         hidden=hidden,
         act=draw(acts(fresh=True)) if hidden else None,

@@ -8,8 +8,9 @@ memory = batch x (peak activation memory of one sample) + parameter bytes, where
 * kept for backward (each op counts its own, shared tensors are not merged): conv / linear
   their fp32 input if the weight trains (the selected input channels for a partial update),
   norms their input if the scale trains; whenever anything besides the classifier trains,
-  every ReLU / ReLU6 / LeakyReLU a 1-bit mask of its input and every h-swish / h-sigmoid /
-  sigmoid / tanh / SiLU / GELU / ELU 4 B per input element (FT-Last keeps nothing);
+  every ReLU / ReLU6 / LeakyReLU a 1-bit mask of its input, every h-swish / h-sigmoid /
+  sigmoid / tanh / SiLU / GELU / ELU 4 B per input element, and an SE multiply its feature
+  map at 4 B per element (FT-Last keeps nothing);
 * working memory of a layer: conv input + output / groups, linear input + output, norm and
   activation layers their input (they run in place); other ops (adds, pooling, resizing,
   views, the loss) are not layers of TinyTL's profiler and cost nothing;
@@ -131,7 +132,18 @@ def smooth(op: OpView):
         yield private(op.node.in_tensors[0].nbytes, "input")
 
 
-@rule("add", "sub", "mul", "div", "cat", "avgpool", "adaptive_avgpool", "maxpool", "adaptive_maxpool", "dropout",
+@rule("mul")
+def se_multiply(op: OpView):
+    """The SE multiply (feature map x channel gate) keeps its feature-map operand at 4 B per
+    element whenever anything besides the classifier trains. TinyTL's networks have no
+    multiplies; this is the count of MobileTL's related profiler, and it reproduces both its
+    MobileNetV3-Small 129.7 MB and its Table 1 MBV3 block (accounting.md §3, §6)."""
+    if _backward(op) and len(op.node.in_tensors) == 2:
+        feature = max(op.node.in_tensors, key=lambda t: t.numel)
+        yield private(feature.numel * 4, "feature map")
+
+
+@rule("add", "sub", "div", "cat", "avgpool", "adaptive_avgpool", "maxpool", "adaptive_maxpool", "dropout",
       "interpolate", "pad", "mean", "view", "identity", "getitem", "meta", "input", "output", "cross_entropy")
 def keeps_nothing(op: OpView):
     return ()
