@@ -49,7 +49,7 @@ from .graph import LayerGraph, capture, register_module_kind
 from .lean import (FrozenConv, FrozenLinear, LeanAvgPool2d, MaskedDropout, MaskedHardtanh, MaskedLeakyReLU,
                    MaskedReLU, MaskedReLU6, ShiftOnlyNorm, SignHardswish, SubChannelConv)
 from .measure import apply_plain
-from .ops import FREE_KINDS, MASK_ACTIVATIONS
+from .ops import FREE_KINDS, MASK_ACTIVATIONS, PARAM_KINDS
 from .plan import OpView, Plan, Train, grad_flow
 
 __all__ = ["apply_plan", "apply_strategy", "apply_scheme", "plan_strategy", "plan_scheme", "lean_class", "write_back",
@@ -141,16 +141,36 @@ CHOICES: dict[str, LeanChoice] = {
 }
 
 
+def _calls(op: OpView) -> list[OpView]:
+    """The views of every call of ``op``'s module, in forward order (just ``op`` when it is
+    called once)."""
+    uses = [n.index for n in op.graph.nodes if n.module is op.node.module]
+    if len(uses) == 1 or op.plan is None:
+        return [op]
+    views = grad_flow(op.graph, op.plan)
+    return [views[i] for i in uses]
+
+
 def lean_class(op: OpView) -> type[nn.Module] | None:
     """The lean module class ``apply_plan`` puts in place of ``op``'s module (or that module's
-    own class when it already is one); None when the op is left alone."""
+    own class when it already is one); None when the op is left alone.
+
+    One decision per module, whatever call ``op`` is: a module called several times (a shared
+    ReLU) is swapped for all its calls. Convs and norms follow their first call (the one the
+    plan names); activations, dropout and pooling, whose lean versions compute the same thing,
+    are swapped when any call would be."""
     m = op.node.module
     if op.node.op != "call_module" or m is None:
         return None
     if type(m) in LEAN_KINDS:
         return type(m)
     choose = CHOICES.get(op.kind)
-    return choose(op, m) if choose is not None else None
+    if choose is None:
+        return None
+    choices = [choose(v, m) for v in _calls(op)]
+    if op.kind in PARAM_KINDS:
+        return choices[0]
+    return next((c for c in choices if c is not None), None)
 
 
 def _build(cls: type[nn.Module], m: nn.Module, train: Train) -> nn.Module:

@@ -135,6 +135,39 @@ def profile(
 
 
 @app.command()
+def verify(
+    model: str = ModelArg,
+    method: str = typer.Option("full", "--method", "-m", help="strategy (see `memplan methods`)"),
+    blocks: Optional[int] = BlocksOpt, layers: Optional[int] = LayersOpt, scheme: Optional[str] = SchemeOpt,
+    option: Optional[List[str]] = OptionOpt, norm: Optional[str] = NormOpt,
+    batch: int = typer.Option(2, "--batch", "-b", help="batch size"), resolution: Optional[int] = ResOpt,
+    classes: Optional[int] = ClassesOpt,
+    steps: int = typer.Option(2, "--steps", help="real training steps on random data"),
+    optimizer: str = OptimOpt,
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda"),
+    tolerance: int = typer.Option(0, "--tolerance", help="allowed |measured - predicted| saved bytes"),
+) -> None:
+    """Apply the strategy to a real model, train a few steps on random data, and compare
+    predicted with measured saved bytes and peak, plain PyTorch vs `applied` side by side.
+    Exits 1 when measured saved bytes differ from the prediction by more than --tolerance."""
+    from . import verify as ver
+
+    _positive_int("steps", steps)
+    opts = {k: v for k, v in _strategy_opts(blocks, layers, scheme, None, None, None, option).items() if v is not None}
+    report = ver.verify(model, method, batch=batch, resolution=resolution, classes=classes, norm=norm, steps=steps,
+                        device=device, optimizer=optimizer, tolerance=tolerance, **opts)
+    console = _console()
+    ver.print_verify(report, console)
+    if not report.ok:
+        raise typer.Exit(ver.EXIT_MISMATCH)
+
+
+def _positive_int(name: str, value: int) -> None:
+    if value < 1:
+        raise MemplanError(f"--{name} must be a positive integer, got {value}")
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of memplan's update-scheme format (a copy is in schema/)."""
     from .scheme import schema_json

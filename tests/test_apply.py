@@ -214,6 +214,35 @@ def test_relu_feeding_a_trained_conv_keeps_no_mask():
     assert saved_bytes(model, x, y).bytes == predicted == hand
 
 
+class SharedReLU(nn.Module):
+    """One ReLU module called twice (torchvision ResNet style): its first output feeds a trained
+    conv (kept anyway), its second does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2, self.c3 = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        x = self.c3(self.relu(self.c2(self.relu(self.c1(x)))))
+        return self.fc(x.mean((2, 3)))
+
+
+def test_module_called_twice_gets_one_decision():
+    torch.manual_seed(0)
+    model = SharedReLU()
+    graph = capture(model, (2, 3, 8, 8))
+    plan = Plan("x", {"c1": Train(0.0, True), "c2": Train(1.0, True), "fc": Train(1.0, True)})
+    predicted = mode_bytes(graph, plan, "applied")
+    apply_plan(model, plan, graph)
+    assert isinstance(model.relu, MaskedReLU)  # the second call wants a mask: both calls get one
+    x, y = batch((2, 3, 8, 8), 3)
+    # c2 input (first ReLU output) 2x4x6x6 floats + two masks of 2x4x6x6 bits, fc input, loss
+    hand = 2 * 4 * 36 * 4 + 2 * math.ceil(2 * 4 * 36 / 8) + 2 * 4 * 4 + (2 * 3 * 4 + 2 * 8 + 4)
+    assert saved_bytes(model, x, y).bytes == predicted == hand
+
+
 # ----------------------------------------------------------------------------- other ops, fallbacks
 class Mixed(nn.Module):
     """Ops apply_plan swaps (avg-pool, leaky ReLU, hardtanh, dropout) next to ops it leaves alone

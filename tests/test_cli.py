@@ -110,3 +110,13 @@ def test_console_script_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["method"] == "bias"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_verify_command_ok(capsys):
+    code, out, _ = run(["verify", "mcunet-5fps", "-m", "bias", "-r", "32", "-b", "2", "--steps", "1"], capsys)
+    assert code == 0 and "match the predictions" in out
+
+
+def test_schema_command_prints_json_schema(capsys):
+    code, out, _ = run(["schema"], capsys)
+    assert code == 0 and json.loads(out)["properties"]["schema_version"]
