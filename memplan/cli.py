@@ -167,6 +167,100 @@ def _positive_int(name: str, value: int) -> None:
         raise MemplanError(f"--{name} must be a positive integer, got {value}")
 
 
+def _floats(text: Optional[str], name: str) -> Optional[list[float]]:
+    if text is None:
+        return None
+    try:
+        return [float(eval_fraction(t)) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated numbers, e.g. 0.125,0.25,0.5,1") from None
+
+
+def eval_fraction(text: str) -> float:
+    """'1/8' or '0.125' -> 0.125."""
+    num, slash, den = text.strip().partition("/")
+    return float(num) / float(den) if slash else float(num)
+
+
+def _ints(text: Optional[str], name: str) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated integers, e.g. 0,1,2") from None
+
+
+@app.command()
+def contrib(
+    model: str = ModelArg,
+    weights: Optional[str] = typer.Option(None, "--weights", help="local state_dict (.pt), loaded with weights_only=True"),
+    data: str = typer.Option("digits", "--data", help="digits (built-in MNIST 5k transfer benchmark), an image folder, "
+                             "an .npz with x_train,y_train,x_test,y_test, or module:factory"),
+    out: Optional[str] = typer.Option(None, "--out", help="contribution profile JSON (a .runs.jsonl checkpoint lives beside it)"),
+    workers: int = typer.Option(1, "--workers", "-j", help="parallel runs (local process pool)"),
+    executor: str = typer.Option("process", "--executor", help="process | ray"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (with --executor ray)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="recompute the frozen prefix in every run (no feature cache)"),
+    bits: Optional[int] = typer.Option(None, "--bits", help="quantise cached features to BITS (default: fp32, exact)"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated seeds per run, e.g. 0,1,2"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="epochs per run"),
+    ratios: Optional[str] = typer.Option(None, "--ratios", help="weight ratios, e.g. 1/8,1/4,1/2,1"),
+    lr_bias: Optional[float] = typer.Option(None, "--lr-bias", help="learning rate of bias runs"),
+    lr_weight: Optional[float] = typer.Option(None, "--lr-weight", help="learning rate of weight runs"),
+    resolution: Optional[int] = ResOpt,
+    plot: Optional[str] = typer.Option(None, "--plot", help="draw Figure 5 (bias curve, per-layer Δacc per ratio) to PATH"),
+) -> None:
+    """Contribution analysis: real fine-tuning runs measuring Δacc per bias depth and per
+    layer x channel ratio (the 256KB paper's Figure 5). Resumable: rerun to continue."""
+    from .contrib.analysis import run_contrib
+    from .contrib.plot import plot_contrib
+
+    console = _console()
+    _positive_int("workers", workers)
+    prof = run_contrib(model, weights, data, out, workers=workers, executor=executor, address=address,
+                       cache=not no_cache, bits=bits, seeds=_ints(seeds, "seeds"), epochs=epochs,
+                       ratios=_floats(ratios, "ratios"), lr_bias=lr_bias, lr_weight=lr_weight, resolution=resolution,
+                       progress=sys.stderr.isatty())
+    console.print(f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured"
+                  + (f"; wrote {out}" if out else ""))
+    if plot:
+        console.print(f"wrote {plot_contrib(prof, plot)}")
+
+
+@app.command()
+def search(
+    model: Optional[str] = typer.Argument(None, help="model (default: mcunet-5fps at 128 px with its shipped profile)"),
+    budget: Optional[str] = typer.Option(None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" '
+                                         '(1024-based), "0.1MB" or bytes'),
+    profile: Optional[str] = typer.Option(None, "--profile", help="contribution profile JSON (default: the shipped one "
+                                          "matching the model)"),
+    device: Optional[str] = typer.Option(None, "--device", help="device profile (budget = SRAM - reserve), e.g. stm32f746"),
+    mode: str = typer.Option("tinytraining", "--mode", help="accounting mode of the budget"),
+    method: Optional[str] = typer.Option(None, "--method", help="exact | evolution | random (default: exact when "
+                                         "memory is additive in the mode)"),
+    generations: int = typer.Option(100, "--generations"), population: int = typer.Option(100, "--population"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Optional[str] = typer.Option(None, "--out", help="write the scheme JSON"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="draw Figure 13 (evolution vs random) and 11b to PATH"),
+    ratios: Optional[str] = typer.Option(None, "--ratios", help="weight ratios of the space, e.g. 1/8,1/4,1/2,1"),
+    pw1_only: bool = typer.Option(False, "--pw1-only", help="update weights of first pointwise convs only"),
+    max_weight_layers: Optional[int] = typer.Option(None, "--max-weight-layers", help="cap on weight-updated layers"),
+    classes: Optional[int] = ClassesOpt, resolution: Optional[int] = ResOpt,
+) -> None:
+    """Search the sparse-update scheme with the largest summed Δacc under a memory budget."""
+    from .search.run import print_search, run_search
+
+    if budget is None and device is None:
+        raise MemplanError("give --budget (e.g. 100KB) or --device NAME")
+    extra = {"ratios": _floats(ratios, "ratios")} if ratios else {}
+    result = run_search(model, budget, profile_path=profile, device=device, mode=mode, method=method,
+                        generations=generations, population=population, seed=seed, out=out, plot=plot,
+                        pw1_only=pw1_only, max_weight_layers=max_weight_layers, classes=classes,
+                        resolution=resolution, command="memplan " + " ".join(sys.argv[1:]), **extra)
+    print_search(result, _console())
+
+
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of memplan's update-scheme format (a copy is in schema/)."""
