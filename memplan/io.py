@@ -11,6 +11,13 @@ from typing import Any
 from .errors import MemplanError
 
 
+def _umask_mode() -> int:
+    """Permissions a plain ``open(path, "w")`` would give (mkstemp's default is 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (no partial file is ever visible)."""
     target = Path(path)
@@ -22,6 +29,7 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     except OSError as exc:
         raise MemplanError(f"cannot write {target}: {exc.strerror or exc}") from None
     try:
+        os.chmod(tmp, _umask_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -51,6 +59,7 @@ def save_figure(fig: Any, path: str | os.PathLike) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".png", dir=directory)
     os.close(fd)
     try:
+        os.chmod(tmp, _umask_mode())
         fig.savefig(tmp, format=(target.suffix.lstrip(".") or "png"), bbox_inches="tight")
         os.replace(tmp, target)
     except BaseException:
