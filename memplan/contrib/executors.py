@@ -6,13 +6,18 @@ is reused by the consecutive runs it gets (the grid is ordered by split point). 
 ``2 x workers`` runs are in flight at a time; records are yielded as runs finish, in
 completion order. Each worker uses ``threads`` intra-op threads; ``default_threads`` keeps
 workers x threads within the cores this process may use (oversubscribed threads make small
-convolutions many times slower).
+convolutions many times slower; on a machine shared with other jobs set
+``MEMPLAN_NUM_THREADS=1``). The pool spawns its workers, so a script that calls
+``run_contrib(workers=N)`` needs the usual ``if __name__ == "__main__":`` guard; pool
+workers exit when their parent dies. Ray workers need memplan installed on every node.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
@@ -33,7 +38,13 @@ def available_cores() -> int:
 
 
 def default_threads(workers: int) -> int:
-    """Intra-op threads per worker: the available cores shared evenly, at least 1."""
+    """Intra-op threads per worker: ``$MEMPLAN_NUM_THREADS`` if set, else the available cores
+    shared evenly, at least 1."""
+    env = os.environ.get("MEMPLAN_NUM_THREADS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise BadOption(f"MEMPLAN_NUM_THREADS must be a positive integer, got {env!r}")
+        return int(env)
     return max(1, available_cores() // workers)
 
 
@@ -53,8 +64,17 @@ def run_here(ctx: Context, specs: Sequence[RunSpec]) -> Iterator[dict]:
 _WORKER: Worker | None = None
 
 
-def _init_process(ctx: Context) -> None:
+def _exit_with_parent(parent: int) -> None:
+    """Watchdog thread: a pool worker whose parent died (even by SIGKILL) exits at once
+    instead of finishing runs nobody will record."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _init_process(ctx: Context, parent: int) -> None:
     global _WORKER
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     _WORKER = Worker(ctx)
 
 
@@ -67,7 +87,7 @@ def run_pool(ctx: Context, specs: Sequence[RunSpec], workers: int) -> Iterator[d
     """Runs on ``workers`` spawned processes (spawn: safe with torch's thread pools)."""
     pending = list(reversed(specs))
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_process,
-                               initargs=(ctx,))
+                               initargs=(ctx, os.getpid()))
     running: set[Future] = set()
     try:
         while pending or running:

