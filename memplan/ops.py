@@ -25,6 +25,15 @@ PARAM_KINDS = frozenset({"conv", "linear"}) | NORM_KINDS
 #: no computation, no saved tensors (views, shape queries, constants)
 FREE_KINDS = frozenset({"view", "identity", "getitem", "meta", "input", "output"})
 
+#: padding modules and the ``F.pad`` mode each applies
+PAD_MODES: dict[type, str] = {
+    **{cls: "constant" for cls in (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
+                                   nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d)},
+    **{cls: "reflect" for cls in (nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d)},
+    **{cls: "replicate" for cls in (nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d)},
+    **{cls: "circular" for cls in (nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d)},
+}
+
 MODULE_KINDS: dict[type, str] = {
     nn.Conv1d: "conv", nn.Conv2d: "conv", nn.Conv3d: "conv",
     nn.Linear: "linear",
@@ -40,6 +49,7 @@ MODULE_KINDS: dict[type, str] = {
     nn.Dropout: "dropout", nn.Dropout1d: "dropout", nn.Dropout2d: "dropout",
     nn.Flatten: "view", nn.Identity: "identity", nn.Upsample: "interpolate",
     nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax",
+    **{cls: "pad" for cls in PAD_MODES},
 }
 
 FUNCTION_KINDS: dict[object, str] = {

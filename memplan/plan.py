@@ -47,7 +47,10 @@ class Plan:
     options: dict[str, Any] = field(default_factory=dict)
 
     def of(self, node: Node) -> Train:
-        return self.train.get(node.name, FROZEN)
+        """What trains at ``node``; every call of a module shares its first call's decision."""
+        if node.name in self.train:
+            return self.train[node.name]
+        return self.train.get(node.scope, FROZEN) if node.op == "call_module" else FROZEN
 
 
 @dataclass
@@ -88,11 +91,13 @@ def grad_flow(graph: LayerGraph, plan: Plan) -> list[OpView]:
     views: list[OpView] = []
     for n in graph.nodes:
         t = plan.of(n)
-        if t.any and not n.params:
+        # a module's parameters are listed at its first call only; later calls still use them
+        owned = set(n.params) | ({p for p, _ in n.module.named_parameters(recurse=False)} if n.module is not None else set())
+        if t.any and not owned:
             raise ValueError(f"plan trains {n.name!r}, which has no parameters")
-        if t.weight and "weight" not in n.params:
+        if t.weight and "weight" not in owned:
             t = Train(0.0, t.bias, t.select)
-        if t.bias and "bias" not in n.params:
+        if t.bias and "bias" not in owned:
             t = Train(t.weight, False, t.select)
         req_in = tuple(req[i] for i in n.inputs)
         req[n.index] = any(req_in) or t.any

@@ -5,7 +5,9 @@ into Python), and :func:`build` turns it into an ``nn.Module`` deterministically
 failing example hypothesis prints is a complete reproduction::
 
     from tests.fuzz_models import *
-    model = build(NetSpec(...)); graph = capture(model, spec.input_shape)
+    spec = NetSpec(...)  # as printed
+    model = build(spec)
+    graph = memplan.graph.capture(model, spec.input_shape)
 
 Shapes stay tiny (batch 1-3, channels <= 16, spatial <= 16) so one example takes
 milliseconds. Every op appears in several forms (module, functional, Tensor method,
@@ -159,10 +161,11 @@ class DropoutU:
 
 @dataclass(frozen=True)
 class PadU:
-    """F.pad(x, (left, right, top, bottom), mode)."""
+    """F.pad(x, (left, right, top, bottom), mode), or the padding module of that mode."""
 
     pads: tuple[int, int, int, int]
     mode: str
+    form: str = "functional"  # functional | module
 
 
 @dataclass(frozen=True)
@@ -304,7 +307,8 @@ def conv_out(size: int, k: int, stride: int, pad: int | str, dil: int) -> int:
 
 
 def conv_shape(conv: Conv, c: int, h: int, w: int) -> tuple[int, int, int]:
-    return conv.out, conv_out(h, conv.k, conv.stride, conv.pad, conv.dil), conv_out(w, conv.k, conv.stride, conv.pad, conv.dil)
+    ho, wo = (conv_out(s, conv.k, conv.stride, conv.pad, conv.dil) for s in (h, w))
+    return conv.out, ho, wo
 
 
 class ConvBlock(nn.Module):
@@ -487,13 +491,18 @@ class Drop(nn.Module):
         return F.dropout(x, self.spec.p, training=self.training, inplace=self.spec.inplace)
 
 
+PAD_MODULES = {"constant": nn.ZeroPad2d, "reflect": nn.ReflectionPad2d, "replicate": nn.ReplicationPad2d,
+               "circular": nn.CircularPad2d}
+
+
 class Pad(nn.Module):
     def __init__(self, spec: PadU, c: int, h: int, w: int):
         super().__init__()
         self.spec = spec
+        self.pad = PAD_MODULES[spec.mode](spec.pads) if spec.form == "module" else None
 
     def forward(self, x):
-        return F.pad(x, self.spec.pads, mode=self.spec.mode)
+        return self.pad(x) if self.pad is not None else F.pad(x, self.spec.pads, mode=self.spec.mode)
 
 
 class Activation(nn.Module):
@@ -526,7 +535,8 @@ class Matmul(nn.Module):
     def __init__(self, spec: MatmulU, c: int, h: int, w: int):
         super().__init__()
         self.spec, self.shape = spec, (c, h, w)
-        self.lin = {"weight": lambda: nn.Linear(h * w, h * w), "left": lambda: nn.Linear(c, c)}.get(spec.form, lambda: None)()
+        features = {"weight": h * w, "left": c}.get(spec.form)
+        self.lin = nn.Linear(features, features) if features else None
 
     def mm(self, a, b):
         fn = self.spec.fn
@@ -569,7 +579,7 @@ class HeadModule(nn.Module):
         self.pool = {"adaptive_avg": nn.AdaptiveAvgPool2d(1), "adaptive_max": nn.AdaptiveMaxPool2d((1, 1))}.get(spec.reduce)
         self.flat = nn.Flatten() if spec.flatten == "module" and spec.reduce != "mean" else None
         features = c if spec.reduce != "none" else c * h * w
-        self.norm = {"bn": lambda: nn.BatchNorm1d(features), "ln": lambda: nn.LayerNorm(features)}[spec.norm]() if spec.norm else None
+        self.norm = {"bn": nn.BatchNorm1d, "ln": nn.LayerNorm}[spec.norm](features) if spec.norm else None
         self.hidden = nn.Linear(features, spec.hidden) if spec.hidden else None
         self.act = act_module(spec.act) if spec.hidden else None
         self.drop = nn.Dropout(spec.dropout) if spec.hidden and spec.dropout is not None else None
@@ -809,7 +819,7 @@ def interps(draw, h: int, w: int) -> InterpU:
 @st.composite
 def units(draw, c: int, h: int, w: int, batch: int, fresh: bool) -> tuple[Unit, bool]:
     """One unit and whether its output is fresh (safe for a following in-place op)."""
-    kind = draw(st.sampled_from(["conv", "conv", "residual", "residual", "se", "concat", "pool", "interp",
+    kind = draw(st.sampled_from(["conv", "conv", "residual", "residual", "se", "concat", "pool", "pool", "interp",
                                  "dropout", "pad", "act", "conv1d", "channel_mix", "matmul"]))
     if kind == "conv":
         conv = draw(convs(c, h, w, batch))
@@ -831,12 +841,13 @@ def units(draw, c: int, h: int, w: int, batch: int, fresh: bool) -> tuple[Unit, 
         return d, fresh or p > 0
     if kind == "pad":
         mode = draw(st.sampled_from(["constant", "reflect", "replicate", "circular"]))
-        limit = [MAX_HW - w, MAX_HW - h] if mode in ("constant", "replicate") else [min(w - 1, MAX_HW - w), min(h - 1, MAX_HW - h)]
+        # reflect / circular padding must be smaller than the input
+        limit = [MAX_HW - s if mode in ("constant", "replicate") else min(s - 1, MAX_HW - s) for s in (w, h)]
         left = draw(st.integers(0, max(0, limit[0]) // 2))
         right = draw(st.integers(0, max(0, limit[0]) // 2))
         top = draw(st.integers(0, max(0, limit[1]) // 2))
         bottom = draw(st.integers(0, max(0, limit[1]) // 2))
-        return PadU((left, right, top, bottom), mode), True
+        return PadU((left, right, top, bottom), mode, draw(st.sampled_from(["functional", "module"]))), True
     if kind == "act":
         return ActU(draw(acts(fresh))), False
     if kind == "conv1d":

@@ -178,7 +178,8 @@ def dropout(op: OpView):
     # a scaled float mask, one value per element (per (batch, channel) for Dropout1d/2d/3d);
     # p = 0 returns the input itself: nothing to keep
     out = op.node.out
-    if op.node.attrs.get("training", True) and (op.node.module is None or op.node.module.training) and op.node.attrs["p"] > 0:
+    active = op.node.attrs.get("training", True) and (op.node.module is None or op.node.module.training)
+    if active and op.node.attrs["p"] > 0:
         numel = out.shape[0] * out.shape[1] if isinstance(op.node.module, FEATURE_DROPOUT) else out.numel
         yield private(numel * out.itemsize, "mask")
 
