@@ -362,6 +362,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         rv = command.main(args=argv, prog_name="memplan", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
+        if code == 130:  # typer turns Ctrl-C into a return value of 130
+            err.print("error: interrupted", markup=False)
     except MemplanError as exc:
         err.print(f"error: {exc}", markup=False)
         code = exc.exit_code

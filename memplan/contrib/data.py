@@ -22,6 +22,8 @@ per-channel mean / std of its train split.
 
 from __future__ import annotations
 
+import zipfile
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,7 +200,7 @@ def _npz(path: Path, sample_shape: Sequence[int] | None) -> Data:
         raise
     except ValueError as exc:  # object arrays need pickle: refused
         raise BadData(f"cannot read {path}: {exc}", "store plain numeric arrays (no pickled objects)") from None
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise BadData(f"cannot read {path} as .npz: {exc}") from None
     return make_data(path.stem, f"{path.name} (npz)", *arrays, sample_shape)
 

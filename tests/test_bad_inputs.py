@@ -1,0 +1,147 @@
+"""The bad-input catalogue: every case ends in one line `error: ...`, the documented exit code
+(2 for bad input, 130 when interrupted), no traceback, and no output file left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from memplan.cli import main
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "user_models.py")
+BC = {"n_bias_update": 22, "manual_weight_idx": [21, 24], "weight_update_ratio": [1, 0.25],
+      "weight_select_criteria": "magnitude+", "pw1_weight_only": False}
+
+
+class RunsCode:
+    """Unpickling this would call os.system: weights_only loading must refuse it."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /tmp/memplan-pwned",))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    good = d / "scheme.json"
+    main_rc = None
+    try:
+        main(["search", "--budget", "60KB", "--out", str(good)])
+    except SystemExit as exc:
+        main_rc = exc.code
+    assert main_rc == 0 and good.exists()
+    scheme = json.loads(good.read_text())
+    f = {
+        "empty": d / "empty.json", "truncated": d / "truncated.json", "version": d / "version.json",
+        "other_model": d / "other.json", "bad_ratio": d / "ratio.json", "bad_layer": d / "layer.json",
+        "bc_range": d / "bc.json", "notjson": d / "notjson.json", "profile_trunc": d / "profile.json",
+        "weights_txt": d / "weights.pt", "weights_list": d / "list.pt", "weights_evil": d / "evil.pt",
+        "unreadable": d / "unreadable.pt", "npz_bad": d / "bad.npz",
+    }
+    f["empty"].write_text("")
+    f["truncated"].write_text(good.read_text()[: len(good.read_text()) // 2])
+    f["version"].write_text(json.dumps({**scheme, "schema_version": 99}))
+    f["other_model"].write_text(json.dumps({**scheme, "fingerprint": "0000000000000000"}))
+    f["bad_ratio"].write_text(json.dumps({**scheme, "weight_updates": [{**scheme["weight_updates"][0], "ratio": 1.5}]}))
+    f["bad_layer"].write_text(json.dumps({**scheme, "weight_updates": [{**scheme["weight_updates"][0], "layer": "nope"}]}))
+    f["bc_range"].write_text(json.dumps({**BC, "manual_weight_idx": [5, 24]}))
+    f["notjson"].write_text("{not json")
+    f["profile_trunc"].write_text(open("profiles/mcunet-5fps-digits.json").read()[:500])
+    f["weights_txt"].write_text("hello")
+    torch.save([1, 2, 3], f["weights_list"])
+    with open(f["weights_evil"], "wb") as fh:
+        pickle.dump(RunsCode(), fh)
+    torch.save({"x": torch.zeros(1)}, f["unreadable"])
+    os.chmod(f["unreadable"], 0)
+    f["npz_bad"].write_bytes(b"PK\x03\x04 broken")
+    f["dir"] = d
+    return f
+
+
+def cases(f):
+    out = str(f["dir"] / "out.json")
+    return [
+        (["profile", "mobilenetv9"], "unknown model"),
+        (["profile", f"{DATA}:Broken"], "has no attribute"),
+        (["profile", "tests/data/missing.py:Net"], "no such file"),
+        (["profile", f"{DATA}:NeedsArgs"], "needs arguments"),
+        (["profile", f"{DATA}:Untraceable", "-r", "16"], "--leaf Gate"),
+        (["profile", f"{DATA}:TupleOut", "-r", "8"], "not a tensor"),
+        (["search", "--budget", "-1KB"], "-1KB"),
+        (["search", "--budget", "1e999"], "too large"),
+        (["search", "--budget", "abc"], "cannot read"),
+        (["search", "--budget", "100 XB"], "unknown size unit"),
+        (["search", "--budget", "10B"], "budget"),
+        (["search", "--budget", "100KB", "--profile", str(f["profile_trunc"])], "profile"),
+        (["search", "--budget", "100KB", "--profile", str(f["notjson"])], "JSON"),
+        (["search", "--device", "toaster"], "toaster"),
+        (["search", "--budget", "100KB", "--method", "magic"], "unknown search method"),
+        (["search", "--budget", "100KB", "--out", "/nonexistent/dir/s.json"], "does not exist"),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["empty"])], "empty"),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["truncated"])], "JSON"),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["version"])], "schema_version"),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["other_model"])], "layer table differs"),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["bad_ratio"])], "ratio"),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["bad_layer"])], "nope"),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["bc_range"])], "5"),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", "/nonexistent.json"], "nonexistent"),
+        (["profile", "resnet18", "-m", "sparse", "--scheme", str(f["truncated"]).replace("truncated", "scheme")],
+         "layer table differs"),
+        (["contrib", "minilearn-cifar10", "--data", "nowhere.npz", "--out", out], "nowhere"),
+        (["contrib", "minilearn-cifar10", "--data", str(f["npz_bad"]), "--out", out], "npz"),
+        (["contrib", "minilearn-cifar10", "--data", "digits", "--weights", str(f["weights_txt"]), "--out", out],
+         "weights"),
+        (["contrib", "minilearn-cifar10", "--data", "digits", "--weights", str(f["weights_list"]), "--out", out],
+         "state_dict"),
+        (["contrib", "minilearn-cifar10", "--data", "digits", "--weights", str(f["weights_evil"]), "--out", out],
+         "weights"),
+        (["contrib", "minilearn-cifar10", "--data", "digits", "--weights", "/nonexistent.pt", "--out", out],
+         "nonexistent"),
+        (["contrib", "minilearn-cifar10", "--data", "digits", "--executor", "slurm", "--out", out], "slurm"),
+        (["profile", "mcunet-5fps", "--json", "/nonexistent/dir/p.json"], "does not exist"),
+        (["verify", "mcunet-5fps", "--steps", "0"], "--steps"),
+        (["compare", "mcunet-5fps", "--methods", "full,lastk:x"], "lastk:x"),
+    ]
+
+
+def test_catalogue_has_at_least_30_cases(files):
+    assert len(cases(files)) >= 30
+
+
+def test_every_bad_input_is_one_line_exit_2_no_traceback_no_output(files, capsys):
+    out = files["dir"] / "out.json"
+    problems = []
+    for args, needle in cases(files):
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        cap = capsys.readouterr()
+        lines = [line for line in cap.err.splitlines() if line.strip()]
+        ok = (exc.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+              and needle.lower() in lines[0].lower() and "Traceback" not in cap.err + cap.out
+              and not out.exists() and not [p for p in os.listdir(files["dir"]) if p.endswith(".tmp")])
+        if not ok:
+            problems.append((args[:4], exc.value.code, cap.err.strip()[-300:]))
+    assert not problems, "\n".join(map(str, problems))
+    assert not os.path.exists("/tmp/memplan-pwned")
+
+
+def test_ctrl_c_during_contrib_exits_130_without_partial_profile(tmp_path):
+    out = tmp_path / "p.json"
+    proc = subprocess.Popen([sys.executable, "-m", "memplan", "contrib", "minilearn-cifar10", "--data", "digits",
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "MEMPLAN_NUM_THREADS": "1"})
+    time.sleep(6)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130, err
+    assert lines[-1] == "error: interrupted" and "Traceback" not in err
+    assert not out.exists()
