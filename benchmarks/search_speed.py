@@ -19,13 +19,13 @@ import time
 import torch
 
 from memplan.api import capture_model
-from memplan.scheme import fingerprint, read_json
+from memplan.scheme import fingerprint
 from memplan.search.evolution import evolve
-from memplan.search.exact import solve_exact
+from memplan.search.exact import relative_gap, solve_exact
 from memplan.search.memory import MemoryModel, build_table, check_additivity, probe_candidates
 from memplan.search.random_search import random_search
 from memplan.search.run import DEFAULT_MODEL, DEFAULT_RESOLUTION, find_profile
-from memplan.search.space import build_space, contributions_from_dict
+from memplan.search.space import build_space, load_contributions
 from memplan.search.toolbox import Problem, make_toolbox
 from memplan.units import parse_bytes
 
@@ -48,8 +48,8 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="contribution profile JSON (default: the shipped one)")
     ap.add_argument("--mode", default="tinytraining")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--population", type=int, default=64)
-    ap.add_argument("--generations", type=int, default=60)
+    ap.add_argument("--population", type=int, default=100)
+    ap.add_argument("--generations", type=int, default=100)
     args = ap.parse_args()
 
     budget = parse_bytes(args.budget)
@@ -57,21 +57,22 @@ def main() -> None:
     cap = capture_model(args.model, resolution=args.resolution, classes=None)
     t_capture = time.perf_counter() - t
     path = args.profile or find_profile(fingerprint(cap.graph))
-    data = read_json(path, "contribution profile")
-    if data.get("classes") and data["classes"] != cap.classes:
-        cap = capture_model(args.model, resolution=args.resolution, classes=data["classes"])
-    space = build_space(cap.graph, contributions_from_dict(data, str(path)), model=cap.name)
+    contributions = load_contributions(path)
+    if contributions.classes and contributions.classes != cap.classes:
+        cap = capture_model(args.model, resolution=args.resolution, classes=contributions.classes)
+    space = build_space(cap.graph, contributions, model=cap.name)
     memory = MemoryModel(space, args.mode)
     t = time.perf_counter()
     table = build_table(memory)
     t_table = time.perf_counter() - t
+    table_calls = memory.calls
     t = time.perf_counter()
     additivity = check_additivity(memory, table, probe_candidates(space))
     t_check = time.perf_counter() - t
     print(f"{cap.name} {args.resolution}px, {cap.classes} classes, mode {args.mode}, budget {budget} B; profile {path}")
     print(f"space: {space.n_convs} convs, {len(space.ks)} bias depths, "
           f"{sum(len(c.ratios) for c in space.layers)} weight options on {len(space.layers)} layers")
-    print(f"capture {t_capture:.2f} s (cold, first meta op); cost table {t_table:.2f} s ({memory.calls} compute calls); "
+    print(f"capture {t_capture:.2f} s (cold, first meta op); cost table {t_table:.2f} s ({table_calls} compute calls); "
           f"additivity check {t_check:.2f} s ({additivity.checked} candidates): "
           f"{'additive' if additivity.additive else 'NOT additive'}")
     if not additivity.additive:
@@ -89,7 +90,7 @@ def main() -> None:
         rnd = random_search(problem, make_toolbox(problem), evaluations=evo.evaluations, seed=seed)
         for tr in (evo, rnd):
             n99, s99 = to_99(tr, exact.value)
-            gap = 1 - tr.value / exact.value
+            gap = relative_gap(tr.value, exact.value)
             rows[tr.method].append((gap, tr.seconds, s99))
             print(f"{tr.method:<12}{seed:>5}{tr.value:>10.3f}{gap:>9.2%}{tr.evaluations:>8}{tr.seconds:>9.2f}"
                   f"{n99 if n99 else 'never':>11}{(f'{s99:.2f}' if s99 is not None else '-'):>8}")

@@ -22,6 +22,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 import memplan
 from memplan.api import capture_model
+from memplan.contrib import ContribProfile, Protocol
+from memplan.contrib.profile import LayerEntry, Noise
+from memplan.contrib.protocol import grid_layers
 from memplan.costs import compute
 from memplan.errors import MemplanError
 from memplan.modes import get_mode
@@ -32,7 +35,7 @@ from memplan.search.evolution import evolve
 from memplan.search.exact import solve_exact
 from memplan.search.memory import MemoryModel, build_table, check_additivity, probe_candidates
 from memplan.search.random_search import random_search
-from memplan.search.space import Candidate, ProfileError, build_space, contributions_from_dict
+from memplan.search.space import Candidate, ProfileError, build_space, contributions_of, load_contributions
 from memplan.search.toolbox import Problem, make_toolbox, seeded
 
 from .test_scheme import SmallNet
@@ -40,7 +43,8 @@ from .test_scheme import SmallNet
 torch.set_num_threads(1)
 
 
-def synthetic_profile(graph, seed: int = 0, layers: int | None = None, max_k: int | None = None) -> dict:
+def synthetic_profile(graph, seed: int = 0, layers: int | None = None, max_k: int | None = None,
+                      classes: int = 10) -> ContribProfile:
     """A SYNTHETIC contribution profile (not measured): Δacc in points, quantised to 0.04
     (one test image in 2,500), bias gains saturating in k, weight gains growing with depth and
     ratio, largest for pw1 convs, small noise. ``layers``: weight entries for the last N convs
@@ -49,14 +53,22 @@ def synthetic_profile(graph, seed: int = 0, layers: int | None = None, max_k: in
     convs = conv_layers(graph)
     n = len(convs)
     q = lambda x: round(round(x / 0.04) * 0.04, 6)  # noqa: E731
-    bias = {str(k): q(12 * (1 - math.exp(-k / 5)) + rng.uniform(-0.3, 0.3)) for k in range(1, (max_k or n) + 1)}
+    bias = {k: q(12 * (1 - math.exp(-k / 5)) + rng.uniform(-0.3, 0.3)) for k in range(1, (max_k or n) + 1)}
     weight = {}
     for i, c in enumerate(convs[-(layers or n):]):
         pos = (n - (layers or n) + i + 1) / n
         peak = (3.0 if is_pw1(c) else 0.8) * pos ** 1.5
-        weight[c.name] = {str(r): q(peak * (1 - math.exp(-4 * r)) / (1 - math.exp(-4)) + rng.uniform(-0.1, 0.1))
+        weight[c.name] = {r: q(peak * (1 - math.exp(-4 * r)) / (1 - math.exp(-4)) + rng.uniform(-0.1, 0.1))
                           for r in (0.125, 0.25, 0.5, 1.0)}
-    return {"synthetic": True, "fingerprint": fingerprint(graph), "bias": bias, "weight": weight}
+    layer_rows = [LayerEntry(name=l.name, conv_index=l.conv_index, weight_shape=list(l.shape), groups=l.groups,
+                             bias=l.bias) for l in grid_layers(graph)]
+    return ContribProfile(
+        model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:]),
+        weights={"source": "SYNTHETIC (tests/test_search.py)"}, dataset={"name": "synthetic", "classes": classes},
+        protocol=Protocol(), description="SYNTHETIC: made-up Δacc for testing the search; nothing was measured",
+        probe_accuracy=0.0, layers=layer_rows, bias=bias, bias_std={k: 0.0 for k in bias}, weight=weight,
+        weight_std={name: {r: 0.0 for r in row} for name, row in weight.items()},
+        noise=Noise(accuracy_std=0.0, delta_std=0.0, seeds=1), runs=[], timing={})
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +76,7 @@ def mcunet():
     """MCUNet-5FPS at 128 px, 10 classes, its synthetic profile, space, memory model and table."""
     cap = capture_model("mcunet-5fps", resolution=128, classes=10)
     profile = synthetic_profile(cap.graph)
-    space = build_space(cap.graph, contributions_from_dict(profile), model=cap.name)
+    space = build_space(cap.graph, contributions_of(profile), model=cap.name)
     memory = MemoryModel(space, "tinytraining")
     return cap, profile, space, memory, build_table(memory)
 
@@ -95,7 +107,7 @@ def test_exact_matches_brute_force_with_compute_memory():
     """Tiny space on SmallNet: enumerate every candidate, memory from compute() directly."""
     graph = capture_model(SmallNet(), input_shape=(3, 8, 8)).graph
     profile = synthetic_profile(graph, seed=3)
-    space = build_space(graph, contributions_from_dict(profile), model="smallnet", ratios=(0.5, 1.0))
+    space = build_space(graph, contributions_of(profile), model="smallnet", ratios=(0.5, 1.0))
     memory = MemoryModel(space, "tinytraining")
     table = build_table(memory)
     mode = get_mode("tinytraining")
@@ -122,7 +134,7 @@ def test_exact_matches_milp_on_mcunet(mcunet):
 
 def test_exact_respects_cap_and_pw1(mcunet):
     cap, profile, _, _, _ = mcunet
-    space = build_space(cap.graph, contributions_from_dict(profile), pw1_only=True, max_weight_layers=3,
+    space = build_space(cap.graph, contributions_of(profile), pw1_only=True, max_weight_layers=3,
                         ratios=(0.25, 1.0))
     table = build_table(MemoryModel(space, "tinytraining"))
     ex = solve_exact(space, table, 120_000)
@@ -199,7 +211,7 @@ def test_non_additive_metric_uses_evolution_with_compute():
     refuses the exact solver, and the evolutionary result fits under compute()."""
     graph = capture_model(SmallNet(), input_shape=(3, 8, 8)).graph
     profile = synthetic_profile(graph, seed=1)
-    space = build_space(graph, contributions_from_dict(profile), model="smallnet")
+    space = build_space(graph, contributions_of(profile), model="smallnet")
     memory = MemoryModel(space, "ideal", "peak")
     table = build_table(memory)
     assert not check_additivity(memory, table, probe_candidates(space)).additive
@@ -219,7 +231,7 @@ def test_non_additive_metric_uses_evolution_with_compute():
 
 def test_repair_always_fits_and_respects_the_cap(mcunet):
     cap, profile, _, _, _ = mcunet
-    space = build_space(cap.graph, contributions_from_dict(profile), max_weight_layers=4)
+    space = build_space(cap.graph, contributions_of(profile), max_weight_layers=4)
     table = build_table(MemoryModel(space, "tinytraining"))
     problem = Problem(space, table, 60_000, table.estimate, True)
     tb = make_toolbox(problem)
@@ -283,9 +295,9 @@ def test_profile_for_another_model_is_refused(mcunet):
         run_search("mbv2-w0.35", "100KB", profile=profile)
 
 
-def test_budget_xor_device():
+def test_budget_xor_device(mcunet):
     with pytest.raises(MemplanError, match="either a budget or a device"):
-        run_search(budget="100KB", device="stm32f746", profile={})
+        run_search(budget="100KB", device="stm32f746", profile=mcunet[1])
 
 
 def test_device_profiles():
@@ -312,22 +324,52 @@ def test_device_sets_the_budget(mcunet):
     assert r.memory_bytes <= r.budget_bytes
 
 
-def test_bad_profile_tables_are_one_line():
-    for data, match in [({"bias": {}}, "no 'weight' table"), ({"bias": {"x": 1}, "weight": {}}, "not an integer"),
-                        ({"bias": {"1": 1}, "weight": {"a": {"2": 1}}}, "not in \\(0, 1\\]"),
-                        ({"bias": {"1": "big"}, "weight": {}}, "must be a number")]:
-        with pytest.raises(ProfileError, match=match):
-            contributions_from_dict(data)
+def test_profile_file_round_trip(mcunet, tmp_path):
+    """A profile written by memplan.contrib reads back to the same search view and hash."""
+    _, profile, _, _, _ = mcunet
+    profile.save(tmp_path / "p.json")
+    back = load_contributions(tmp_path / "p.json")
+    assert back == contributions_of(profile, back.source)
+    assert back.bias[3] == profile.bias[3] and back.weight == profile.weight and back.classes == 10
 
 
-def test_profile_ratio_labels_and_means():
-    c = contributions_from_dict({"bias": {"3": {"mean": 1.5, "std": 0.1}}, "weight": {"l": {"1/8": 0.5, "1": 2}}})
-    assert c.bias == {3: 1.5} and c.weight == {"l": {0.125: 0.5, 1.0: 2.0}}
+# ------------------------------------------------------------------ shipped artifacts
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((ROOT / "search").glob("*.json"))
 
 
-def test_shipped_profiles_are_real_measurements():
-    """Every shipped contribution profile (profiles/*.json) says how it was measured; none is synthetic."""
-    root = Path(__file__).resolve().parents[1] / "profiles"
-    for path in root.glob("*.json"):
-        data = json.loads(path.read_text())
-        assert not data.get("synthetic"), path
+def _profile_with_hash(profile_hash: str) -> Path:
+    for path in sorted((ROOT / "profiles").glob("*.json")):
+        if load_contributions(path).sha256 == profile_hash:
+            return path
+    raise AssertionError(f"no shipped profile has hash {profile_hash}")
+
+
+@pytest.mark.skipif(not SHIPPED, reason="no shipped schemes in search/ (they need a measured profile in profiles/)")
+def test_shipped_scheme_regenerates_identically():
+    """The 100 KB scheme (or the first one) re-searched from its profile: identical but for the date."""
+    path = next((p for p in SHIPPED if "100KB" in p.name), SHIPPED[0])
+    shipped = load_scheme(path)
+    profile = _profile_with_hash(shipped.provenance.profile_hash)
+    again = run_search(shipped.model, shipped.budget_bytes, profile_path=profile, mode=shipped.mode,
+                       input_shape=shipped.input_shape, command=shipped.provenance.command).scheme
+    drop = {"provenance": {"date"}}
+    assert again.model_dump(exclude=drop) == shipped.model_dump(exclude=drop)
+
+
+@pytest.mark.skipif(not SHIPPED, reason="no shipped schemes in search/")
+def test_shipped_schemes_fit_their_budgets():
+    for path in SHIPPED:
+        scheme = load_scheme(path)
+        prof = memplan.profile(scheme.model, method="sparse", scheme=str(path), mode=scheme.mode,
+                               input_shape=tuple(scheme.input_shape))
+        assert prof.totals.total_bytes == scheme.predicted["memory_bytes"] <= scheme.budget_bytes
+
+
+def test_result_to_dict_is_json(mcunet):
+    _, profile, _, _, _ = mcunet
+    r = run_search(budget="80KB", profile=profile, classes=10, method="evolution", generations=2, population=6)
+    data = json.loads(json.dumps(r.to_dict()))
+    assert data["scheme"]["budget_bytes"] == 80_000 and data["method"] == "evolution"
+    assert data["exact"]["value"] >= data["evolution"]["value"] and len(data["table"]["extra"]) == 168

@@ -12,6 +12,7 @@ staircase is kept when a cap is set.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -37,6 +38,14 @@ class _Stair:
     parent: np.ndarray  # index into the previous step's staircase of count ``parent_count``
     parent_count: np.ndarray  # count of weight updates of the parent entry
     choice: np.ndarray  # option index into the layer's ratios, -1 = bias only
+
+
+def relative_gap(value: float, optimum: float) -> float:
+    """Shortfall of ``value`` from ``optimum`` relative to |optimum| (0 = optimal; float noise
+    of a differently ordered sum counts as 0)."""
+    if math.isclose(value, optimum, rel_tol=1e-9, abs_tol=1e-12):
+        return 0.0
+    return (optimum - value) / abs(optimum) if optimum else math.inf
 
 
 def _pareto(cost: np.ndarray, value: np.ndarray) -> np.ndarray:

@@ -1,5 +1,7 @@
 """Random search: ``evaluations`` independent individuals from the same ``init`` + ``repair``
-operators as evolution (so both search the same feasible space), best kept."""
+operators as evolution (so both search the same feasible space), best kept. With the same seed
+its first samples are evolution's initial population: both curves start alike and part where
+evolution begins to select and vary."""
 
 from __future__ import annotations
 

@@ -16,11 +16,10 @@ run and the search is redone with ``compute()`` as the memory function).
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -29,15 +28,16 @@ from rich.console import Console
 from rich.table import Table
 
 from ..api import capture_model
+from ..contrib.profile import ContribProfile
 from ..errors import BadOption, MemplanError
 from ..scheme import Scheme, fingerprint, new_provenance, read_json
 from ..units import fmt_bytes, parse_bytes
 from .devices import PROFILES_DIR, Device, load_device
 from .evolution import Trace, evolve
-from .exact import ExactResult, solve_exact
+from .exact import ExactResult, relative_gap, solve_exact
 from .memory import Additivity, CostTable, MemoryModel, build_table, check_additivity, probe_candidates
 from .random_search import random_search
-from .space import DEFAULT_RATIOS, Contributions, ProfileError, SearchSpace, build_space, contributions_from_dict
+from .space import DEFAULT_RATIOS, ProfileError, SearchSpace, build_space, contributions_of, load_contributions
 from .toolbox import Problem, make_toolbox
 
 #: the default microcontroller model (the 256KB paper's MCUNet-5FPS at 128 px)
@@ -82,29 +82,42 @@ class SearchResult:
     out: str | None = None
     plot: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the scheme as its JSON object, candidates as text, the cost table as rows."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["scheme"] = self.scheme.model_dump(mode="json")
+        data["device"] = self.device.model_dump() if self.device else None
+        data["additivity"] = asdict(self.additivity)
+        data["table"] = {"base": {str(k): v for k, v in self.table.base.items()},
+                         "extra": [[i, r, v] for (i, r), v in self.table.extra.items()]}
+        if self.exact is not None:
+            data["exact"] = {**asdict(self.exact), "candidate": self.exact.candidate.describe()}
+        for name in ("evolution", "random"):
+            trace = getattr(self, name)
+            if trace is not None:
+                data[name] = {**asdict(trace), "best": trace.best.describe()}
+        return data
+
 
 def budget_convention(text: str | int | float) -> str:
     """How ``memplan.units.parse_bytes`` reads the unit of ``text``."""
     unit = re.search(r"([A-Za-z]*)\s*$", str(text)).group(1).lower() if isinstance(text, str) else ""
-    if unit in ("", "b", "e"):
+    if unit in ("", "b"):
         return "bytes"
     return "1024-based (KiB, MiB, GiB)" if unit.endswith("ib") else "1000-based (kB, MB, GB; KB read as kB)"
 
 
 def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES_DIR) -> Path:
     """The shipped contribution profile (``profiles/*.json``) measured on this layer table."""
-    matches = []
     for path in sorted(Path(directory).glob("*.json")):
         try:
             data = read_json(path, "contribution profile")
         except MemplanError:
             continue
         if data.get("fingerprint") == graph_fingerprint and "bias" in data:
-            matches.append(path)
-    if not matches:
-        raise ProfileError(f"no shipped contribution profile in {directory} matches this model "
-                           f"(fingerprint {graph_fingerprint})", "measure one with memplan contrib and pass it as profile")
-    return matches[0]
+            return path
+    raise ProfileError(f"no shipped contribution profile in {directory} matches this model "
+                       f"(fingerprint {graph_fingerprint})", "measure one with memplan contrib and pass it as profile")
 
 
 def _budget(budget: str | int | float | None, device: str | os.PathLike | None) -> tuple[int, str, str, Device | None]:
@@ -121,13 +134,13 @@ def run_search(
     budget: str | int | float | None = None,
     *,
     profile_path: str | os.PathLike | None = None,
-    profile: dict[str, Any] | None = None,
+    profile: ContribProfile | None = None,
     device: str | os.PathLike | None = None,
     mode: str = "tinytraining",
     metric: str = "total",
     method: str | None = None,
-    generations: int = 60,
-    population: int = 64,
+    generations: int = 100,
+    population: int = 100,
     seed: int = 0,
     out: str | os.PathLike | None = None,
     plot: str | os.PathLike | None = None,
@@ -165,16 +178,20 @@ def run_search(
     t0 = time.perf_counter()
     if model is None:
         model, resolution = DEFAULT_MODEL, resolution or DEFAULT_RESOLUTION
-    if profile is None and profile_path is not None:
-        profile = read_json(profile_path, "contribution profile")
-    contrib_classes = profile.get("classes") if profile else None
-    cap = capture_model(model, batch=1, resolution=resolution, classes=classes or contrib_classes,
-                        input_shape=input_shape)
+    contributions = None
+    if profile is not None:
+        contributions = contributions_of(profile, "contribution profile (given)")
+    elif profile_path is not None:
+        contributions = load_contributions(profile_path)
+    cap = capture_model(model, batch=1, resolution=resolution, input_shape=input_shape,
+                        classes=classes or (contributions.classes if contributions else None))
     seconds["capture"] = time.perf_counter() - t0
-    if profile is None:
+    if contributions is None:
         profile_path = find_profile(fingerprint(cap.graph))
-        profile = read_json(profile_path, "contribution profile")
-    contributions = contributions_from_dict(profile, f"contribution profile {profile_path or '(dict)'}")
+        contributions = load_contributions(profile_path)
+        if classes is None and contributions.classes and contributions.classes != cap.classes:
+            cap = capture_model(model, batch=1, resolution=resolution, input_shape=input_shape,
+                                classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name, ratios=ratios, pw1_only=pw1_only,
                         max_weight_layers=max_weight_layers)
     memory = MemoryModel(space, mode, metric, optimizer=optimizer, frozen_bits=frozen_bits)
@@ -222,7 +239,7 @@ def run_search(
         profile_path=str(profile_path) if profile_path is not None else None, profile_hash=contributions.sha256,
         scheme=scheme, summed_delta_acc=value, memory_bytes=measured, breakdown=breakdown,
         additive=additivity.additive, additivity=additivity, space_size=_space_size(space), table=table,
-        exact=exact, gap_to_exact=_gap(value, exact.value) if exact is not None and additivity.additive else None,
+        exact=exact, gap_to_exact=relative_gap(value, exact.value) if exact is not None and additivity.additive else None,
         evolution=runs.get("evolution"), random=runs.get("random"), compute_calls=memory.calls, seconds=seconds,
     )
     if out is not None:
@@ -262,13 +279,6 @@ def _search(space: SearchSpace, memory: MemoryModel, table: CostTable, additivit
     return runs
 
 
-def _gap(value: float, optimum: float) -> float:
-    """Relative shortfall from the optimum (0 = optimal); measured against |optimum|."""
-    if math.isclose(value, optimum, rel_tol=1e-9, abs_tol=1e-12):
-        return 0.0
-    return (optimum - value) / abs(optimum) if optimum else math.inf
-
-
 def _space_size(space: SearchSpace) -> dict[str, Any]:
     options = sum(len(c.ratios) for c in space.layers)
     return {"convs": space.n_convs, "bias_depths": len(space.ks), "weight_layers": len(space.layers),
@@ -283,7 +293,7 @@ def print_search(result: SearchResult, console: Console) -> None:
     console.print(f"[bold]{r.model}[/] · input {'x'.join(map(str, r.input_shape))} · mode [bold]{r.mode}[/] "
                   f"({r.metric}) · budget {r.budget_bytes} B = {fmt_bytes(r.budget_bytes)} "
                   f"= {fmt_bytes(r.budget_bytes, binary=True)}{dev} · read as {r.budget_convention}")
-    console.print(f"profile {r.profile_path or '(dict)'} · hash {r.profile_hash} · space: {r.space_size['convs']} convs, "
+    console.print(f"profile {r.profile_path or '(given)'} · hash {r.profile_hash} · space: {r.space_size['convs']} convs, "
                   f"{r.space_size['bias_depths']} bias depths, {r.space_size['weight_options']} weight options "
                   f"on {r.space_size['weight_layers']} layers")
     add = "additive" if r.additive else "NOT additive"
@@ -303,7 +313,7 @@ def print_search(result: SearchResult, console: Console) -> None:
         runs.add_row("exact", f"{r.exact.value:.4g}", "0", "-", f"{r.exact.seconds:.3f}")
     for tr in (r.evolution, r.random):
         if tr is not None:
-            gap = f"{100 * _gap(tr.value, r.exact.value):.2f}%" if r.exact is not None and r.additive else "-"
+            gap = f"{100 * relative_gap(tr.value, r.exact.value):.2f}%" if r.exact is not None and r.additive else "-"
             runs.add_row(tr.method, f"{tr.value:.4g}", gap, str(tr.evaluations), f"{tr.seconds:.2f}")
     if runs.row_count:
         console.print(runs)

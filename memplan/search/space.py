@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Iterable
 
+from ..contrib.profile import ContribProfile, load_profile
 from ..errors import BadOption, MemplanError
 from ..graph import LayerGraph, Node
 from ..plan import Plan
-from ..scheme import BackwardFlags, Scheme, WeightUpdate, conv_layers, fingerprint, is_pw1, read_json, scheme_to_plan
+from ..scheme import BackwardFlags, Scheme, WeightUpdate, conv_layers, fingerprint, is_pw1, scheme_to_plan
 
 #: the paper's channel ratios (0 = bias only is always allowed)
 DEFAULT_RATIOS = (0.125, 0.25, 0.5, 1.0)
@@ -35,70 +36,35 @@ class ProfileError(MemplanError):
 
 @dataclass(frozen=True)
 class Contributions:
-    """Δacc of a contribution profile: ``bias[k]`` = gain of updating the last k biases over the
-    classifier alone; ``weight[layer][r]`` = gain of also updating that conv's weight at ratio r
-    over the bias-only run that reaches it. Units are the profile's (accuracy points)."""
+    """The search's view of a contribution profile (``memplan.contrib.ContribProfile``):
+    ``bias[k]`` = Δacc of updating the last k biases over the classifier alone;
+    ``weight[layer][r]`` = Δacc of also updating that conv's weight at ratio r over the bias-only
+    run that reaches it. Accuracy points (0..100), means over the profile's seeds."""
 
     bias: dict[int, float]
     weight: dict[str, dict[float, float]]
-    fingerprint: str | None
-    sha256: str  # of the canonical JSON of the profile (the scheme's provenance.profile_hash)
+    fingerprint: str
+    sha256: str  # profile_hash of the profile document (the scheme's provenance.profile_hash)
     source: str
-    model: str | None = None
+    model: str
     classes: int | None = None
-    input_shape: tuple[int, ...] | None = None
 
 
-def _ratio(key: Any, where: str) -> float:
-    try:
-        r = float(Fraction(str(key).strip()))
-    except (ValueError, ZeroDivisionError):
-        raise ProfileError(f"{where}: cannot read ratio {key!r}", 'write ratios like "0.125" or "1/8"') from None
-    if not 0 < r <= 1:
-        raise ProfileError(f"{where}: ratio {key!r} is not in (0, 1]")
-    return r
-
-
-def _gain(value: Any, where: str) -> float:
-    """A Δacc entry: a number, or an object with a ``mean``."""
-    if isinstance(value, dict):
-        value = value.get("mean")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProfileError(f"{where}: Δacc must be a number (or {{'mean': number}}), got {value!r}")
-    return float(value)
-
-
-def profile_hash(data: dict[str, Any]) -> str:
+def profile_hash(profile: ContribProfile) -> str:
     """16 hex digits of SHA-256 over the profile's canonical JSON (sorted keys, no spaces)."""
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    text = json.dumps(profile.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def contributions_from_dict(data: dict[str, Any], source: str = "contribution profile") -> Contributions:
-    """Read ``{"bias": {k: Δacc}, "weight": {layer: {ratio: Δacc}}, "fingerprint": ...}``."""
-    for key in ("bias", "weight"):
-        if not isinstance(data.get(key), dict):
-            raise ProfileError(f"{source} has no {key!r} table", 'expected {"bias": {k: Δacc}, "weight": {layer: {ratio: Δacc}}}')
-    bias: dict[int, float] = {}
-    for k, v in data["bias"].items():
-        try:
-            kk = int(k)
-        except ValueError:
-            raise ProfileError(f"{source}: bias depth {k!r} is not an integer") from None
-        if kk < 0:
-            raise ProfileError(f"{source}: bias depth {k!r} is negative")
-        bias[kk] = _gain(v, f"{source} bias[{k}]")
-    weight = {str(layer): {_ratio(r, f"{source} weight[{layer}]"): _gain(v, f"{source} weight[{layer}][{r}]")
-                           for r, v in table.items()}
-              for layer, table in data["weight"].items()}
-    shape = data.get("input_shape")
-    return Contributions(bias, weight, data.get("fingerprint"), profile_hash(data), source, data.get("model"),
-                         data.get("classes"), tuple(shape) if shape else None)
+def contributions_of(profile: ContribProfile, source: str = "contribution profile") -> Contributions:
+    classes = profile.dataset.get("classes")
+    return Contributions(dict(profile.bias), {k: dict(v) for k, v in profile.weight.items()}, profile.fingerprint,
+                         profile_hash(profile), source, profile.model, classes if isinstance(classes, int) else None)
 
 
 def load_contributions(path: str | os.PathLike) -> Contributions:
-    """Read a contribution profile JSON file."""
-    return contributions_from_dict(read_json(path, "contribution profile"), f"contribution profile {path}")
+    """Read a contribution profile JSON file (``memplan.contrib.load_profile``)."""
+    return contributions_of(load_profile(path), f"contribution profile {path}")
 
 
 @dataclass(frozen=True)
@@ -189,7 +155,7 @@ class SearchSpace:
 
 def build_space(graph: LayerGraph, contributions: Contributions, *, model: str | None = None,
                 ratios: Iterable[float] = DEFAULT_RATIOS, pw1_only: bool = False,
-                max_weight_layers: int | None = None, check_fingerprint: bool = True) -> SearchSpace:
+                max_weight_layers: int | None = None) -> SearchSpace:
     """The space of ``graph`` under ``contributions``: every bias depth the profile measured (and
     0), and every (conv, ratio) in ``ratios`` that it measured, restricted to first-pointwise convs
     with ``pw1_only``. Profile entries for other layers or ratios are ignored."""
@@ -198,7 +164,7 @@ def build_space(graph: LayerGraph, contributions: Contributions, *, model: str |
         raise BadOption(f"weight ratios must lie in (0, 1], got {list(ratios)}")
     if max_weight_layers is not None and max_weight_layers < 0:
         raise BadOption(f"max_weight_layers must be >= 0, got {max_weight_layers}")
-    if check_fingerprint and contributions.fingerprint is not None and contributions.fingerprint != fingerprint(graph):
+    if contributions.fingerprint != fingerprint(graph):
         raise ProfileError(f"{contributions.source} was measured on another layer table "
                            f"(fingerprint {contributions.fingerprint}, this model {fingerprint(graph)})",
                            "measure a profile for this model with memplan contrib")

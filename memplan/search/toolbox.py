@@ -6,13 +6,15 @@ Genome: a list of ints ``[kpos, g_0, ..., g_{m-1}]``: ``space.ks[kpos]`` is the 
 convs outside the bias range are kept but inactive (dormant), so a later deeper k can revive them.
 
 * ``init``: random depth; each gene active with a per-individual density drawn in [0, 1];
-* ``mutate``: move the depth by a small step; move each gene, with a small rate, one ratio level or redraw it;
+* ``mutate``: move the depth by a small step or redraw it; move each gene, with a small rate, one ratio
+  level or redraw it;
 * ``mate``: uniform crossover (``deap.tools.cxUniform``), the depth gene included;
 * ``repair``: lower weight ratios one level at a time (or make the depth shallower), always the move
   that loses the least Δacc per byte saved, until the number of weight updates respects the cap
-  (weakest updates dropped first) and the memory fits the budget (Lamarckian: the genome
-  is changed). Bytes per option come from the cost table; feasibility is checked with the problem's
-  memory function (the table sum when additive, ``compute()`` otherwise);
+  (weakest updates dropped first) and the memory fits the budget; then, when memory is additive,
+  ``fill`` the slack greedily (most Δacc per byte first). Lamarckian: the genome is changed. Bytes
+  per option come from the cost table; feasibility is checked with the problem's memory function
+  (the table sum when additive, ``compute()`` otherwise);
 * ``evaluate``: summed Δacc of the decoded candidate (-inf if it does not fit; repair prevents that).
 
 DEAP's operators use the ``random`` module; :func:`seeded` seeds it for one run and restores the
@@ -33,7 +35,7 @@ from deap import base, tools
 from .memory import CostTable
 from .space import Candidate, SearchSpace
 
-#: probability that mutation changes the bias depth, and its largest step in ``space.ks`` positions
+#: probability that mutation changes the bias depth, and its largest local step in ``space.ks`` positions
 DEPTH_MUTATION = (0.3, 3)
 
 
@@ -63,6 +65,9 @@ class Problem:
         self.convs = [c.conv_index for c in self.space.layers]
         self.gains = [(0.0, *c.gains) for c in self.space.layers]
         self.costs = [(0, *(self.table.extra[(c.conv_index, r)] for r in c.ratios)) for c in self.space.layers]
+        # fill order: every (gene, level) with a positive gain, most Δacc per byte first
+        moves = [(j, t) for j, gains in enumerate(self.gains) for t in range(1, len(gains)) if gains[t] > 0]
+        self.fill_order = sorted(moves, key=lambda m: -_efficiency(self.gains[m[0]][m[1]], self.costs[m[0]][m[1]]))
 
     def active(self, genome: list[int]) -> list[int]:
         first = self.space.first(self.space.ks[genome[0]])
@@ -95,12 +100,16 @@ def init(problem: Problem) -> Individual:
 
 
 def mutate(problem: Problem, ind: Individual, gene_rate: float) -> tuple[Individual]:
-    """Depth: a step of up to ``DEPTH_MUTATION[1]`` positions. Genes: each with ``gene_rate``, half
-    the time one ratio level up or down, otherwise redrawn (0 = bias only included)."""
+    """Depth, with probability ``DEPTH_MUTATION[0]``: half the time a step of up to
+    ``DEPTH_MUTATION[1]`` positions, otherwise redrawn. Genes: each with ``gene_rate``, half the
+    time one ratio level up or down, otherwise redrawn (0 = bias only included)."""
     p_depth, step = DEPTH_MUTATION
     n_ks = len(problem.space.ks)
     if random.random() < p_depth:
-        ind[0] = min(n_ks - 1, max(0, ind[0] + random.choice([s for s in range(-step, step + 1) if s])))
+        if random.random() < 0.5:
+            ind[0] = min(n_ks - 1, max(0, ind[0] + random.choice([s for s in range(-step, step + 1) if s])))
+        else:
+            ind[0] = random.randrange(n_ks)
     for j, options in enumerate(problem.gains):
         if random.random() < gene_rate:
             if random.random() < 0.5:
@@ -165,7 +174,29 @@ def repair(problem: Problem, ind: Individual) -> Individual:
         else:
             break  # k = 0 without weights: the caller's budget check guarantees it fits
         mem = mem - saved if problem.additive else problem.memory_of(problem.decode(ind))
+    if problem.additive:
+        fill(problem, ind, problem.budget - mem)
     del ind.fitness.values
+    return ind
+
+
+def fill(problem: Problem, ind: Individual, slack: int) -> Individual:
+    """Grow into the slack: one pass over the (gene, level) moves, most Δacc per byte first; a move
+    is taken when it raises that gene's gain, its extra bytes fit and the cap allows it. Only with
+    additive memory (the slack is exact there)."""
+    first = problem.space.first(problem.space.ks[ind[0]])
+    cap = problem.space.max_weight_layers
+    count = len(problem.active(ind))
+    for j, t in problem.fill_order:
+        if problem.convs[j] < first:
+            continue
+        now = ind[j + 1]
+        extra = problem.costs[j][t] - problem.costs[j][now]
+        if problem.gains[j][t] <= problem.gains[j][now] or extra > slack or (now == 0 and cap is not None and count >= cap):
+            continue
+        ind[j + 1] = t
+        slack -= extra
+        count += now == 0
     return ind
 
 
@@ -180,7 +211,7 @@ def new_individual(toolbox: base.Toolbox) -> Individual:
     return toolbox.repair(toolbox.init())
 
 
-def make_toolbox(problem: Problem, *, gene_rate: float | None = None, tournament: int = 3) -> base.Toolbox:
+def make_toolbox(problem: Problem, *, gene_rate: float | None = None, tournament: int = 2) -> base.Toolbox:
     """The toolbox: init, individual (init + repair), population, mate, mutate, select, repair, evaluate."""
     rate = gene_rate if gene_rate is not None else 1.5 / max(1, len(problem.gains))
     tb = base.Toolbox()
