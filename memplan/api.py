@@ -138,9 +138,10 @@ def compare(
 
 
 def default_methods(cap: Captured) -> list[tuple[str, dict[str, Any]]]:
-    """The strategies ``compare`` shows when none are named (lastk needs blocks)."""
+    """The strategies ``compare`` shows when none are named: the basic ones, TinyTL's, and
+    (for models with blocks) lastk and MobileTL on the last min(3, #blocks) blocks."""
+    items: list[tuple[str, dict[str, Any]]] = [(m, {}) for m in ("full", "last", "norm", "bias", "tinytl-b")]
     k = min(3, len(cap.graph.blocks))
-    items: list[tuple[str, dict[str, Any]]] = [(m, {}) for m in ("full", "last", "norm", "bias")]
     if k:
-        items.append(("lastk", {"blocks": k}))
+        items += [("tinytl-l", {}), ("tinytl-lb", {}), ("lastk", {"blocks": k}), ("mobiletl", {"blocks": k})]
     return items
