@@ -139,9 +139,12 @@ def compare(
 
 def default_methods(cap: Captured) -> list[tuple[str, dict[str, Any]]]:
     """The strategies ``compare`` shows when none are named: the basic ones, TinyTL's, and
-    (for models with blocks) lastk and MobileTL on the last min(3, #blocks) blocks."""
+    (for models with blocks) lastk and MobileTL on the last min(3, #blocks) blocks. TinyTL's
+    lite residual branches need inputs of at least 64 px (their pooling has no padding)."""
     items: list[tuple[str, dict[str, Any]]] = [(m, {}) for m in ("full", "last", "norm", "bias", "tinytl-b")]
     k = min(3, len(cap.graph.blocks))
+    if k and min(cap.graph.input_shape[2:], default=0) >= 64:
+        items += [("tinytl-l", {}), ("tinytl-lb", {})]
     if k:
-        items += [("tinytl-l", {}), ("tinytl-lb", {}), ("lastk", {"blocks": k}), ("mobiletl", {"blocks": k})]
+        items += [("lastk", {"blocks": k}), ("mobiletl", {"blocks": k})]
     return items
