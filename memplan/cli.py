@@ -152,7 +152,6 @@ def verify(
     Exits 1 when measured saved bytes differ from the prediction by more than --tolerance."""
     from . import verify as ver
 
-    _positive_int("steps", steps)
     opts = {k: v for k, v in _strategy_opts(blocks, layers, scheme, None, None, None, option).items() if v is not None}
     report = ver.verify(model, method, batch=batch, resolution=resolution, classes=classes, norm=norm, steps=steps,
                         device=device, optimizer=optimizer, tolerance=tolerance, **opts)

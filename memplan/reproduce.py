@@ -103,7 +103,7 @@ def _block_capture(model: str, batch: int) -> Captured:
     return cap
 
 
-def _profile(fig: PublishedFigure, mode: str | None = None, method: str | None = None, **extra: Any) -> Profile:
+def _profile(fig: PublishedFigure, mode: str | None = None, method: str | None = None) -> Profile:
     method = method or fig.method
     if method == "inference":
         method = "last"
@@ -111,7 +111,6 @@ def _profile(fig: PublishedFigure, mode: str | None = None, method: str | None =
                             and k in _strategy_options(method)}
     if method == "sparse":
         opts["scheme"] = fig.options["scheme"]
-    opts.update(extra)
     lite = fig.options.get("lite_residual") and method in ("full", "last", "norm", "bias", "tinytl-b")
     mopts = {**_lite_options(fig), **opts} if method.startswith("tinytl-l") else {}
     cap = _captured(fig.model, tuple(sorted(_capture_kwargs(fig).items())),
@@ -233,13 +232,9 @@ def num_layers(fig: PublishedFigure) -> float:
     return sum(1 for lc in _profile(fig, method="last").layers if lc.kind in ("conv", "linear"))
 
 
-def _extra(fig: PublishedFigure, key: str, mode: str = "pytorch") -> float:
-    return _profile(fig, mode=mode).extras[key]
-
-
 @evaluator("cache_bytes")
 def cache_bytes(fig: PublishedFigure) -> float:
-    return _extra(fig, "cache_bytes")
+    return _profile(fig, mode="pytorch").extras["cache_bytes"]
 
 
 @evaluator("frozen_forward_share", "frozen_forward_flops_share")
