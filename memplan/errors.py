@@ -28,3 +28,7 @@ class TraceFailure(MemplanError):
 
 class BadOption(MemplanError):
     """An option value that cannot be used (negative batch, unknown method, ...)."""
+
+
+class SchemeError(MemplanError):
+    """A scheme that cannot be read, or does not fit the model."""

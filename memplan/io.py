@@ -1,4 +1,5 @@
-"""Atomic output: write to a temporary file beside the target, then rename over it."""
+"""File helpers with one-line errors: atomic output (write to a temporary file beside the
+target, then rename over it), JSON objects in, and pydantic validation errors as one line."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from .errors import MemplanError
+
+T = TypeVar("T")
 
 
 def _umask_mode() -> int:
@@ -46,12 +49,9 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return target
 
 
-def write_json(path: str | os.PathLike, data: Any) -> Path:
-    return write_text(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def save_figure(fig: Any, path: str | os.PathLike) -> Path:
-    """Save a matplotlib figure atomically (format from the suffix of ``path``)."""
+def save_figure(fig: Any, path: str | os.PathLike, **savefig: Any) -> Path:
+    """Save a matplotlib figure atomically (format from the suffix of ``path``; ``savefig``:
+    options of ``Figure.savefig`` such as ``dpi``)."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
@@ -60,10 +60,50 @@ def save_figure(fig: Any, path: str | os.PathLike) -> Path:
     os.close(fd)
     try:
         os.chmod(tmp, _umask_mode())
-        fig.savefig(tmp, format=(target.suffix.lstrip(".") or "png"), bbox_inches="tight")
+        fig.savefig(tmp, format=(target.suffix.lstrip(".") or "png"), **savefig)
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return target
+
+
+def read_json(path: str | os.PathLike, what: str = "file", error: type[MemplanError] = MemplanError) -> dict[str, Any]:
+    """A JSON object from ``path``; ``error`` (one line, naming ``what``) for missing, empty and
+    broken files and for JSON that is not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text.strip():
+        raise error(f"{what} {path} is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+                    "is it truncated?") from None
+    if not isinstance(data, dict):
+        raise error(f"{what} {path} holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def validation_error(exc: Exception) -> tuple[str, str]:
+    """(where, message) of the first error of a pydantic ``ValidationError``; where is the
+    dotted field path, ``(top level)`` for the object itself."""
+    err = exc.errors()[0]
+    return ".".join(str(p) for p in err.get("loc", ())) or "(top level)", err.get("msg", "invalid value")
+
+
+def validated(build: Callable[[], T], source: str, error: type[MemplanError] = MemplanError) -> T:
+    """Run a pydantic constructor; turn its first error into one line naming ``source`` and the field."""
+    from pydantic import ValidationError  # pydantic only for the callers that validate
+
+    try:
+        return build()
+    except ValidationError as exc:
+        where, msg = validation_error(exc)
+        raise error(f"{source}: field '{where}': {msg}") from None

@@ -1,4 +1,5 @@
-"""Byte units. ``kB``/``MB``/``GB`` are 1000-based, ``KiB``/``MiB``/``GiB`` 1024-based.
+"""Units: byte sizes and counts (parsing and printing) and channel ratios as fractions.
+``kB``/``MB``/``GB`` are 1000-based, ``KiB``/``MiB``/``GiB`` 1024-based.
 
 ``KB`` (capital K, as in "256KB SRAM") is read as 1000-based kB, following the SI prefix
 rule; use ``KiB`` for 1024. Every parsed budget is echoed back in bytes by the CLI.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 
 from .errors import BadOption
 
@@ -58,3 +60,8 @@ def fmt_count(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.2f}{suffix}"
     return str(int(n))
+
+
+def ratio_label(r: float) -> str:
+    """A channel ratio as a fraction: ``0.125 -> '1/8'``, ``1.0 -> '1'`` (denominators up to 64)."""
+    return str(Fraction(r).limit_denominator(64))

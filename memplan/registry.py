@@ -1,0 +1,57 @@
+"""One small registry for every name -> thing table (modes, strategies, cost rules, models, ...).
+
+A :class:`Registry` is a read-only mapping that refuses a second entry under a name it holds
+(a programming error, raised at import) and turns an unknown name into the one-line user error
+``unknown <what> 'x'; choose one of: a, b, c``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Generic, TypeVar
+
+from .errors import BadOption, MemplanError
+
+T = TypeVar("T")
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """Names -> items, in registration order. ``what`` names an item in error messages."""
+
+    def __init__(self, what: str, error: type[MemplanError] = BadOption):
+        self.what = what
+        self.error = error
+        self._items: dict[str, T] = {}
+
+    def __getitem__(self, name: str) -> T:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.what!r}: {', '.join(self._items)})"
+
+    def add(self, name: str, item: T) -> T:
+        """Register ``item`` under ``name``; returns it. A name registered twice is a ValueError."""
+        if name in self._items:
+            raise ValueError(f"{self.what} {name!r} is registered twice")
+        self._items[name] = item
+        return item
+
+    def register(self, *names: str) -> Callable[[T], T]:
+        """Decorator: register the decorated object under every one of ``names``."""
+        def decorate(item: T) -> T:
+            for name in names:
+                self.add(name, item)
+            return item
+        return decorate
+
+    def choose(self, name: str) -> T:
+        """The item named ``name``, or the one-line error listing the known names."""
+        if name not in self._items:
+            raise self.error(f"unknown {self.what} {name!r}", f"choose one of: {', '.join(self._items)}")
+        return self._items[name]
