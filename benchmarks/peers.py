@@ -4,7 +4,7 @@ Run: ``python benchmarks/peers.py`` (``--repeat N`` timing repeats, ``--out DIR`
 nothing: uses whichever of torchinfo, fvcore, ptflops, thop and calflops are importable
 (``pip install -e '.[bench]'``) plus ``torch.utils.flop_counter.FlopCounterMode``.
 
-For each model x strategy (``memplan.measure.apply_plain`` sets ``requires_grad`` and norm
+For each model x strategy (``memplan.apply.apply_plain`` sets ``requires_grad`` and norm
 modes the plain way) every tool reports what it can of:
 
 * forward FLOPs, converted to FLOPs = 2 x MACs where the tool reports MACs;
@@ -20,9 +20,9 @@ The truth each is compared with (relative error, %):
   autograd actually runs for this strategy: grad-input + grad-weight, bias gradients excluded.
   Peers that also count norms / activations / pooling land a few % above it on plain CNNs by
   convention; the failure-mode models show real miscounts.
-* activation memory: ``memplan.measure.saved_bytes`` (saved-tensor hooks, unique storages,
+* activation memory: ``memplan.verify.measure.saved_bytes`` (saved-tensor hooks, unique storages,
   parameters and buffers excluded) -- memplan ``pytorch`` mode must match it to the byte;
-* step peak: ``memplan.measure.step_peak_bytes`` (torch.profiler allocation records of one
+* step peak: ``memplan.verify.measure.step_peak_bytes`` (torch.profiler allocation records of one
   forward + cross-entropy + backward) + parameter, buffer and input bytes. The profiler nets
   allocations inside one op, so this truth is itself approximate (kernel workspaces).
 
@@ -53,10 +53,11 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import memplan
-from memplan import zoo
+from memplan.models import zoo
 from memplan.graph import capture
 from memplan.io import write_text
-from memplan.measure import apply_plain, conv_backward_flops, model_modules, saved_bytes, step_peak_bytes
+from memplan.apply import apply_plain
+from memplan.verify.measure import conv_backward_flops, model_modules, saved_bytes, step_peak_bytes
 from memplan.strategies import make_plan
 
 CLASSES = 100

@@ -8,9 +8,10 @@ import time
 import torch
 
 import memplan
-from memplan import zoo
+from memplan.models import zoo
 from memplan.graph import capture
-from memplan.measure import apply_plain, saved_bytes
+from memplan.apply import apply_plain
+from memplan.verify.measure import saved_bytes
 from memplan.strategies import make_plan
 
 torch.set_num_threads(1)

@@ -44,15 +44,16 @@ from memplan.api import capture_model, profile_captured
 from memplan.contrib.analysis import default_cache_dir
 from memplan.contrib.data import TRANSFER_DIGITS, digits_arrays, load_data, make_data
 from memplan.contrib.profile import load_profile
-from memplan.contrib.runner import accuracy, linear_probe, param_groups, sgd_epochs
+from memplan.contrib.runner import accuracy, linear_probe, param_groups
 from memplan.contrib.weights import pretrain_digits
-from memplan.graph import capture
-from memplan.scheme import Scheme, conv_layers, fingerprint
+from memplan.graph import capture, conv_layers
+from memplan.models.zoo import build
+from memplan.nn.train import fit, make_optimizer
+from memplan.plan import Scheme, fingerprint
 from memplan.search import run_search
 from memplan.search.run import DEFAULT_MODEL, DEFAULT_RESOLUTION, find_profile
 from memplan.search.space import profile_hash
 from memplan.units import parse_bytes
-from memplan.zoo import build
 
 torch.set_num_threads(1)
 BIAS_KS = (2, 4, 8, 12, 16, 22, 28, 34, 42)
@@ -92,8 +93,10 @@ def train_eval(base: torch.nn.Module, head: str, scheme: Scheme, data, extra, pr
     for seed in seeds:
         model = copy.deepcopy(base)
         memplan.apply_scheme(model, scheme, capture(model, shape))
-        sgd_epochs(model, param_groups(model, head, protocol), lambda idx: [data.x_train[idx]], data.y_train,
-                   epochs=protocol.epochs, batch_size=protocol.batch_size, momentum=protocol.momentum, seed=seed)
+        opt = make_optimizer(param_groups(model, head, protocol), "sgd", protocol.lr_classifier,
+                             momentum=protocol.momentum)
+        fit(model, opt, data.x_train, data.y_train, epochs=protocol.epochs, batch_size=protocol.batch_size, seed=seed,
+            cosine=True)
         model.eval()
         accs.append(accuracy(model, lambda idx: [data.x_test[idx]], data.y_test))
         accs_extra.append(accuracy(model, lambda idx: [extra.x_test[idx]], extra.y_test))

@@ -12,14 +12,13 @@ from .costs import LayerCost, Profile, Totals
 from .errors import MemplanError
 from .graph import LayerGraph, capture, trace
 from .modes import MODES
-from .plan import Plan, Train
-from .scheme import Scheme, load_scheme
+from .nn import train
+from .plan import Plan, Scheme, Train, load_scheme
 from .strategies import STRATEGIES, make_plan
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "profile", "compare", "capture_model", "profile_captured", "Profile", "LayerCost", "Totals",
     "MemplanError", "LayerGraph", "capture", "trace", "MODES", "Plan", "Train", "STRATEGIES", "make_plan",
-    "apply_plan", "apply_strategy", "apply_scheme", "Scheme", "load_scheme", "__version__",
+    "apply_plan", "apply_strategy", "apply_scheme", "Scheme", "load_scheme", "train", "__version__",
 ]

@@ -1,4 +1,15 @@
-"""Python API: ``profile`` and ``compare`` return plain data (:class:`~memplan.costs.Profile`)."""
+"""Python API: ``profile`` and ``compare`` return plain data (:class:`~memplan.costs.Profile`).
+
+It also holds the one capture pipeline every entry point goes through (``profile``,
+``compare``, ``apply_strategy``, ``verify``, ``reproduce``, ``search``):
+
+1. :func:`build_model`: resolve the spec (zoo name, import spec or module), fix the per-sample
+   input shape, swap the norms (``norm="group"``);
+2. :func:`capture_built`: the architecture transform of a strategy (``Strategy.transform``
+   from the strategy registry, with its options), then the meta-device trace.
+
+:func:`capture_model` is both steps.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +18,28 @@ from typing import Any, Iterable, Sequence
 
 import torch.nn as nn
 
-from .costs import OPTIMIZER_STATES, Profile, compute
+from .costs.engine import compute
+from .costs.extras import strategy_extras
+from .costs.records import Profile
 from .errors import BadOption
 from .graph import LayerGraph, capture
-from .loading import resolve, sample_shape
+from .models import resolve, sample_shape, zoo
 from .modes import get_mode
+from .modes.tinytraining import ConvUpdateCost, conv_update_costs
+from .nn.train import OPTIMIZER_STATES
+from .nn.transforms import swap_norm
 from .strategies import get_strategy, make_plan, transform_model
 
-DEFAULT_METHODS = ("full", "last", "norm", "bias", "lastk")
+
+@dataclass
+class Built:
+    """A model ready to trace: the module, its name and per-sample input shape."""
+
+    name: str
+    model: nn.Module
+    sample_shape: tuple[int, ...]  # per-sample input shape (no batch)
+    resolution: int | None  # None when the input shape was given explicitly
+    block_names: Sequence[str] | None = None  # explicit blocks of the model (None: the structural rule)
 
 
 @dataclass
@@ -25,11 +50,43 @@ class Captured:
     name: str
     resolution: int | None
     classes: int
+    model: nn.Module  # the (transformed) module the graph was traced from
 
 
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or value < 1):
         raise BadOption(f"--{name} must be a positive integer, got {value!r}")
+
+
+def build_model(model: str | nn.Module, *, resolution: int | None = None, classes: int | None = None,
+                input_shape: Sequence[int] | None = None, norm: str | None = None, meta: bool = True) -> Built:
+    """Step 1 of the pipeline: resolve ``model`` (zoo models on the meta device unless
+    ``meta=False``) and its per-sample input shape; ``input_shape`` (no batch) by default
+    (3, r, r) at the zoo's resolution, or 224 for models outside the zoo. ``norm="group"``
+    swaps every BatchNorm for GroupNorm (TinyTL's setting; ``memplan.nn.transforms``)."""
+    _positive("resolution", resolution)
+    _positive("classes", classes)
+    spec = resolve(model, classes, meta=meta)
+    res = resolution or spec.resolution or 224
+    shape = tuple(input_shape) if input_shape is not None else sample_shape(model, res)
+    if norm is not None:
+        spec.model = swap_norm(spec.model, norm)
+    return Built(spec.name, spec.model, shape, None if input_shape is not None else res, spec.block_names)
+
+
+def capture_built(built: Built, *, batch: int = 1, method: str | None = None,
+                  method_options: dict[str, Any] | None = None, leaf_modules: Iterable[str | type] = (),
+                  block_names: Sequence[str] | None = None) -> Captured:
+    """Step 2 of the pipeline: ``method``'s architecture transform (if it has one; the model is
+    changed in place) and the trace at ``batch`` x the per-sample shape."""
+    _positive("batch", batch)
+    model = built.model
+    if method is not None:
+        model = transform_model(model, method, **(method_options or {}))
+    blocks = block_names if block_names is not None else built.block_names
+    graph = capture(model, (batch, *built.sample_shape), leaf_modules=leaf_modules,
+                    block_names=list(blocks) if blocks is not None else None, name=built.name)
+    return Captured(graph, built.name, built.resolution, graph.classes, model)
 
 
 def capture_model(
@@ -45,44 +102,29 @@ def capture_model(
     method_options: dict[str, Any] | None = None,
     norm: str | None = None,
 ) -> Captured:
-    """Trace ``model`` (zoo name, import spec or module) at ``batch`` x per-sample shape.
+    """Trace ``model`` (zoo name, import spec or module) at ``batch`` x per-sample shape: the
+    whole pipeline (:func:`build_model`, then :func:`capture_built`).
 
-    ``input_shape`` is the per-sample shape (no batch); by default (3, r, r) at the zoo's
-    resolution, or 224 for models outside the zoo. With ``method``, that strategy's
-    architecture transform (if any) is applied before tracing. ``norm="group"`` swaps every
-    BatchNorm for GroupNorm first (TinyTL's setting; see ``memplan.transforms``).
+    ``input_shape`` is the per-sample shape (no batch). With ``method``, that strategy's
+    architecture transform (if any) is applied before tracing.
     """
     _positive("batch", batch)
-    _positive("resolution", resolution)
-    _positive("classes", classes)
-    spec = resolve(model, classes)
-    res = resolution or spec.resolution or 224
-    shape = tuple(input_shape) if input_shape is not None else sample_shape(model, res)
-    if norm is not None:
-        from .transforms import swap_norm
-
-        spec.model = swap_norm(spec.model, norm)
-    if method is not None:
-        spec.model = transform_model(spec.model, method, **(method_options or {}))
-    graph = capture(spec.model, (batch, *shape), leaf_modules=leaf_modules, block_names=block_names, name=spec.name)
-    classes_out = graph.nodes[-2].in_tensors[0].shape[-1]
-    return Captured(graph, spec.name, None if input_shape is not None else res, classes_out)
+    built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm)
+    return capture_built(built, batch=batch, method=method, method_options=method_options, leaf_modules=leaf_modules,
+                         block_names=block_names)
 
 
 def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorch", optimizer: str = "sgd",
                      frozen_bits: int = 32, **options: Any) -> Profile:
     """Profile one strategy on an already captured model."""
-    if optimizer not in OPTIMIZER_STATES:
-        raise BadOption(f"unknown optimizer {optimizer!r}", f"choose one of: {', '.join(OPTIMIZER_STATES)}")
+    OPTIMIZER_STATES.choose(optimizer)
     if frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
     acc = get_mode(mode)
     plan = make_plan(cap.graph, method, **options)
     prof = compute(cap.graph, plan, acc, optimizer=optimizer, frozen_bits=frozen_bits,
                    meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes})
-    extras = get_strategy(method).extras
-    if extras is not None:
-        prof.extras.update(extras(cap.graph, plan, prof))
+    prof.extras.update(strategy_extras(cap.graph, plan, prof))
     return prof
 
 
@@ -104,7 +146,7 @@ def profile(
 ) -> Profile:
     """Memory and FLOPs of fine-tuning ``model`` with ``method``, layer by layer.
 
-    ``model``: zoo name (``memplan.zoo.names()``), ``package.module:attr``, ``file.py:attr``
+    ``model``: zoo name (``memplan.models.zoo.names()``), ``package.module:attr``, ``file.py:attr``
     or an ``nn.Module``. ``mode``: accounting convention (``memplan.modes.MODES``).
     ``options``: strategy options, e.g. ``blocks=3`` for ``lastk``.
     """
@@ -148,3 +190,23 @@ def default_methods(cap: Captured) -> list[tuple[str, dict[str, Any]]]:
     if k:
         items += [("lastk", {"blocks": k}), ("mobiletl", {"blocks": k})]
     return items
+
+
+def update_costs(model: str | nn.Module, **capture_options: Any) -> list[ConvUpdateCost]:
+    """The cost of updating each conv of ``model`` under the ``tinytraining`` convention (the
+    256KB paper's Figure 11a), one row per conv in conv-index order."""
+    return conv_update_costs(capture_model(model, **capture_options).graph)
+
+
+def describe_models() -> list[dict[str, Any]]:
+    """One row per zoo model at its default resolution and head: name, per-sample input shape,
+    classes, parameters, MACs, number of blocks and description."""
+    rows = []
+    for name in zoo.names():
+        entry = zoo.get_entry(name)
+        cap = capture_model(name)
+        p = profile_captured(cap, "last")
+        rows.append({"name": name, "input_shape": list(entry.input_shape(entry.resolution)), "classes": cap.classes,
+                     "params": p.totals.params, "macs": p.totals.macs, "blocks": len(cap.graph.blocks),
+                     "description": entry.description})
+    return rows

@@ -2,29 +2,11 @@
 
 ``apply_plan(model, plan)`` changes ``model`` **in place** and returns the same object, ready
 for an ordinary training loop (``memplan.train``): ``requires_grad`` and norm train / eval
-flags set per plan (as ``memplan.measure.apply_plain`` does), then the memory-lean modules of
-``memplan.lean`` swapped in, by ``setattr`` on the parent module, wherever they save memory:
+flags set per plan (as :func:`apply_plain` does), then the memory-lean modules of
+``memplan.nn.lean`` swapped in, by ``setattr`` on the parent module, wherever they save memory
+(``memplan.nn.choice`` decides where and lists them).
 
-===================================================  ==================  ==================
-op (module), under the plan                          replaced by         keeps for backward
-===================================================  ==================  ==================
-Conv1d/2d, frozen weight, recorded by autograd       ``FrozenConv``      nothing
-Conv1d/2d, weight fraction r in (0, 1)               ``SubChannelConv``  selected channels
-BatchNorm, eval (frozen stats), frozen scale         ``ShiftOnlyNorm``   nothing
-ReLU / ReLU6 / Hardtanh / LeakyReLU                  ``Masked*``         1-bit mask
-Hardswish in ``plan.approx``                         ``SignHardswish``   1-bit mask
-Dropout, 0 < p < 1, out of place                     ``MaskedDropout``   1-bit mask
-AvgPool2d                                            ``LeanAvgPool2d``   nothing
-===================================================  ==================  ==================
-
-Activations, dropout and pooling are swapped where their input needs a gradient, norms where
-autograd records them; a ReLU is not, where a consumer keeps its output anyway (a conv or
-linear whose whole weight trains): PyTorch's ReLU then shares that tensor, a mask would add
-``numel / 8`` bytes. A ReLU6 / ReLU in ``plan.approx`` keeps its exact 1-bit mask (its
-derivative is 0 or 1 already); only h-swish gets MobileTL's sign approximation. Everything
-else is left alone: a frozen prefix (nothing recorded) saves nothing anyway, a trainable conv
-needs its input, and a Linear with a frozen weight already keeps no activation
-in eager PyTorch (so ``FrozenLinear`` would save nothing). Conventions:
+Conventions:
 
 * the whole model is put in train mode (dropout active), norms outside ``plan.norm_train``
   in eval mode; the sub-channel selection uses ``Train.select`` (seed 0 for ``random``);
@@ -32,145 +14,64 @@ in eager PyTorch (so ``FrozenLinear`` would save nothing). Conventions:
   ``weight`` stays frozen and stale until :func:`write_back`;
 * the graph passed in must be traced from ``model`` itself; after the swap it describes the
   model as it was (trace again to profile the applied model: the lean modules are leaves
-  of the same kinds, registered with ``memplan.graph.register_module_kind``).
+  of the same kinds, declared by their ``memplan_kind``).
 
-``lean_class`` is the single decision "which lean module does apply_plan put here"; the
-``applied`` accounting mode (``memplan.modes.applied``) predicts memory from it.
+``memplan.nn.choice.lean_class`` is the single decision "which lean module does apply_plan put
+here"; the ``applied`` accounting mode (``memplan.modes.applied``) predicts memory from it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch.nn as nn
 
+from .api import Built, Captured, capture_built
 from .errors import BadOption
-from .graph import LayerGraph, capture, register_module_kind
-from .lean import (FrozenConv, FrozenLinear, LeanAvgPool2d, MaskedDropout, MaskedHardtanh, MaskedLeakyReLU,
-                   MaskedReLU, MaskedReLU6, ShiftOnlyNorm, SignHardswish, SubChannelConv)
-from .measure import apply_plain
-from .ops import FREE_KINDS, MASK_ACTIVATIONS, PARAM_KINDS
-from .plan import OpView, Plan, Train, grad_flow
+from .graph import LayerGraph
+from .graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
+from .nn.choice import lean_class
+from .nn.lean import LEAN_MODULES, SubChannelConv
+from .nn.transforms import replace_module
+from .plan import Plan, Scheme, Train, grad_flow, load_scheme, scheme_to_plan
+from .strategies import make_plan
 
-__all__ = ["apply_plan", "apply_strategy", "apply_scheme", "plan_strategy", "plan_scheme", "lean_class", "write_back",
-           "LEAN_KINDS", "DEFAULT_INPUT_SHAPE"]
+__all__ = ["apply_plain", "apply_plan", "apply_strategy", "apply_scheme", "plan_strategy", "plan_scheme", "write_back",
+           "DEFAULT_INPUT_SHAPE"]
 
 #: input shape (batch first) used to trace a model when none is given
 DEFAULT_INPUT_SHAPE = (1, 3, 224, 224)
 
-#: op kind of every lean module (they stay fx leaves, costed like the op they replace)
-LEAN_KINDS: dict[type[nn.Module], str] = {
-    FrozenConv: "conv", SubChannelConv: "conv", FrozenLinear: "linear", ShiftOnlyNorm: "batchnorm",
-    MaskedReLU: "relu", MaskedHardtanh: "hardtanh", MaskedReLU6: "hardtanh", MaskedLeakyReLU: "leaky_relu",
-    SignHardswish: "hardswish", MaskedDropout: "dropout", LeanAvgPool2d: "avgpool",
-}
-for _cls, _kind in LEAN_KINDS.items():
-    register_module_kind(_cls, _kind)
 
-LeanChoice = Callable[[OpView, nn.Module], "type[nn.Module] | None"]
+def apply_plain(model: nn.Module, graph: LayerGraph, plan: Plan) -> nn.Module:
+    """Set ``requires_grad`` and train / eval flags for ``plan`` the way plain PyTorch code does.
 
-
-def _conv(op: OpView, m: nn.Module) -> type[nn.Module] | None:
-    if type(m) not in (nn.Conv1d, nn.Conv2d) or m.padding_mode != "zeros" or isinstance(m.padding, str):
-        return None
-    if 0 < op.train.weight < 1:
-        return SubChannelConv
-    return FrozenConv if op.train.weight == 0 and op.recorded else None
-
-
-def _batchnorm(op: OpView, m: nn.Module) -> type[nn.Module] | None:
-    frozen = op.train.weight == 0 and not op.norm_train
-    has_stats = isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None
-    return ShiftOnlyNorm if frozen and has_stats and op.recorded else None
+    Sub-channel ratios cannot be expressed this way: a partially updated weight trains whole.
+    """
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for node in graph.nodes:
+        if node.module is None:
+            continue
+        t = plan.of(node)
+        if "weight" in node.params and t.weight > 0:
+            node.module.weight.requires_grad_(True)
+        if "bias" in node.params and t.bias:
+            node.module.bias.requires_grad_(True)
+        if node.kind in NORM_KINDS:
+            node.module.train(node.name in plan.norm_train)
+    return model
 
 
-def _output_kept_anyway(op: OpView) -> bool:
-    """Does a consumer keep ``op``'s output storage for its own backward (a conv, or a linear
-    with a contiguous input, whose whole weight trains), directly or through views?"""
-    if op.plan is None:
-        return False
-    storage = op.node.out.storage
-    frontier, seen = [op.node.index], set()
-    while frontier:
-        i = frontier.pop()
-        for n in op.graph.nodes[i + 1:]:
-            if i not in n.inputs or n.index in seen:
-                continue
-            seen.add(n.index)
-            x = n.in_tensors[n.inputs.index(i)]
-            if x.storage != storage or op.plan.of(n).weight < 1:
-                if n.kind in FREE_KINDS and n.out is not None and n.out.storage == storage:
-                    frontier.append(n.index)
-                continue
-            if n.kind == "conv" or (n.kind == "linear" and (x.contiguous or len(x.shape) <= 2)):
-                return True
-    return False
+def _capture(model: nn.Module, input_shape: Sequence[int], **options: Any) -> Captured:
+    """The capture pipeline (``memplan.api``) on a built model at ``input_shape`` (batch first)."""
+    shape = tuple(input_shape)
+    return capture_built(Built("model", model, shape[1:], None), batch=shape[0], **options)
 
 
-def _relu(op: OpView, m: nn.Module) -> type[nn.Module] | None:
-    # PyTorch's ReLU keeps its output: free when a trainable consumer keeps that tensor anyway
-    return MaskedReLU if type(m) is nn.ReLU and op.grad_input and not _output_kept_anyway(op) else None
-
-
-def _hardtanh(op: OpView, m: nn.Module) -> type[nn.Module] | None:
-    if not (isinstance(m, nn.Hardtanh) and op.grad_input):
-        return None
-    return MaskedReLU6 if (m.min_val, m.max_val) == (0.0, 6.0) else MaskedHardtanh
-
-
-def _leaky_relu(op: OpView, m: nn.Module) -> type[nn.Module] | None:
-    return MaskedLeakyReLU if type(m) is nn.LeakyReLU and op.grad_input else None
-
-
-def _hardswish(op: OpView, m: nn.Module) -> type[nn.Module] | None:
-    return SignHardswish if type(m) is nn.Hardswish and op.approx and op.grad_input else None
-
-
-def _dropout(op: OpView, m: nn.Module) -> type[nn.Module] | None:
-    ok = type(m) is nn.Dropout and 0 < m.p < 1 and not m.inplace
-    return MaskedDropout if ok and op.grad_input else None
-
-
-def _avgpool(op: OpView, m: nn.Module) -> type[nn.Module] | None:
-    return LeanAvgPool2d if type(m) is nn.AvgPool2d and op.grad_input else None
-
-
-CHOICES: dict[str, LeanChoice] = {
-    "conv": _conv, "batchnorm": _batchnorm, "relu": _relu, "hardtanh": _hardtanh, "leaky_relu": _leaky_relu,
-    "hardswish": _hardswish, "dropout": _dropout, "avgpool": _avgpool,
-}
-
-
-def _calls(op: OpView) -> list[OpView]:
-    """The views of every call of ``op``'s module, in forward order (just ``op`` when it is
-    called once)."""
-    uses = [n.index for n in op.graph.nodes if n.module is op.node.module]
-    if len(uses) == 1 or op.plan is None:
-        return [op]
-    views = grad_flow(op.graph, op.plan)
-    return [views[i] for i in uses]
-
-
-def lean_class(op: OpView) -> type[nn.Module] | None:
-    """The lean module class ``apply_plan`` puts in place of ``op``'s module (or that module's
-    own class when it already is one); None when the op is left alone.
-
-    One decision per module, whatever call ``op`` is: a module called several times (a shared
-    ReLU) is swapped for all its calls. Convs and norms follow their first call (the one the
-    plan names); activations, dropout and pooling, whose lean versions compute the same thing,
-    are swapped when any call would be."""
-    m = op.node.module
-    if op.node.op != "call_module" or m is None:
-        return None
-    if type(m) in LEAN_KINDS:
-        return type(m)
-    choose = CHOICES.get(op.kind)
-    if choose is None:
-        return None
-    choices = [choose(v, m) for v in _calls(op)]
-    if op.kind in PARAM_KINDS:
-        return choices[0]
-    return next((c for c in choices if c is not None), None)
+def _trace(model: nn.Module, input_shape: Sequence[int]) -> LayerGraph:
+    return _capture(model, input_shape).graph
 
 
 def _build(cls: type[nn.Module], m: nn.Module, train: Train) -> nn.Module:
@@ -219,12 +120,12 @@ def apply_plan(model: nn.Module, plan: Plan, graph: LayerGraph | None = None, *,
     sub-channel update of a grouped non-depthwise conv, an approximation without lean op)
     and for a model that was applied already.
     """
-    applied = next((m for m in model.modules() if type(m) in LEAN_KINDS), None)
+    applied = next((m for m in model.modules() if type(m) in LEAN_MODULES), None)
     if applied is not None:
         raise BadOption(f"the model already holds memplan lean modules ({type(applied).__name__})",
                         "apply a plan once, to a model without them")
     if graph is None:
-        graph = capture(model, tuple(input_shape))
+        graph = _trace(model, input_shape)
     names = _module_names(model, graph)
     _check_plan(graph, plan)
     apply_plain(model, graph, plan)
@@ -239,8 +140,7 @@ def apply_plan(model: nn.Module, plan: Plan, graph: LayerGraph | None = None, *,
         except NotImplementedError as exc:
             raise BadOption(f"cannot apply {cls.__name__} to {op.node.name!r}: {exc}") from None
     for qual, lean in swaps.items():
-        parent, _, child = qual.rpartition(".")
-        setattr(model.get_submodule(parent), child, lean)
+        replace_module(model, qual, lean)
     return model
 
 
@@ -248,12 +148,11 @@ def plan_strategy(model: nn.Module, method: str, *, input_shape: Sequence[int] =
                   leaf_modules: Iterable[str | type] = (), block_names: Sequence[str] | None = None,
                   **options: Any) -> tuple[nn.Module, LayerGraph, Plan]:
     """``method``'s architecture transform (if any) on ``model``, a meta-device trace at
-    ``input_shape`` (batch first) and the plan: (model, graph, plan). Nothing is swapped yet."""
-    from .strategies import make_plan, transform_model  # strategies import costs, which imports this module
-
-    model = transform_model(model, method, **options)
-    graph = capture(model, tuple(input_shape), leaf_modules=leaf_modules, block_names=block_names)
-    return model, graph, make_plan(graph, method, **options)
+    ``input_shape`` (batch first) and the plan: (model, graph, plan), through the capture
+    pipeline of ``memplan.api``. Nothing is swapped yet."""
+    cap = _capture(model, input_shape, method=method, method_options=options, leaf_modules=leaf_modules,
+                   block_names=block_names)
+    return cap.model, cap.graph, make_plan(cap.graph, method, **options)
 
 
 def apply_strategy(model: nn.Module, method: str, *, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
@@ -271,17 +170,15 @@ def apply_strategy(model: nn.Module, method: str, *, input_shape: Sequence[int] 
 
 
 def plan_scheme(model: nn.Module, scheme: Any, graph: LayerGraph | None = None) -> tuple[LayerGraph, Plan]:
-    """(graph, plan) of a sparse-update scheme (a ``memplan.scheme.Scheme`` or the path of its
+    """(graph, plan) of a sparse-update scheme (a ``memplan.Scheme`` or the path of its
     JSON file) on ``model``, traced at the scheme's batch and input shape unless ``graph`` is given."""
-    from .scheme import Scheme, load_scheme, scheme_to_plan  # scheme imports pydantic: only when needed
-
     if not isinstance(scheme, Scheme):
         scheme = load_scheme(scheme)
     if scheme.added_modules:
         raise BadOption("apply_scheme cannot insert the scheme's added_modules yet",
-                        "apply the architecture transform (memplan.transforms) first and drop them from the scheme")
+                        "apply the architecture transform (memplan.nn.transforms) first and drop them from the scheme")
     if graph is None:
-        graph = capture(model, (scheme.batch, *scheme.input_shape))
+        graph = _trace(model, (scheme.batch, *scheme.input_shape))
     return graph, scheme_to_plan(graph, scheme)
 
 

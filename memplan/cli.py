@@ -6,7 +6,6 @@ Every error caused by the input ends in one line ``error: ...`` on stderr and ex
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import List, Optional
@@ -14,9 +13,12 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from . import api, render
+from . import api
 from .errors import MemplanError
 from .io import write_text
+from .plan import schema_json
+from .render import export, tables
+from .strategies import STRATEGIES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Memory / FLOP profiler and sparse-update planner for on-device transfer learning.")
@@ -117,20 +119,19 @@ def profile(
                     **_strategy_opts(blocks, layers, scheme, bits, samples, epochs, option),
                     **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
     if json_out:
-        _emit(render.to_json(p), json_out, console)
+        _emit(export.to_json(p), json_out, console)
     if csv_out:
-        _emit(render.layers_csv([p]), csv_out, console)
+        _emit(export.layers_csv([p]), csv_out, console)
     if not quiet:
-        render.print_profile(p, console, per_layer=per_layer, binary=binary)
+        tables.print_profile(p, console, per_layer=per_layer, binary=binary)
     if plot or (per_layer and not quiet and (method == "sparse" or mode == "tinytraining")):
-        from . import fig11
-
-        cap = api.capture_model(model, **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
-        rows = fig11.conv_update_costs(cap.graph)
+        rows = api.update_costs(model, **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
         if per_layer and not quiet:
-            render.print_conv_update_costs(rows, console)
+            tables.print_conv_update_costs(rows, console)
         if plot:
-            fig11.plot_layer_costs(rows, plot, title=f"{p.model}: cost of updating each conv (tinytraining)")
+            from .render.figures import plot_layer_costs
+
+            plot_layer_costs(rows, plot, title=f"{p.model}: cost of updating each conv (tinytraining)")
             console.print(f"wrote {plot}")
 
 
@@ -150,15 +151,15 @@ def verify(
     """Apply the strategy to a real model, train a few steps on random data, and compare
     predicted with measured saved bytes and peak, plain PyTorch vs `applied` side by side.
     Exits 1 when measured saved bytes differ from the prediction by more than --tolerance."""
-    from . import verify as ver
+    from .render.reports import print_verify
+    from .verify import EXIT_MISMATCH, verify as run_verify
 
     opts = {k: v for k, v in _strategy_opts(blocks, layers, scheme, None, None, None, option).items() if v is not None}
-    report = ver.verify(model, method, batch=batch, resolution=resolution, classes=classes, norm=norm, steps=steps,
+    report = run_verify(model, method, batch=batch, resolution=resolution, classes=classes, norm=norm, steps=steps,
                         device=device, optimizer=optimizer, tolerance=tolerance, **opts)
-    console = _console()
-    ver.print_verify(report, console)
+    print_verify(report, _console())
     if not report.ok:
-        raise typer.Exit(ver.EXIT_MISMATCH)
+        raise typer.Exit(EXIT_MISMATCH)
 
 
 def _positive_int(name: str, value: int) -> None:
@@ -213,7 +214,7 @@ def contrib(
     """Contribution analysis: real fine-tuning runs measuring Δacc per bias depth and per
     layer x channel ratio (the 256KB paper's Figure 5). Resumable: rerun to continue."""
     from .contrib.analysis import run_contrib
-    from .contrib.plot import plot_contrib
+    from .render.figures import plot_contrib
 
     console = _console()
     _positive_int("workers", workers)
@@ -248,23 +249,27 @@ def search(
     classes: Optional[int] = ClassesOpt, resolution: Optional[int] = ResOpt,
 ) -> None:
     """Search the sparse-update scheme with the largest summed Δacc under a memory budget."""
-    from .search.run import print_search, run_search
+    from .render.figures import plot_search
+    from .render.reports import print_search
+    from .search.run import run_search
 
     if budget is None and device is None:
         raise MemplanError("give --budget (e.g. 100KB) or --device NAME")
     extra = {"ratios": _floats(ratios, "ratios")} if ratios else {}
     result = run_search(model, budget, profile_path=profile, device=device, mode=mode, method=method,
-                        generations=generations, population=population, seed=seed, out=out, plot=plot,
+                        generations=generations, population=population, seed=seed, out=out, curves=plot is not None,
                         pw1_only=pw1_only, max_weight_layers=max_weight_layers, classes=classes,
                         resolution=resolution, command="memplan " + " ".join(sys.argv[1:]), **extra)
-    print_search(result, _console())
+    console = _console()
+    print_search(result, console)
+    if plot:
+        plot_search(result, plot)
+        console.print(f"plot written to {plot}")
 
 
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of memplan's update-scheme format (a copy is in schema/)."""
-    from .scheme import schema_json
-
     sys.stdout.write(schema_json() if schema_json().endswith("\n") else schema_json() + "\n")
 
 
@@ -295,11 +300,11 @@ def compare(
     profiles = api.compare(model, items, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
                            **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
     if json_out:
-        _emit(render.many_to_json(profiles), json_out, console)
+        _emit(export.many_to_json(profiles), json_out, console)
     if csv_out:
-        _emit(render.totals_csv(profiles), csv_out, console)
+        _emit(export.totals_csv(profiles), csv_out, console)
     if not quiet:
-        render.print_compare(profiles, console, binary=binary)
+        tables.print_compare(profiles, console, binary=binary)
 
 
 @app.command()
@@ -309,49 +314,28 @@ def reproduce(
     hide_not_modelled: bool = typer.Option(False, "--hide-not-modelled", help="omit figures memplan cannot model"),
 ) -> None:
     """Published figures of the seed papers next to memplan's values, with the mode used."""
-    from . import reproduce as rep
+    from .render.reports import print_reproduction, reproduction_json
+    from .reproduce import reproduce as run_reproduce
 
     quiet = json_out == "-"
     console = _console(quiet)
-    rows = rep.reproduce(only or "", include_not_modelled=not hide_not_modelled)
+    rows = run_reproduce(only or "", include_not_modelled=not hide_not_modelled)
     if json_out:
-        _emit(json.dumps(rep.to_dicts(rows), indent=2), json_out, console)
+        _emit(reproduction_json(rows), json_out, console)
     if not quiet:
-        render.print_reproduction(rows, console)
+        print_reproduction(rows, console)
 
 
 @app.command()
 def methods() -> None:
     """The fine-tuning strategies and their options."""
-    from .strategies import STRATEGIES
-
-    console = _console()
-    for st in STRATEGIES.values():
-        opts = " ".join(f"--{o.replace('_', '-')}" for o in st.options + st.transform_options)
-        console.print(f"[bold]{st.name}[/] {opts}\n    {st.description}")
+    tables.print_methods(STRATEGIES.values(), _console())
 
 
 @app.command()
 def models() -> None:
     """The model zoo with parameters and MACs at each model's default resolution."""
-    from rich.table import Table
-
-    from . import zoo
-    from .units import fmt_count
-
-    console = _console()
-    table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ["name", "input", "classes", "params", "MACs", "blocks", "description"]:
-        table.add_column(col, justify="right" if col in ("params", "MACs", "classes", "blocks") else "left")
-    for name in zoo.names():
-        entry = zoo.get_entry(name)
-        cap = api.capture_model(name)
-        p = api.profile_captured(cap, "last")
-        table.add_row(name, "x".join(map(str, entry.input_shape(entry.resolution))), str(cap.classes),
-                      fmt_count(p.totals.params), fmt_count(p.totals.macs), str(len(cap.graph.blocks)), entry.description)
-    console.print(table)
-    console.print("[dim]Any other model: package.module:attr or path/to/file.py:attr (nn.Module class, instance or "
-                  "zero-argument factory).[/]")
+    tables.print_models(api.describe_models(), _console())
 
 
 def main(argv: Optional[list[str]] = None) -> None:

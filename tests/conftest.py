@@ -15,7 +15,7 @@ settings.register_profile("long", max_examples=5000, deadline=None, derandomize=
                           suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.load_profile("ci")
 
-from memplan import zoo  # noqa: E402
+from memplan.models import zoo  # noqa: E402
 
 #: small per-model test resolutions: the cost rules do not depend on the size, so keep runs fast
 SMALL = 32

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 
 from memplan.graph import LayerGraph, Node
-from memplan.ops import MASK_ACTIVATIONS, NORM_KINDS
+from memplan.graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
 from memplan.plan import Plan, Train
 
 MAX_C = 16  # channels

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from memplan import zoo
-from memplan.costs import compute
+from memplan.models import zoo
+from memplan.costs.engine import compute
 from memplan.graph import capture
-from memplan.measure import apply_plain, saved_bytes
+from memplan.apply import apply_plain
+from memplan.verify.measure import saved_bytes
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
 

@@ -13,17 +13,19 @@ import torch.nn.functional as F
 
 import memplan
 from memplan.apply import apply_plan, apply_scheme, apply_strategy, write_back
-from memplan.costs import compute
+from memplan.costs.engine import compute
 from memplan.errors import BadOption, MemplanError
 from memplan.graph import capture
-from memplan.lean import (FrozenConv, LeanAvgPool2d, MaskedDropout, MaskedReLU, ShiftOnlyNorm, SignHardswish,
+from memplan.nn.lean import (FrozenConv, LeanAvgPool2d, MaskedDropout, MaskedReLU, ShiftOnlyNorm, SignHardswish,
                           SubChannelConv)
-from memplan.measure import apply_plain, saved_bytes
+from memplan.apply import apply_plain
+from memplan.verify.measure import saved_bytes
 from memplan.modes import get_mode
 from memplan.plan import Plan, Train
-from memplan.scheme import Scheme, conv_layers
+from memplan.graph import conv_layers
+from memplan.plan import Scheme
 from memplan.strategies import STRATEGIES, make_plan
-from memplan.train import make_optimizer, train_steps
+from memplan.nn.train import fit, make_optimizer
 
 from .conftest import small_shape
 from .helpers import real_model
@@ -181,7 +183,7 @@ def test_apply_scheme_and_write_back(tmp_path):
     x, y = batch(shape)
     before = {n: m.weight.detach().clone() for n, m in subs.items()}
     opt = make_optimizer(model.parameters(), "sgd", 0.1)
-    train_steps(model, x, y, 2, opt)
+    fit(model, opt, x, y, steps=2)
     merged = {n: m.merged_weight() for n, m in subs.items()}
     assert all(torch.equal(m.weight, before[n]) for n, m in subs.items())  # stale until write_back
     write_back(model)
@@ -348,7 +350,7 @@ def test_sgd_lowers_loss_and_leaves_frozen_state_bit_identical(name, method):
               k == f"{n}.num_batches_tracked"}
     x, y = batch(shape)
     torch.manual_seed(3)
-    losses = train_steps(model, x, y, 4, make_optimizer(model.parameters(), "sgd", 0.01))
+    losses = fit(model, make_optimizer(model.parameters(), "sgd", 0.01), x, y, steps=4)
     assert losses[-1] < losses[0], losses
     after = model.state_dict(keep_vars=True)
     changed = [k for k in frozen - moving if not torch.equal(after[k], before[k])]
@@ -408,7 +410,7 @@ def test_optimizer_state_and_gradients_match_the_prediction():
     for opt_name in ("sgd", "sgd-momentum", "adam"):
         prof = compute(graph, plan, get_mode("applied"), optimizer=opt_name)
         opt = make_optimizer(model.parameters(), opt_name, 0.01)
-        train_steps(model, x, y, 1, opt)
+        fit(model, opt, x, y, steps=1)
         grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
         state = sum(v.numel() * v.element_size() for s in opt.state.values() for k, v in s.items() if k != "step")
         assert grads == prof.totals.gradient_bytes

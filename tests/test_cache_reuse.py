@@ -1,7 +1,7 @@
 """cache-reuse (Cache-and-Reuse, seed 004): plan = lastk's, cache bytes and stage FLOPs.
 
 Truth: hand counts written out here, FlopCounterMode on a real ResNet-18, and the paper's
-printed cache sizes (memplan.published)."""
+printed cache sizes (memplan.reproduce.figures)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from memplan import api, zoo
+from memplan import api
+from memplan.models import zoo
 from memplan.errors import BadOption
 from memplan.graph import capture
-from memplan.measure import apply_plain
-from memplan.published import by_key, select
+from memplan.apply import apply_plain
+from memplan.reproduce.figures import by_key, select
 from memplan.strategies import make_plan
 from memplan.strategies.cache_reuse import DEFAULT_BITS, DEFAULT_EPOCHS, DEFAULT_SAMPLES
 

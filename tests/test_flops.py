@@ -11,10 +11,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from memplan import zoo
-from memplan.costs import compute
+from memplan.models import zoo
+from memplan.costs.engine import compute
 from memplan.graph import capture
-from memplan.measure import apply_plain, conv_backward_flops
+from memplan.apply import apply_plain
+from memplan.verify.measure import conv_backward_flops
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
 

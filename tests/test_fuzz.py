@@ -27,9 +27,10 @@ import torch.nn as nn
 from hypothesis import given, strategies as st
 
 from memplan.apply import apply_plan
-from memplan.costs import compute
+from memplan.costs.engine import compute
 from memplan.graph import LayerGraph, Node, capture, trace
-from memplan.measure import apply_plain, saved_bytes
+from memplan.apply import apply_plain
+from memplan.verify.measure import saved_bytes
 from memplan.modes import get_mode
 from memplan.plan import Plan, Train
 from memplan.strategies import make_plan

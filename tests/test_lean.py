@@ -1,4 +1,4 @@
-"""Tests of memplan.lean: exact forwards, reference gradients, saved bytes, sparse updates."""
+"""Tests of memplan.nn.lean: exact forwards, reference gradients, saved bytes, sparse updates."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.autograd.graph import saved_tensors_hooks
 
 from memplan.errors import BadOption
-from memplan.lean import (
+from memplan.nn.lean import (
     FrozenConv, FrozenLinear, MaskedHardtanh, MaskedLeakyReLU, MaskedReLU, MaskedReLU6,
     ShiftOnlyNorm, SignHardswish, SubChannelConv, packbits, select_channels, unpackbits,
 )
@@ -109,7 +109,7 @@ def test_frozen_conv_matches_plain(name):
 
 @pytest.mark.parametrize("name", ["stride2_pad", "dilation", "groups2", "depthwise", "conv1d"])
 def test_frozen_conv_gradcheck(name):
-    from memplan.lean import _FrozenConvFn
+    from memplan.nn.lean.conv import _FrozenConvFn
     case = CONV_CASES[name]
     lean = FrozenConv.from_module(make_conv(case, dtype=torch.float64))
     x = conv_input(case, size=5, dtype=torch.float64).requires_grad_(True)
@@ -159,7 +159,7 @@ def test_frozen_linear(shape):
 
 
 def test_frozen_linear_gradcheck():
-    from memplan.lean import _FrozenLinearFn
+    from memplan.nn.lean.conv import _FrozenLinearFn
     lin = nn.Linear(5, 3, dtype=torch.float64)
     x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, b: _FrozenLinearFn.apply(x, b, lin.weight.detach()),
@@ -201,7 +201,7 @@ def test_subchannel_matches_plain(name, ratio):
 
 @pytest.mark.parametrize("name", ["stride2_pad", "depthwise", "conv1d"])
 def test_subchannel_gradcheck(name):
-    from memplan.lean import _SubChannelConvFn
+    from memplan.nn.lean.conv import _SubChannelConvFn
     case = CONV_CASES[name]
     lean = SubChannelConv.from_module(make_conv(case, dtype=torch.float64), 0.5)
     x = conv_input(case, size=5, dtype=torch.float64).requires_grad_(True)
@@ -308,7 +308,7 @@ def test_shift_only_norm_matches_eval_bn():
 
 
 def test_shift_only_norm_gradcheck():
-    from memplan.lean import _ShiftNormFn
+    from memplan.nn.lean.norm import _ShiftNormFn
     lean = ShiftOnlyNorm.from_module(make_bn(3, dtype=torch.float64))
     x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, b: _ShiftNormFn.apply(x, b, lean), (x, lean.bias))
@@ -350,7 +350,7 @@ def test_masked_activation_exact(name, inplace):
 
 
 def test_masked_relu6_from_hardtanh_and_gradcheck():
-    from memplan.lean import _MaskActFn
+    from memplan.nn.lean.activations import _MaskActFn
     assert type(MaskedReLU6.from_module(nn.ReLU6())) is MaskedReLU6
     assert type(MaskedReLU6.from_module(nn.Hardtanh(-2, 2))) is MaskedHardtanh
     x = (torch.rand(4, 5, dtype=torch.float64) * 10 - 2).requires_grad_(True)

@@ -2,7 +2,7 @@
 
 Truth: hand counts written out here, saved_tensors_hooks measurements, forward passes of the
 pruned network against the original with the removed filters zeroed, and MiniLearn's printed
-Table 1 / Figure 7 / Sec. 6.1 figures (memplan.published)."""
+Table 1 / Figure 7 / Sec. 6.1 figures (memplan.reproduce.figures)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from memplan import api, zoo
+from memplan import api
+from memplan.models import zoo
 from memplan.errors import BadOption
 from memplan.graph import capture
-from memplan.measure import apply_plain, saved_bytes
-from memplan.published import by_key
+from memplan.apply import apply_plain
+from memplan.verify.measure import saved_bytes
+from memplan.reproduce.figures import by_key
 from memplan.strategies import make_plan
 from memplan.strategies.minilearn import prune_filters
 

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from memplan.costs import compute
+from memplan.costs.engine import compute
 from memplan.graph import capture
-from memplan.measure import apply_plain, step_peak_bytes
+from memplan.apply import apply_plain
+from memplan.verify.measure import step_peak_bytes
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
 

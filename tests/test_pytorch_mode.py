@@ -5,8 +5,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from memplan import zoo
-from memplan.measure import saved_bytes
+from memplan.models import zoo
+from memplan.verify.measure import saved_bytes
 
 from .conftest import small_shape
 from .helpers import STRATEGIES, predicted_and_measured, real_model

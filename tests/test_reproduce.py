@@ -6,7 +6,7 @@ import pytest
 
 from memplan.cli import main
 from memplan.reproduce import reproduce, reproduce_figure
-from memplan.published import by_key
+from memplan.reproduce.figures import by_key
 
 ACCEPTANCE = [
     "tinytl.table2.proxylessnas-mobile.last.memory",

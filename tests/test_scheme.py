@@ -13,9 +13,10 @@ import torch.nn as nn
 from memplan.errors import MemplanError
 from memplan.graph import capture
 from memplan.plan import Train
-from memplan.published import by_key
-from memplan.scheme import (Scheme, WeightUpdate, conv_layers, fingerprint, load_scheme, new_provenance,
-                            schema_json, scheme_to_plan)
+from memplan.reproduce.figures import by_key
+from memplan.graph import conv_layers
+from memplan.plan import (Scheme, WeightUpdate, fingerprint, load_scheme, new_provenance, schema_json,
+                          scheme_to_plan)
 
 torch.set_num_threads(1)
 SCHEMA_COPY = Path(__file__).resolve().parents[1] / "schema" / "scheme.schema.json"

@@ -23,12 +23,14 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 import memplan
 from memplan.api import capture_model
 from memplan.contrib import ContribProfile, Protocol
-from memplan.contrib.profile import LayerEntry, Noise
-from memplan.contrib.protocol import grid_layers
-from memplan.costs import compute
+from memplan.contrib.profile import Noise
+from memplan.graph import conv_table
+from memplan.costs.engine import compute
 from memplan.errors import MemplanError
 from memplan.modes import get_mode
-from memplan.scheme import conv_layers, fingerprint, is_pw1, load_scheme, scheme_to_plan
+from memplan.graph import conv_layers, is_pw1
+from memplan.plan import fingerprint, load_scheme, scheme_to_plan
+from memplan.render.figures import plot_search
 from memplan.search import BudgetError, budget_convention, load_device, run_search
 from memplan.search.devices import DEVICES_DIR, device_names
 from memplan.search.evolution import evolve
@@ -60,8 +62,7 @@ def synthetic_profile(graph, seed: int = 0, layers: int | None = None, max_k: in
         peak = (3.0 if is_pw1(c) else 0.8) * pos ** 1.5
         weight[c.name] = {r: q(peak * (1 - math.exp(-4 * r)) / (1 - math.exp(-4)) + rng.uniform(-0.1, 0.1))
                           for r in (0.125, 0.25, 0.5, 1.0)}
-    layer_rows = [LayerEntry(name=l.name, conv_index=l.conv_index, weight_shape=list(l.shape), groups=l.groups,
-                             bias=l.bias) for l in grid_layers(graph)]
+    layer_rows = conv_table(graph)
     return ContribProfile(
         model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:]),
         weights={"source": "SYNTHETIC (tests/test_search.py)"}, dataset={"name": "synthetic", "classes": classes},
@@ -264,8 +265,8 @@ def test_evolution_is_seeded_and_leaves_random_state(mcunet):
 
 def test_plot_writes_both_figures(mcunet, tmp_path):
     _, profile, _, _, _ = mcunet
-    r = run_search(budget="50KiB", profile=profile, classes=10, plot=tmp_path / "f.png", generations=3,
-                   population=8)
+    r = run_search(budget="50KiB", profile=profile, classes=10, curves=True, generations=3, population=8)
+    plot_search(r, tmp_path / "f.png")
     assert r.budget_bytes == 51_200 and r.budget_convention.startswith("1024-based")
     assert r.evolution is not None and r.random is not None and r.random.evaluations == r.evolution.evaluations
     assert (tmp_path / "f.png").stat().st_size > 10_000

@@ -11,12 +11,14 @@ import pytest
 import torch
 
 import memplan
-from memplan.costs import compute
+from memplan.costs.engine import compute
 from memplan.errors import BadOption
-from memplan.fig11 import conv_update_costs, plot_layer_costs
-from memplan.measure import apply_plain, saved_bytes
+from memplan.modes.tinytraining import conv_update_costs
+from memplan.render.figures import plot_layer_costs
+from memplan.apply import apply_plain
+from memplan.verify.measure import saved_bytes
 from memplan.modes import get_mode
-from memplan.published import by_key, select
+from memplan.reproduce.figures import by_key, select
 from memplan.strategies import make_plan
 
 from .test_scheme import small_graph, small_scheme
@@ -107,7 +109,7 @@ def test_ideal_kept_tensors_hand_checked():
 
 def test_pytorch_mode_matches_autograd_on_the_sparse_plan():
     torch.manual_seed(0)
-    model = memplan.zoo.build("mcunet-5fps", 10)
+    model = memplan.models.zoo.build("mcunet-5fps", 10)
     graph = memplan.capture(model, (2, 3, 48, 48), name="mcunet-5fps")
     plan = make_plan(graph, "sparse", scheme=by_key("tinytraining.fig11.mcunet-5fps.sparse.100kb.memory")
                      .options["scheme"])

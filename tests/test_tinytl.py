@@ -1,6 +1,6 @@
 """TinyTL: GroupNorm swap, lite residual branches, tinytl-* strategies and the ``tinytl`` mode.
 
-Memory figures are checked against TinyTL's published numbers (``memplan.published``, within
+Memory figures are checked against TinyTL's published numbers (``memplan.reproduce.figures``, within
 1%) and against the reproductions in shared/reference/accounting.md §3 (to 0.05 MB); the
 mode's walk is also checked on a small model counted by hand below.
 """
@@ -11,14 +11,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memplan
-from memplan import zoo
+from memplan.models import zoo
 from memplan.api import capture_model, profile_captured
 from memplan.errors import BadOption
 from memplan.graph import capture, find_blocks
-from memplan.measure import apply_plain
-from memplan.published import by_key
+from memplan.apply import apply_plain
+from memplan.reproduce.figures import by_key
 from memplan.strategies import make_plan
-from memplan.transforms import LiteResidual, add_lite_residual, group_count, is_lite, lite_kernel, swap_norm
+from memplan.nn.transforms import LiteResidual, add_lite_residual, group_count, is_lite, lite_kernel, swap_norm
 
 from .helpers import predicted_and_measured
 

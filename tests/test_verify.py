@@ -9,8 +9,9 @@ from rich.console import Console
 
 import memplan.verify as verify_module
 from memplan.errors import BadOption
-from memplan.measure import SavedMeasurement
-from memplan.verify import EXIT_MISMATCH, print_verify, verify
+from memplan.verify.measure import SavedMeasurement
+from memplan.render.reports import print_verify
+from memplan.verify import EXIT_MISMATCH, verify
 
 from .helpers import real_model
 
@@ -52,7 +53,7 @@ def test_verify_sparse_scheme_option_and_module_input_left_untouched():
     config = {"n_bias_update": 6, "n_weight_update": 2, "weight_update_ratio": [0.5, 0.25]}
     report = verify(model, "sparse", batch=2, resolution=32, scheme=config, optimizer="sgd-momentum")
     assert report.ok and report.applied.predicted_saved < report.pytorch.predicted_saved
-    assert all(type(m).__module__.startswith("torch.nn") or type(m).__module__.startswith("memplan.zoo")
+    assert all(type(m).__module__.startswith("torch.nn") or type(m).__module__.startswith("memplan.models.zoo")
                for m in model.modules())
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert all(p.requires_grad for p in model.parameters())

@@ -11,9 +11,9 @@ import torch
 from torch import fx, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from memplan import zoo
-from memplan.zoo import UnknownModelError, build, get_entry, names
-from memplan.zoo.blocks import SqueezeExcite
+from memplan.models import zoo
+from memplan.models.zoo import UnknownModelError, build, get_entry, names
+from memplan.models.zoo.blocks import SqueezeExcite
 
 torch.set_num_threads(1)
 

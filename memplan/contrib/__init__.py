@@ -3,15 +3,15 @@ Section 2.2 / Figure 5): short fine-tuning runs that measure the accuracy gain o
 the biases of the last k convs and the weight of each conv at channel ratios 1/8 .. 1, with a
 feature cache (Cache-and-Reuse), a resumable checkpoint and local / Ray parallelism.
 
-    >>> from memplan.contrib import run_contrib, plot_contrib
+    >>> from memplan.contrib import run_contrib
+    >>> from memplan.render.figures import plot_contrib
     >>> prof = run_contrib("mbv2-w0.35", data="digits", out="profiles/mbv2.json", workers=2)
     >>> plot_contrib(prof, "profiles/mbv2.png")
 """
 
 from .analysis import run_contrib
 from .data import Data, load_data
-from .plot import plot_contrib
 from .profile import ContribProfile, load_profile
 from .protocol import Protocol
 
-__all__ = ["run_contrib", "plot_contrib", "ContribProfile", "load_profile", "Protocol", "Data", "load_data"]
+__all__ = ["run_contrib", "ContribProfile", "load_profile", "Protocol", "Data", "load_data"]

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -26,13 +25,15 @@ import torch
 from pydantic import ValidationError
 
 from ..errors import BadOption, MemplanError
-from ..graph import capture, trace
-from ..loading import resolve
-from ..scheme import fingerprint
-from .data import Data, load_data
-from .executors import default_threads, execute
+from ..graph import capture, conv_table, trace
+from ..io import validation_error
+from ..models import resolve, zoo
+from ..plan import fingerprint
+from ..units import ratio_label
+from .data import Data, fit_to, load_data
+from .executors import default_threads, execute, num_threads
 from .profile import ContribProfile, assemble
-from .protocol import Protocol, grid, grid_layers, ratio_label
+from .protocol import Protocol, grid
 from .runner import Context, linear_probe
 from .weights import load_weights, pretrain_digits, save_state
 
@@ -117,16 +118,13 @@ def _protocol(options: dict[str, Any]) -> Protocol:
     try:
         return Protocol(**{k: v for k, v in options.items() if v is not None})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ())) or "protocol"
-        raise BadOption(f"bad contribution option {where}: {err.get('msg', 'invalid value')}") from None
+        where, msg = validation_error(exc)
+        raise BadOption(f"bad contribution option {'protocol' if where == '(top level)' else where}: {msg}") from None
 
 
 def _model_and_data(model: str, data: str, resolution: int | None, train_per_class: int | None):
     """(spec name, model, Data): zoo models get the data resized to their input; others keep the
     data's own shape (or C x r x r with ``resolution``)."""
-    from .. import zoo
-
     zoo_entry = None
     if isinstance(model, str) and ":" not in model:
         try:
@@ -140,7 +138,6 @@ def _model_and_data(model: str, data: str, resolution: int | None, train_per_cla
     else:
         task = load_data(data, None, train_per_class)
         if resolution is not None:
-            from .data import fit_to
             shape = (task.x_train.shape[1], resolution, resolution)
             task.x_train, task.x_test = fit_to(task.x_train, shape), fit_to(task.x_test, shape)
     torch.manual_seed(0)
@@ -168,17 +165,6 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
         f"seeds {list(p.seeds)} (data order). Δacc in accuracy points, paired by seed: bias k vs classifier "
         f"only, weight (i, r) vs bias k = L - i; mean and std over seeds. {cache_text}."
     )
-
-
-@contextlib.contextmanager
-def num_threads(n: int):
-    """torch intra-op threads set to ``n`` inside the block, restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _progress(enabled: bool, total: int, done: int):
@@ -256,7 +242,7 @@ def _measure(model: str, weights: str | os.PathLike | None, data: str, out: str 
     shape = tuple(task.x_train.shape[1:])
     gm = trace(net, name=name)
     graph = capture(net, (1, *shape), gm=gm, name=name)
-    classes = graph.nodes[-2].in_tensors[0].shape[-1]
+    classes = graph.classes
     if classes != task.classes:
         raise MemplanError(f"{name} outputs {classes} classes; {data} has {task.classes}",
                            "give a model factory that accepts num_classes")
@@ -269,7 +255,7 @@ def _measure(model: str, weights: str | os.PathLike | None, data: str, out: str 
         source = {"source": "digits pretraining", **pretrain_digits(net, shape, key, Path(cache_dir or default_cache_dir()))}
     else:
         source = {"source": "as built (no weights given)"}
-    layers = grid_layers(graph)
+    layers = conv_table(graph)
     specs = grid(layers, protocol)
     identity = {"model": name, "fingerprint": fingerprint(graph), "input_shape": list(shape),
                 "backbone": state_digest(net, head), "data": {**task.summary(), "digest": data_digest(task)},

@@ -22,12 +22,11 @@ per-channel mean / std of its train split.
 
 from __future__ import annotations
 
-import zipfile
-
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import MemplanError
+from ..models.loading import import_attr
+from ..registry import Registry
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm")
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -286,10 +287,8 @@ def _split_arrays(split: Any, what: str) -> tuple[Any, Any]:
 
 
 def _factory(spec: str, sample_shape: Sequence[int] | None) -> Data:
-    from ..loading import _import_attr
-
     try:
-        obj = _import_attr(spec)
+        obj = import_attr(spec)
     except MemplanError as exc:
         raise BadData(f"--data {spec}: {exc}") from None
     if not callable(obj):
@@ -308,11 +307,16 @@ def _factory(spec: str, sample_shape: Sequence[int] | None) -> Data:
     return make_data(spec, f"{spec}() datasets", *arrays, sample_shape)
 
 
+#: built-in tasks by name: (sample_shape, train_per_class) -> Data
+SOURCES: Registry[Callable[[Sequence[int] | None, int | None], Data]] = Registry("data source", BadData)
+SOURCES.add("digits", lambda shape, per_class: digits(shape, TRANSFER_DIGITS, per_class))
+
+
 def load_data(spec: str, sample_shape: Sequence[int] | None, train_per_class: int | None = None) -> Data:
     """The task named by ``spec`` (see the module docstring) at the model's ``sample_shape``
     (None keeps the images' own shape)."""
-    if spec == "digits":
-        return digits(sample_shape, TRANSFER_DIGITS, train_per_class)
+    if spec in SOURCES:
+        return SOURCES[spec](sample_shape, train_per_class)
     path = Path(spec)
     if path.suffix == ".npz" or path.is_file():
         if not path.is_file():

@@ -14,20 +14,24 @@ workers exit when their parent dies. Ray workers need memplan installed on every
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
 import torch
 
 from ..errors import BadOption, MemplanError
+from ..registry import Registry
 from .protocol import RunSpec
 from .runner import Context, Worker
 
-EXECUTORS = ("process", "ray")
+Executor = Callable[[Context, Sequence[RunSpec], int, "str | None", str], Iterator[dict]]
+#: executor name -> run(ctx, specs, workers, address, key): records as runs finish
+EXECUTORS: Registry[Executor] = Registry("executor")
 
 
 def available_cores() -> int:
@@ -48,16 +52,24 @@ def default_threads(workers: int) -> int:
     return max(1, available_cores() // workers)
 
 
+@contextlib.contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """torch intra-op threads set to ``n`` inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # ----------------------------------------------------------------------------- in this process
 def run_here(ctx: Context, specs: Sequence[RunSpec]) -> Iterator[dict]:
-    """Runs one after another in this process (``workers=1``)."""
-    before = torch.get_num_threads()
-    try:
+    """Runs one after another in this process (``workers=1``), with ``ctx.threads`` threads."""
+    with num_threads(ctx.threads):
         worker = Worker(ctx)
         for spec in specs:
             yield worker.execute(spec)
-    finally:
-        torch.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------- process pool
@@ -155,17 +167,21 @@ def run_ray(ctx: Context, specs: Sequence[RunSpec], workers: int, address: str |
             ray.shutdown()
 
 
+@EXECUTORS.register("process")
+def run_local(ctx: Context, specs: Sequence[RunSpec], workers: int, address: str | None, key: str) -> Iterator[dict]:
+    """In this process for one worker, else on a local process pool."""
+    return run_here(ctx, specs) if workers == 1 else run_pool(ctx, specs, workers)
+
+
+EXECUTORS.add("ray", run_ray)
+
+
 def execute(ctx: Context, specs: Sequence[RunSpec], *, workers: int = 1, executor: str = "process",
             address: str | None = None, key: str = "") -> Iterator[dict]:
     """Records of ``specs`` as they finish, on the chosen executor (``key`` names the context)."""
-    if executor not in EXECUTORS:
-        raise BadOption(f"unknown executor {executor!r}", f"choose one of: {', '.join(EXECUTORS)}")
+    run = EXECUTORS.choose(executor)
     if not isinstance(workers, int) or workers < 1:
         raise BadOption(f"workers must be a positive integer, got {workers!r}")
     if address is not None and executor != "ray":
         raise BadOption("an address applies only to the ray executor")
-    if executor == "ray":
-        return run_ray(ctx, specs, workers, address, key)
-    if workers == 1:
-        return run_here(ctx, specs)
-    return run_pool(ctx, specs, workers)
+    return run(ctx, specs, workers, address, key)

@@ -5,7 +5,8 @@ Accuracies and Δacc are in accuracy points (0..100). ``bias[k]`` = Δacc_b[:k] 
 last k convs vs the classifier only); ``weight[layer][ratio]`` = Δacc_W(i, r) (weight of conv
 i at ratio r vs the bias-only run over convs i..L-1). Both are means over seeds of the
 paired (same-seed) differences; ``*_std`` are their sample standard deviations over seeds
-(0 with one seed). ``layers`` maps names to conv indices (``memplan.scheme`` convention).
+(0 with one seed). ``layers`` lists the convs (``memplan.graph.ConvLayer``: name, conv index,
+weight shape, groups, bias carrier).
 """
 
 from __future__ import annotations
@@ -19,20 +20,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import MemplanError
+from ..graph import ConvLayer
 from ..io import write_text
-from .protocol import Layer, Protocol, RunSpec
+from .protocol import Protocol, RunSpec
 
 SCHEMA_VERSION = 1
-
-
-class LayerEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(description="conv module qualname")
-    conv_index: int = Field(description="forward-order index among convs, stem = 0 (memplan.scheme)")
-    weight_shape: list[int]
-    groups: int
-    bias: str | None = Field(description="layer carrying this conv's bias: itself or the norm after it")
 
 
 class RunRecord(BaseModel):
@@ -74,14 +66,14 @@ class ContribProfile(BaseModel):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     model: str
-    fingerprint: str = Field(description="memplan.scheme.fingerprint of the traced layer table")
+    fingerprint: str = Field(description="memplan.plan.fingerprint of the traced layer table")
     input_shape: list[int] = Field(description="per-sample input shape")
     weights: dict[str, Any] = Field(description="where the backbone weights came from")
     dataset: dict[str, Any]
     protocol: Protocol
     description: str = Field(description="how the numbers were measured, in words")
     probe_accuracy: float = Field(description="linear-probe test accuracy every run starts from, %")
-    layers: list[LayerEntry]
+    layers: list[ConvLayer]
     bias: dict[int, float] = Field(description="k -> Δacc_b[:k], mean over seeds")
     bias_std: dict[int, float]
     weight: dict[str, dict[float, float]] = Field(description="layer -> ratio -> Δacc_W, mean over seeds")
@@ -131,7 +123,8 @@ def run_record(raw: dict[str, Any], reference: dict[str, Any] | None) -> RunReco
         cpu_s=raw["cpu_s"], cache_bytes=raw.get("cache_bytes"))
 
 
-def assemble(specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[Layer], **fields: Any) -> ContribProfile:
+def assemble(specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[ConvLayer],
+             **fields: Any) -> ContribProfile:
     """The profile of a finished grid: ``raw`` maps run ids to worker records."""
     runs = [run_record(raw[s.id], None if s.reference is None else raw[s.reference]) for s in specs]
     runs.sort(key=lambda r: (r.kind != "classifier", r.kind == "weight", -r.k, r.ratio or 0))
@@ -145,8 +138,7 @@ def assemble(specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[
     noise = Noise(accuracy_std=statistics.fmean(r.accuracy_std for r in runs),
                   delta_std=statistics.fmean(deltas) if deltas else 0.0, seeds=len(runs[0].seeds))
     return ContribProfile(
-        layers=[LayerEntry(name=l.name, conv_index=l.conv_index, weight_shape=list(l.shape), groups=l.groups,
-                           bias=l.bias) for l in layers],
+        layers=list(layers),
         bias={k: bias[k].delta_mean for k in sorted(bias)}, bias_std={k: bias[k].delta_std for k in sorted(bias)},
         weight={name: {r: weight[name][r].delta_mean for r in sorted(weight[name])} for name in by_conv},
         weight_std={name: {r: weight[name][r].delta_std for r in sorted(weight[name])} for name in by_conv},

@@ -1,16 +1,16 @@
 """The run grid of contribution analysis (Lin et al., "On-Device Training Under 256KB Memory",
 NeurIPS 2022, Section 2.2 and Figure 5).
 
-Layers are the model's convs in forward order (``memplan.scheme.conv_layers``: stem = conv
+Layers are the model's convs in forward order (``memplan.graph.conv_table``: stem = conv
 index 0, a conv classifier excluded); L is their number. A conv's *bias* is its own bias or,
 in a conv -> BN model, the shift of the BN right after it with the norm in eval mode
-(``memplan.scheme.bias_carrier``). Every run is a :class:`memplan.scheme.Scheme` and trains
-through ``memplan.scheme.scheme_to_plan``; all runs start from the same linear-probe head.
+(``memplan.graph.bias_carrier``). Every run is a :class:`memplan.plan.Scheme` and trains
+through ``memplan.plan.scheme_to_plan``; all runs start from the same linear-probe head.
 
 * ``classifier``: the classifier only (the k = 0 reference);
 * ``bias`` k: the biases of the last k convs + the classifier;
   Δacc_b[:k] = acc(bias k) - acc(classifier);
-* ``weight`` (i, r): the weight of conv i at channel ratio r (``int(C_in * r)`` input
+* ``weight`` (i, r): the weight of conv i at channel ratio r (``max(1, int(C_in * r))`` input
   channels, output channels for a depthwise conv, picked by ``select``) + the biases of convs
   i..L-1 + the classifier; Δacc_W(i, r) = acc(weight i, r) - acc(bias L - i).
 
@@ -21,15 +21,14 @@ seeds, in accuracy points (0..100).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import BadOption
-from ..graph import LayerGraph
-from ..plan import SELECT_RULES, Plan
-from ..scheme import Scheme, WeightUpdate, bias_carrier, conv_layers, fingerprint, scheme_to_plan
+from ..graph import SELECT_RULES, ConvLayer, LayerGraph
+from ..plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
+from ..units import ratio_label
 
 RunKind = Literal["classifier", "bias", "weight"]
 PAPER_RATIOS = (0.125, 0.25, 0.5, 1.0)
@@ -75,37 +74,6 @@ class Protocol(BaseModel):
 
 
 @dataclass(frozen=True)
-class Layer:
-    """One conv of the grid."""
-
-    name: str  # module qualname
-    conv_index: int  # forward order among convs, stem = 0 (memplan.scheme convention)
-    node: int  # index in the LayerGraph
-    shape: tuple[int, ...]  # weight shape
-    groups: int
-    bias: str | None  # the layer that carries its bias (itself or the BN after it)
-
-    @property
-    def depthwise(self) -> bool:
-        return self.groups > 1 and self.groups == self.shape[0] and self.shape[1] == 1
-
-
-def grid_layers(graph: LayerGraph) -> list[Layer]:
-    """The model's convs (classifier excluded) with their bias carriers."""
-    out = []
-    for i, n in enumerate(conv_layers(graph)):
-        carrier = bias_carrier(graph, n)
-        out.append(Layer(n.name, i, n.index, tuple(n.params["weight"].shape), int(n.attrs.get("groups", 1)),
-                         None if carrier is None else carrier.name))
-    return out
-
-
-def ratio_label(r: float) -> str:
-    """``0.125 -> '1/8'``, ``1.0 -> '1'``."""
-    return str(Fraction(r).limit_denominator(64))
-
-
-@dataclass(frozen=True)
 class RunSpec:
     """One grid run: ``k`` = number of last convs whose biases train; weight runs add ``layer`` at ``ratio``."""
 
@@ -133,7 +101,7 @@ class RunSpec:
         return "classifier" if self.kind == "bias" else RunSpec("bias", self.k).id
 
 
-def grid(layers: list[Layer], protocol: Protocol) -> list[RunSpec]:
+def grid(layers: list[ConvLayer], protocol: Protocol) -> list[RunSpec]:
     """All runs, ordered by split point (earliest first, the most expensive), then bias before weight."""
     n = len(layers)
     if n == 0:
@@ -168,7 +136,7 @@ def run_plan(spec: RunSpec, graph: LayerGraph, model: str, protocol: Protocol) -
     return scheme_to_plan(graph, run_scheme(spec, graph, model, protocol), method=f"contrib-{spec.kind}")
 
 
-def split_layer(spec: RunSpec, layers: list[Layer], graph: LayerGraph) -> str:
+def split_layer(spec: RunSpec, layers: list[ConvLayer], graph: LayerGraph) -> str:
     """Name of the first layer whose input depends on trainable parameters: everything before it
     is a frozen prefix whose output can be cached. For a bias or weight run with depth k this is
     conv L - k (its frozen weight is computed in the suffix); for the classifier run, the classifier."""

@@ -7,10 +7,9 @@ it. ``Worker.execute(spec)`` returns the run's record (a JSON-able dict).
 
 Every run: a fresh copy of the model with the run's plan applied by
 ``memplan.apply.apply_plan`` (the memory-lean modules, sub-channel weights as
-``SubChannelConv``, norms in eval mode), SGD over ``epochs`` epochs in a seeded order, then
-test accuracy in eval mode. The trainable tensors are reset to their initial values before
-each seed. (``memplan.train`` trains one batch; the epoch loop with a cosine schedule and
-per-role learning rates is here.)
+``SubChannelConv``, norms in eval mode), SGD with per-role learning rates over ``epochs``
+epochs in a seeded order with a cosine decay (``memplan.nn.train.fit``), then test accuracy
+in eval mode. The trainable tensors are reset to their initial values before each seed.
 """
 
 from __future__ import annotations
@@ -23,14 +22,14 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..apply import apply_plan
-from ..graph import capture, trace
+from ..graph import ConvLayer, capture, conv_table, trace
+from ..nn.train import fit, make_optimizer
 from . import cache as fcache
 from .data import Data
-from .protocol import Layer, Protocol, RunSpec, grid_layers, run_plan, split_layer
+from .protocol import Protocol, RunSpec, run_plan, split_layer
 
 
 @dataclass
@@ -54,26 +53,6 @@ def accuracy(forward: Callable[..., Tensor], inputs: Callable[[Tensor | None], l
             idx = torch.arange(start, min(n, start + fcache.EVAL_CHUNK))
             correct += int((forward(*inputs(idx)).argmax(1) == y[idx]).sum())
     return 100.0 * correct / n
-
-
-def sgd_epochs(forward: Callable[..., Tensor], groups: list[dict], inputs: Callable[[Tensor], list[Tensor]],
-               y: Tensor, *, epochs: int, batch_size: int, momentum: float, seed: int) -> None:
-    """SGD over ``epochs`` passes in an order drawn from ``seed``. ``groups`` are torch
-    parameter groups (``params``, ``lr``); every learning rate decays to 0 along a cosine over
-    all steps (so the end point does not depend on where an epoch happens to stop)."""
-    opt = torch.optim.SGD([dict(g) for g in groups], lr=groups[0]["lr"], momentum=momentum)  # copies: the schedule edits them
-    g = torch.Generator().manual_seed(seed)
-    n = y.shape[0]
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs * -(-n // batch_size))
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=g)
-        for start in range(0, n, batch_size):
-            idx = perm[start:start + batch_size]
-            loss = F.cross_entropy(forward(*inputs(idx)), y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
 
 
 def param_groups(model: nn.Module, classifier: str, protocol: Protocol) -> list[dict]:
@@ -114,7 +93,7 @@ class Worker:
         self.x_train, self.x_test = channels_last(ctx.data.x_train), channels_last(ctx.data.x_test)
         self.gm = trace(self.model, name=ctx.model_name)
         self.graph = capture(self.model, (1, *ctx.data.x_train.shape[1:]), gm=self.gm, name=ctx.model_name)
-        self.layers: list[Layer] = grid_layers(self.graph)
+        self.layers: list[ConvLayer] = conv_table(self.graph)
         self.classifier = self.graph.classifier.name
         self.split: Split | None = None
 
@@ -159,8 +138,9 @@ class Worker:
             for m, flag in train_flags:
                 m.training = flag
             t0 = time.perf_counter()
-            sgd_epochs(forward, groups, train_in, y_train, epochs=proto.epochs, batch_size=proto.batch_size,
-                       momentum=proto.momentum, seed=seed)
+            opt = make_optimizer(groups, "sgd", proto.lr_classifier, momentum=proto.momentum)
+            fit(forward, opt, train_in, y_train, epochs=proto.epochs, batch_size=proto.batch_size, seed=seed,
+                cosine=True)
             t1 = time.perf_counter()
             model.eval()
             accs.append(accuracy(forward, test_in, y_test))
@@ -189,8 +169,8 @@ def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protoc
     params = list(head.parameters())
     for p in params:
         p.requires_grad_(True)
-    sgd_epochs(suffix, [{"params": params, "lr": protocol.probe_lr}], tr.batch, data.y_train,
-               epochs=protocol.probe_epochs, batch_size=protocol.batch_size, momentum=0.9, seed=0)
+    fit(suffix, make_optimizer(params, "sgd-momentum", protocol.probe_lr), tr.batch, data.y_train,
+        epochs=protocol.probe_epochs, batch_size=protocol.batch_size, seed=0, cosine=True)
     for p in params:
         p.requires_grad_(False)
     return accuracy(suffix, te.batch, data.y_test)

@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..errors import MemplanError
+from ..nn.train import fit, make_optimizer
 from .data import PRETRAIN_DIGITS, digits
 
 
@@ -117,22 +117,12 @@ def pretrain_digits(model: nn.Module, sample_shape: Sequence[int], key: str, cac
         stored = torch.load(path, map_location="cpu", weights_only=True)
         model.load_state_dict(stored["state_dict"])
         return {**desc, "test_accuracy": float(stored["test_accuracy"]), "cached": True}
-    g = torch.Generator().manual_seed(cfg["seed"])
     torch.manual_seed(cfg["seed"])
-    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"])
-    n = data.x_train.shape[0]
-    steps = cfg["epochs"] * -(-n // cfg["batch_size"])
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    opt = make_optimizer(model.parameters(), "sgd", cfg["lr"], momentum=cfg["momentum"],
+                         weight_decay=cfg["weight_decay"])
     model.train()
-    for _ in range(cfg["epochs"]):
-        perm = torch.randperm(n, generator=g)
-        for start in range(0, n, cfg["batch_size"]):
-            idx = perm[start:start + cfg["batch_size"]]
-            loss = F.cross_entropy(model(data.x_train[idx]), data.y_train[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
+    fit(model, opt, data.x_train, data.y_train, epochs=cfg["epochs"], batch_size=cfg["batch_size"], seed=cfg["seed"],
+        cosine=True)
     model.eval()
     with torch.no_grad():
         acc = float((model(data.x_test).argmax(1) == data.y_test).float().mean()) * 100

@@ -1,6 +1,6 @@
 """Mode ``applied``: what eager PyTorch saves after ``memplan.apply_plan`` / ``apply_strategy``.
 
-Each op is costed as the module ``apply_plan`` leaves in its place (``memplan.apply.lean_class``
+Each op is costed as the module ``apply_plan`` leaves in its place (``memplan.nn.choice.lean_class``
 decides, for the original model and for an already applied one alike); ops left alone follow
 the ``pytorch`` rules. What the lean modules keep, measured with saved_tensors_hooks
 (tests/test_apply.py, tests/test_lean.py):
@@ -39,17 +39,13 @@ the static part of ``peak_bytes``, and reported as ``extras["subchannel_copy_byt
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..apply import lean_class
-from ..graph import LayerGraph
-from ..lean import FrozenConv, LeanAvgPool2d, ShiftOnlyNorm, SubChannelConv
+from ..costs.records import LayerCost, Saved, Summary, Totals
+from ..graph import LayerGraph, sub_channels
+from ..nn.choice import lean_class
+from ..nn.lean import FrozenConv, LeanAvgPool2d, ShiftOnlyNorm, SubChannelConv
 from ..plan import OpView
-from .base import Mode, Saved, Summary, mask_bits, private, register_mode, tensor
+from .base import Mode, mask_bits, private, register_mode, tensor
 from .pytorch import pytorch
-
-if TYPE_CHECKING:
-    from ..costs import LayerCost, Totals
 
 
 class AppliedMode(Mode):
@@ -71,7 +67,7 @@ class AppliedMode(Mode):
 def selected_channels(op: OpView) -> tuple[int, int]:
     """(n, C_in): the input channels a sub-channel update keeps, of all."""
     channels = op.node.in_tensors[0].shape[1]
-    return max(1, int(channels * op.train.weight)), channels
+    return sub_channels(channels, op.train.weight), channels
 
 
 def subchannel_copy_bytes(op: OpView) -> int:

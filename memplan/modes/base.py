@@ -10,40 +10,15 @@ counted per op. A mode may inherit the rules of a parent and override some of th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Callable, Iterable
 
-import torch
-
+from ..costs.peak import simulate_peak
+from ..costs.records import LayerCost, Saved, Summary, Totals
 from ..graph import LayerGraph, TensorInfo
 from ..plan import OpView
-
-if TYPE_CHECKING:
-    from ..costs import LayerCost, Totals
-
-
-@dataclass(frozen=True)
-class Saved:
-    """One tensor kept for backward: ``storage`` is a storage id, or None for a private tensor."""
-
-    nbytes: int
-    storage: int | None = None
-    what: str = ""
-
+from ..registry import Registry
 
 Rule = Callable[[OpView], Iterable[Saved]]
-
-
-@dataclass
-class Summary:
-    """A mode's whole-step figures: ``Totals.total_bytes`` / ``peak_bytes`` and where the peak is."""
-
-    total_bytes: int
-    peak_bytes: int
-    peak_index: int  # node index of the peak
-    peak_phase: str  # "forward" or "backward"
-    at: list[int]  # per node: bytes in use while it runs (``LayerCost.peak_bytes``)
-    extras: dict[str, Any] = field(default_factory=dict)  # merged into Profile.extras
 
 
 def ref(t: TensorInfo, graph_storages: list[int], what: str = "") -> Saved:
@@ -75,14 +50,8 @@ class Mode:
 
     def __init__(self, parent: "Mode | None" = None):
         self.parent = parent
-        self.rules: dict[str, Rule] = {}
-
-    def rule(self, *kinds: str) -> Callable[[Rule], Rule]:
-        def register(fn: Rule) -> Rule:
-            for k in kinds:
-                self.rules[k] = fn
-            return fn
-        return register
+        self.rules: Registry[Rule] = Registry(f"{self.name} rule")
+        self.rule = self.rules.register
 
     def find_rule(self, kind: str) -> Rule | None:
         mode: Mode | None = self
@@ -102,9 +71,7 @@ class Mode:
                   node_costs: list[LayerCost], totals: Totals) -> Summary:
         """Total and peak bytes from the per-node costs (``node_costs[i]`` and ``saved[i]`` belong
         to node i). Default: total = weights + gradients + optimizer state + saved activations;
-        peak = the simulated training step of ``memplan.peak``."""
-        from ..peak import simulate_peak
-
+        peak = the simulated training step of ``memplan.costs.peak``."""
         total = totals.weight_bytes + totals.gradient_bytes + totals.optimizer_bytes + totals.saved_activation_bytes
         static = totals.weight_bytes + totals.optimizer_bytes + graph.buffer_bytes
         peak, index, phase, at = simulate_peak(graph, views, saved, [lc.gradient_bytes for lc in node_costs], static)
@@ -117,13 +84,14 @@ class Mode:
         return fraction if self.partial_weight_grads else 1.0
 
 
-MODES: dict[str, Mode] = {}
+MODES: Registry[Mode] = Registry("accounting mode")
 
 
 def register_mode(mode: Mode) -> Mode:
-    MODES[mode.name] = mode
-    return mode
+    """Add ``mode`` to :data:`MODES` under its name; returns it."""
+    return MODES.add(mode.name, mode)
 
 
-def itemsize(dtype: torch.dtype) -> int:
-    return dtype.itemsize
+def get_mode(name: str) -> Mode:
+    """The accounting mode named ``name`` (one-line error listing the known ones)."""
+    return MODES.choose(name)

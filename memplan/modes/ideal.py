@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 
-from ..ops import MASK_ACTIVATIONS
+from ..graph import sub_channels
+from ..graph.kinds import MASK_ACTIVATIONS
 from ..plan import OpView
 from .base import Mode, mask_bits, private, register_mode, tensor
 from .pytorch import pytorch
@@ -37,7 +38,7 @@ def selected_input(op: OpView):
         yield tensor(op, x, "input")
         return
     channels = x.shape[1] if op.kind == "conv" else x.shape[-1]
-    n = max(1, int(channels * op.train.weight))
+    n = sub_channels(channels, op.train.weight)
     yield private(x.nbytes // channels * n, f"input channels {n}/{channels}")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..graph import TensorInfo
+from ..graph import TensorInfo, conv_padding
 from ..plan import OpView
 from .base import Mode, Saved, private, register_mode, tensor
 
@@ -27,16 +27,6 @@ FEATURE_DROPOUT = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 rule = pytorch.rule
 
 
-def _conv_padding(m: nn.Module) -> list[tuple[int, int]]:
-    """(before, after) padding per spatial dim of a conv module (ints, "valid" or "same")."""
-    if m.padding == "valid":
-        return [(0, 0)] * len(m.kernel_size)
-    if m.padding == "same":
-        total = [d * (k - 1) for k, d in zip(m.kernel_size, m.dilation)]
-        return [(t // 2, t - t // 2) for t in total]
-    return [(p, p) for p in m.padding]
-
-
 @rule("conv")
 def conv(op: OpView):
     """Convolution saves input and weight whenever recorded, whatever needs a gradient. It
@@ -45,7 +35,7 @@ def conv(op: OpView):
     padding="same" with an odd total (the asymmetric remainder is zero-padded into a copy)."""
     x = op.node.in_tensors[0]
     m = op.node.module
-    pads = _conv_padding(m)
+    pads = conv_padding(m)
     mode = getattr(m, "padding_mode", "zeros")
     if mode == "zeros":
         extra = [after - before for before, after in pads]

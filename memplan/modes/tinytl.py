@@ -26,11 +26,12 @@ bytes per sample), parameter bytes, and the layer where the peak occurs.
 
 from __future__ import annotations
 
-from ..graph import LayerGraph, Node
-from ..ops import MASK_ACTIVATIONS, NORM_KINDS
+from ..costs.records import Saved, Summary
+from ..graph import LayerGraph, Node, sub_channels
+from ..graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
+from ..nn.transforms import is_lite
 from ..plan import OpView
-from ..transforms import is_lite
-from .base import Mode, Saved, Summary, mask_bits, private, register_mode
+from .base import Mode, mask_bits, private, register_mode
 
 TRAINABLE_BYTES = 4
 FROZEN_BYTES = 1
@@ -110,7 +111,7 @@ def layer(op: OpView):
     if op.train.weight:
         x = op.node.in_tensors[0]
         channels = x.shape[1] if op.kind == "conv" else x.shape[-1]
-        n = channels if op.train.weight >= 1 else max(1, int(channels * op.train.weight))
+        n = channels if op.train.weight >= 1 else sub_channels(channels, op.train.weight)
         yield private(x.nbytes // channels * n, "input" if n == channels else f"input channels {n}/{channels}")
 
 

@@ -9,7 +9,7 @@ peaked: the total is a plain sum over layers.
   counted (``fc_bits = 0`` in the authors' code);
 * a conv / linear whose bias trains keeps a 1-bit mask of its output and costs its bias at
   32 bits. The paper's models fold BN into the conv; in a conv -> BN model the BN shift is that
-  bias (``memplan.scheme.bias_carrier``), so a norm whose shift trains is charged the same;
+  bias (``memplan.graph.bias_carrier``), so a norm whose shift trains is charged the same;
 * a conv / linear whose weight trains at ratio r keeps n = int(C_in x r) input channels (at
   least one) at 8 bits and an 8-bit copy of the updated weight, C_out x n x k^2 (n x k^2 for a
   depthwise conv, whose n counts output channels); a grouped, non-depthwise conv keeps all input
@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ..graph import LayerGraph
-from ..ops import NORM_KINDS
-from ..plan import OpView, updated_weight_numel
-from .base import Mode, Rule, Saved, Summary, mask_bits, private, register_mode
+from ..costs.records import LayerCost, Saved, Summary, Totals
+from ..graph import LayerGraph, bias_carrier, conv_layers
+from ..graph.kinds import NORM_KINDS
+from ..plan import OpView, Plan, Train, grad_flow, updated_weight_numel
+from .base import Mode, Rule, mask_bits, private, register_mode
 from .pytorch import pytorch
-
-if TYPE_CHECKING:
-    from ..costs import LayerCost, Totals
 
 ACTIVATION_BITS = 8
 WEIGHT_BITS = 8
@@ -137,3 +134,54 @@ def layer(op: OpView):
         yield private(b.input // 8, f"input at {ACTIVATION_BITS} bits")
     if b.mask:
         yield mask_bits(b.mask)
+
+
+# --------------------------------------------------------------------------- Figure 11a
+# Per-conv update costs, the 256KB paper's Figure 11a: for every conv, the activation and weight
+# memory of updating it (weight at ratio 1 and bias) under this convention. Activation = the
+# input kept at 8 bits + the 1-bit mask of the output; weight = the 8-bit updated weight copy +
+# the 32-bit bias (a conv -> BN model's bias is the BN shift, ``memplan.graph.bias_carrier``).
+
+
+@dataclass(frozen=True)
+class ConvUpdateCost:
+    """What updating one conv costs (bits)."""
+
+    conv_index: int  # forward order, stem = 0
+    layer: str
+    input_bits: int  # input kept at 8 bits
+    mask_bits: int  # 1-bit mask of the output
+    weight_bits: int  # 8-bit copy of the whole weight
+    bias_bits: int  # 32-bit bias
+
+    @property
+    def activation_kib(self) -> float:
+        return (self.input_bits + self.mask_bits) / KIB_BITS
+
+    @property
+    def weight_kib(self) -> float:
+        return (self.weight_bits + self.bias_bits) / KIB_BITS
+
+    @property
+    def total_kib(self) -> float:
+        return self.activation_kib + self.weight_kib
+
+
+def conv_update_costs(graph: LayerGraph) -> list[ConvUpdateCost]:
+    """One row per conv (conv index order): the cost of updating its weight (ratio 1) and bias."""
+    convs = conv_layers(graph)
+    train = {c.name: Train(1.0, "bias" in c.params) for c in convs}
+    for c in convs:
+        carrier = bias_carrier(graph, c)
+        if carrier is not None and carrier is not c:
+            train[carrier.name] = Train(0.0, True)
+    views = grad_flow(graph, Plan("update-all", train))
+    rows = []
+    for i, c in enumerate(convs):
+        b = layer_bits(views[c.index])
+        carrier = bias_carrier(graph, c)
+        if carrier is not None and carrier is not c:
+            extra = layer_bits(views[carrier.index])
+            b = Bits(b.input + extra.input, b.mask + extra.mask, b.weight + extra.weight, b.bias + extra.bias)
+        rows.append(ConvUpdateCost(i, c.name, b.input, b.mask, b.weight, b.bias))
+    return rows

@@ -1,15 +1,15 @@
 """Sparse-update search (the 256KB paper's Eq. 5): budget -> scheme of largest summed Δacc.
 
-``run_search`` is the entry point (plain-data :class:`SearchResult`; ``print_search`` renders
-it). Pieces: ``space`` (candidates, scheme / plan mapping), ``memory`` (costs via
-``memplan.costs.compute``, additivity check), ``exact`` (certified optimum), ``toolbox`` /
-``evolution`` / ``random_search`` (DEAP), ``devices`` (device budgets), ``plot`` (figures).
+``run_search`` is the entry point (plain-data :class:`SearchResult`; ``memplan.render`` prints
+and draws it). Pieces: ``space`` (candidates, scheme / plan mapping), ``memory`` (costs via
+``memplan.costs.engine.compute``, additivity check), ``exact`` (certified optimum), ``toolbox``
+/ ``evolution`` / ``random_search`` (DEAP), ``devices`` (device budgets).
 """
 
 from .devices import Device, device_names, load_device
-from .run import DEFAULT_MODEL, METHODS, BudgetError, SearchResult, budget_convention, print_search, run_search
+from .run import DEFAULT_MODEL, METHODS, BudgetError, SearchResult, budget_convention, run_search
 from .space import DEFAULT_RATIOS, Candidate, Contributions, ProfileError, load_contributions
 
-__all__ = ["run_search", "print_search", "SearchResult", "BudgetError", "ProfileError", "Device", "load_device",
+__all__ = ["run_search", "SearchResult", "BudgetError", "ProfileError", "Device", "load_device",
            "device_names", "Candidate", "Contributions", "load_contributions", "DEFAULT_RATIOS", "DEFAULT_MODEL",
            "METHODS", "budget_convention"]

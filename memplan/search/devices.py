@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import BadOption
-from ..scheme import read_json
+from ..io import read_json, validated
 
 #: the repository's shipped profiles (contribution profiles here, devices in ``devices/``)
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
@@ -56,9 +56,4 @@ def load_device(name_or_path: str | os.PathLike, directory: str | os.PathLike = 
             raise BadOption(f"unknown device {str(name_or_path)!r}",
                             f"known devices: {', '.join(device_names(directory)) or 'none'}; or give a JSON file")
     data = read_json(path, "device profile")
-    try:
-        return Device.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise BadOption(f"device profile {path}: field '{where}': {err['msg']}") from None
+    return validated(lambda: Device.model_validate(data), f"device profile {path}", BadOption)

@@ -1,4 +1,4 @@
-"""Memory of a candidate = memplan's own cost model (``memplan.costs.compute``) on its plan.
+"""Memory of a candidate = memplan's own cost model (``memplan.costs.engine.compute``) on its plan.
 
 The search never costs anything itself. :class:`MemoryModel` profiles candidates (cached);
 :class:`CostTable` holds per-option figures *derived from* such profiles: ``base[k]`` = the
@@ -15,17 +15,17 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..costs import Profile, compute
-from ..errors import BadOption
+from ..costs.engine import compute
+from ..costs.records import Profile
 from ..modes import get_mode
+from ..registry import Registry
 from .space import Candidate, SearchSpace
 
-#: what "memory" of a profile means: the quantity the budget bounds
-METRICS: dict[str, tuple[Callable[[Profile], int], str]] = {
-    "total": (lambda p: p.totals.total_bytes, "Totals.total_bytes (the mode's total: weights, gradients, "
-                                              "optimizer state, saved activations as the mode counts them)"),
-    "peak": (lambda p: p.totals.peak_bytes, "Totals.peak_bytes (the mode's peak of one training step)"),
-}
+#: what "memory" of a profile means: the quantity the budget bounds, and its description
+METRICS: Registry[tuple[Callable[[Profile], int], str]] = Registry("memory metric")
+METRICS.add("total", (lambda p: p.totals.total_bytes, "Totals.total_bytes (the mode's total: weights, gradients, "
+                                                      "optimizer state, saved activations as the mode counts them)"))
+METRICS.add("peak", (lambda p: p.totals.peak_bytes, "Totals.peak_bytes (the mode's peak of one training step)"))
 
 #: ``Totals`` fields written into a scheme's ``predicted`` breakdown
 BREAKDOWN = ("saved_activation_bytes", "weight_bytes", "gradient_bytes", "optimizer_bytes", "total_bytes", "peak_bytes")
@@ -36,8 +36,7 @@ class MemoryModel:
 
     def __init__(self, space: SearchSpace, mode: str = "tinytraining", metric: str = "total", *,
                  optimizer: str = "sgd", frozen_bits: int = 32):
-        if metric not in METRICS:
-            raise BadOption(f"unknown memory metric {metric!r}", f"choose one of: {', '.join(METRICS)}")
+        METRICS.choose(metric)
         self.space = space
         self.mode = get_mode(mode)
         self.metric = metric

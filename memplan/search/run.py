@@ -1,8 +1,8 @@
-"""``run_search``: budget -> searched sparse-update scheme, as plain data (:class:`SearchResult`),
-and ``print_search`` to render it. The CLI (``memplan search``) is a thin layer over these.
+"""``run_search``: budget -> searched sparse-update scheme, as plain data (:class:`SearchResult`;
+``memplan.render`` draws and prints it). The CLI (``memplan search``) is a thin layer over these.
 
 Steps: trace the model; read its contribution profile; build the space; derive the per-option
-cost table from ``memplan.costs.compute`` and check additivity on probe candidates; then
+cost table from ``memplan.costs.engine.compute`` and check additivity on probe candidates; then
 
 * ``method="exact"`` (the default when memory is additive): the certified optimum
   (``memplan.search.exact``);
@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch.nn as nn
-from rich.console import Console
-from rich.table import Table
 
 from ..api import capture_model
 from ..contrib.profile import ContribProfile
 from ..errors import BadOption, MemplanError
-from ..scheme import Scheme, fingerprint, new_provenance, read_json
+from ..io import read_json
+from ..plan import Scheme, fingerprint, new_provenance
 from ..units import fmt_bytes, parse_bytes
 from .devices import PROFILES_DIR, Device, load_device
 from .evolution import Trace, evolve
@@ -80,7 +79,6 @@ class SearchResult:
     compute_calls: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     out: str | None = None
-    plot: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the scheme as its JSON object, candidates as text, the cost table as rows."""
@@ -143,7 +141,7 @@ def run_search(
     population: int = 100,
     seed: int = 0,
     out: str | os.PathLike | None = None,
-    plot: str | os.PathLike | None = None,
+    curves: bool = False,
     ratios: Iterable[float] = DEFAULT_RATIOS,
     pw1_only: bool = False,
     max_weight_layers: int | None = None,
@@ -165,7 +163,8 @@ def run_search(
     else evolution). ``generations`` / ``population`` / ``seed``: the DEAP run (random search
     gets as many evaluations). ``ratios``, ``pw1_only``, ``max_weight_layers``: the space.
     ``classes`` / ``resolution`` / ``input_shape`` (per sample): the traced model (classes default
-    to the profile's). ``out``: write the scheme JSON; ``plot``: draw Figure 13 + 11b (runs evolution and random).
+    to the profile's). ``out``: write the scheme JSON. ``curves``: also run evolution and random
+    search for their best-so-far curves (the 256KB paper's Figure 13, ``memplan.render.plot_search``).
     """
     if method is not None and method not in METHODS:
         raise BadOption(f"unknown search method {method!r}", f"choose one of: {', '.join(METHODS)}")
@@ -212,7 +211,7 @@ def run_search(
         raise BadOption(f"memory is not additive under mode {mode} ({metric}): the exact solver does not apply",
                         "use method evolution or random")
 
-    runs = _search(space, memory, table, additivity, budget_bytes, method, plot is not None, seed=seed,
+    runs = _search(space, memory, table, additivity, budget_bytes, method, curves, seed=seed,
                    generations=generations, population=population, seconds=seconds)
     best = {"exact": runs.get("exact"), "evolution": runs.get("evolution"), "random": runs.get("random")}[method]
     cand = best.candidate if isinstance(best, ExactResult) else best.best
@@ -221,7 +220,7 @@ def run_search(
         additivity.record(cand, table.estimate(cand), measured)
         if not additivity.additive:  # the table misled: search again with compute() itself
             method = "evolution"
-            runs = _search(space, memory, table, additivity, budget_bytes, method, plot is not None, seed=seed,
+            runs = _search(space, memory, table, additivity, budget_bytes, method, curves, seed=seed,
                            generations=generations, population=population, seconds=seconds)
             cand, measured = runs["evolution"].best, memory.measure(runs["evolution"].best)
     if measured > budget_bytes:  # repair guarantees feasibility; this is a bug, never a user error
@@ -245,11 +244,6 @@ def run_search(
     if out is not None:
         scheme.save(out)
         result.out = str(out)
-    if plot is not None:
-        from .plot import plot_search
-
-        plot_search(result, plot)
-        result.plot = str(plot)
     return result
 
 
@@ -284,40 +278,3 @@ def _space_size(space: SearchSpace) -> dict[str, Any]:
     return {"convs": space.n_convs, "bias_depths": len(space.ks), "weight_layers": len(space.layers),
             "weight_options": options, "ratios": list(space.ratio_set), "pw1_only": space.pw1_only,
             "max_weight_layers": space.max_weight_layers}
-
-
-def print_search(result: SearchResult, console: Console) -> None:
-    """Render a search result: budget, scheme, memory breakdown, methods compared."""
-    r = result
-    dev = f" (device {r.device.name})" if r.device else ""
-    console.print(f"[bold]{r.model}[/] · input {'x'.join(map(str, r.input_shape))} · mode [bold]{r.mode}[/] "
-                  f"({r.metric}) · budget {r.budget_bytes} B = {fmt_bytes(r.budget_bytes)} "
-                  f"= {fmt_bytes(r.budget_bytes, binary=True)}{dev} · read as {r.budget_convention}")
-    console.print(f"profile {r.profile_path or '(given)'} · hash {r.profile_hash} · space: {r.space_size['convs']} convs, "
-                  f"{r.space_size['bias_depths']} bias depths, {r.space_size['weight_options']} weight options "
-                  f"on {r.space_size['weight_layers']} layers")
-    add = "additive" if r.additive else "NOT additive"
-    console.print(f"memory is {add} in this mode (checked on {r.additivity.checked} candidates against compute())"
-                  + ("; exact solver certified" if r.additive else "; evolutionary search with compute()"))
-    s = r.scheme
-    weights = ", ".join(f"{w.conv_index} {w.layer} @{w.ratio:g}" for w in s.weight_updates) or "none"
-    console.print(f"[bold]scheme[/] ({r.method}): biases of the last {s.bias_update} convs; weights: {weights}")
-    console.print(f"summed Δacc {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = {fmt_bytes(r.memory_bytes)} "
-                  f"({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)")
-    table = Table("component", "bytes", "size")
-    for k, v in r.breakdown.items():
-        table.add_row(k, str(v), fmt_bytes(v))
-    console.print(table)
-    runs = Table("method", "summed Δacc", "gap to exact", "evaluations", "seconds")
-    if r.exact is not None:
-        runs.add_row("exact", f"{r.exact.value:.4g}", "0", "-", f"{r.exact.seconds:.3f}")
-    for tr in (r.evolution, r.random):
-        if tr is not None:
-            gap = f"{100 * relative_gap(tr.value, r.exact.value):.2f}%" if r.exact is not None and r.additive else "-"
-            runs.add_row(tr.method, f"{tr.value:.4g}", gap, str(tr.evaluations), f"{tr.seconds:.2f}")
-    if runs.row_count:
-        console.print(runs)
-    if r.out:
-        console.print(f"scheme written to {r.out}")
-    if r.plot:
-        console.print(f"plot written to {r.plot}")

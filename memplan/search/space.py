@@ -1,14 +1,14 @@
 """The search space of the 256KB paper's Eq. 5 and the map from a candidate to a scheme / plan.
 
 A candidate is ``(k, weights)``: the biases of the last ``k`` convs update (conv indices in
-forward order, stem = 0, classifier excluded: ``memplan.scheme.conv_layers``), and each conv
+forward order, stem = 0, classifier excluded: ``memplan.graph.conv_table``), and each conv
 in that range may also update its weight at one channel ratio r of a ratio set ({1/8, 1/4,
 1/2, 1} by default; "0" = bias only). The classifier always trains. Its objective is the
 summed contribution ``Δacc_b[:k] + Σ Δacc_W(i, r)`` of a contribution profile (accuracy
 points, as the profile gives them); memory comes from ``memplan.search.memory``.
 
-A candidate becomes a :class:`memplan.scheme.Scheme` and, through
-``memplan.scheme.scheme_to_plan``, a plan: the search has no plan rules of its own.
+A candidate becomes a :class:`memplan.plan.Scheme` and, through
+``memplan.plan.scheme_to_plan``, a plan: the search has no plan rules of its own.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Iterable
 
 from ..contrib.profile import ContribProfile, load_profile
 from ..errors import BadOption, MemplanError
-from ..graph import LayerGraph, Node
-from ..plan import Plan
-from ..scheme import BackwardFlags, Scheme, WeightUpdate, conv_layers, fingerprint, is_pw1, scheme_to_plan
+from ..graph import ConvLayer, LayerGraph, conv_layers, conv_table, is_pw1
+from ..plan import BackwardFlags, Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
+from ..units import ratio_label
 
 #: the paper's channel ratios (0 = bias only is always allowed)
 DEFAULT_RATIOS = (0.125, 0.25, 0.5, 1.0)
@@ -75,18 +74,21 @@ class Candidate:
     weights: tuple[tuple[int, float], ...] = ()
 
     def describe(self) -> str:
-        ws = ", ".join(f"{i}@{Fraction(r).limit_denominator(64)}" for i, r in self.weights)
+        ws = ", ".join(f"{i}@{ratio_label(r)}" for i, r in self.weights)
         return f"k={self.k}" + (f" weights [{ws}]" if ws else "")
 
 
 @dataclass(frozen=True)
 class LayerChoice:
-    """One conv whose weight may update: its allowed ratios (ascending) and their Δacc."""
+    """The weight options of one conv: its allowed ratios (ascending) and their Δacc."""
 
-    conv_index: int
-    layer: str
+    conv: ConvLayer
     ratios: tuple[float, ...]
     gains: tuple[float, ...]
+
+    @property
+    def conv_index(self) -> int:
+        return self.conv.conv_index
 
 
 @dataclass
@@ -96,7 +98,7 @@ class SearchSpace:
 
     graph: LayerGraph
     model: str
-    convs: list[Node]
+    convs: list[ConvLayer]
     ks: tuple[int, ...]
     bias_gain: dict[int, float]
     layers: tuple[LayerChoice, ...]
@@ -104,7 +106,7 @@ class SearchSpace:
     pw1_only: bool = False
     max_weight_layers: int | None = None
     contributions: Contributions | None = field(default=None, repr=False)
-    fingerprint: str = ""  # memplan.scheme.fingerprint of the graph
+    fingerprint: str = ""  # memplan.plan.fingerprint of the graph
 
     def __post_init__(self) -> None:
         self.fingerprint = self.fingerprint or fingerprint(self.graph)
@@ -168,7 +170,8 @@ def build_space(graph: LayerGraph, contributions: Contributions, *, model: str |
         raise ProfileError(f"{contributions.source} was measured on another layer table "
                            f"(fingerprint {contributions.fingerprint}, this model {fingerprint(graph)})",
                            "measure a profile for this model with memplan contrib")
-    convs = conv_layers(graph)
+    convs = conv_table(graph)
+    nodes = conv_layers(graph)
     n = len(convs)
     bad = sorted(k for k in contributions.bias if k > n)
     if bad:
@@ -182,14 +185,14 @@ def build_space(graph: LayerGraph, contributions: Contributions, *, model: str |
     layers = []
     for name, table in contributions.weight.items():
         i = names[name]
-        if pw1_only and not is_pw1(convs[i]):
+        if pw1_only and not is_pw1(nodes[i]):
             continue
         if n - i > ks[-1]:  # no measured bias depth reaches it
             continue
         rs = tuple(r for r in ratio_set if any(abs(r - q) < 1e-12 for q in table))
         if rs:
             lookup = {round(q, 12): g for q, g in table.items()}
-            layers.append(LayerChoice(i, name, rs, tuple(lookup[round(r, 12)] for r in rs)))
+            layers.append(LayerChoice(convs[i], rs, tuple(lookup[round(r, 12)] for r in rs)))
     layers.sort(key=lambda c: c.conv_index)
     return SearchSpace(graph, model or graph.model_name, convs, ks, gains, tuple(layers), ratio_set, pw1_only,
                        max_weight_layers, contributions)

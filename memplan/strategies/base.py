@@ -3,10 +3,10 @@
 A strategy turns a traced graph into a :class:`~memplan.plan.Plan`: what trains and which
 norms use batch statistics. It knows nothing of memory or FLOPs (those come from the modes),
 so every strategy works under every mode. A strategy that changes the architecture (TinyTL's
-lite residual branches) also declares a ``transform`` applied to the model before tracing;
-the same transform is what ``apply_strategy`` uses on a real model. A strategy with figures
-of its own beyond per-layer costs (cache bytes, FLOPs per epoch) declares ``extras``, called
-after the costs are computed; its plain-data result is merged into ``Profile.extras``.
+lite residual branches, MiniLearn's pruning) also declares a ``transform`` applied to the
+model before tracing; the same transform is what ``apply_strategy`` uses on a real model.
+Figures of a strategy beyond per-layer costs (cache bytes, FLOPs per epoch) are costs, in
+``memplan.costs.extras``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch.nn as nn
 
 from ..errors import BadOption
 from ..graph import LayerGraph, Node
-from ..ops import NORM_KINDS
+from ..graph.kinds import NORM_KINDS
 from ..plan import Plan, Train
+from ..registry import Registry
 
 StrategyFn = Callable[..., Plan]
 TransformFn = Callable[..., nn.Module]
-ExtrasFn = Callable[[LayerGraph, Plan, Any], dict[str, Any]]  # extras(graph, plan, profile) -> plain data
 
 
 @dataclass(frozen=True)
@@ -34,25 +34,31 @@ class Strategy:
     options: tuple[str, ...] = ()  # plan options accepted by fn
     transform: TransformFn | None = None  # transform(model, **transform_options) -> model, before tracing
     transform_options: tuple[str, ...] = ()
-    extras: ExtrasFn | None = None  # strategy-specific figures for Profile.extras
 
 
-STRATEGIES: dict[str, Strategy] = {}
+STRATEGIES: Registry[Strategy] = Registry("method")
 
 
 def strategy(name: str, description: str, options: tuple[str, ...] = (), transform: TransformFn | None = None,
-             transform_options: tuple[str, ...] = (),
-             extras: ExtrasFn | None = None) -> Callable[[StrategyFn], StrategyFn]:
+             transform_options: tuple[str, ...] = ()) -> Callable[[StrategyFn], StrategyFn]:
+    """Decorator registering a plan function as strategy ``name``."""
     def register(fn: StrategyFn) -> StrategyFn:
-        STRATEGIES[name] = Strategy(name, fn, description, options, transform, transform_options, extras)
+        STRATEGIES.add(name, Strategy(name, fn, description, options, transform, transform_options))
         return fn
     return register
 
 
 def get_strategy(method: str) -> Strategy:
-    if method not in STRATEGIES:
-        raise BadOption(f"unknown method {method!r}", f"choose one of: {', '.join(STRATEGIES)}")
-    return STRATEGIES[method]
+    """The strategy named ``method`` (one-line error listing the known ones)."""
+    return STRATEGIES.choose(method)
+
+
+def positive(name: str, value: Any, high: int | None = None) -> int:
+    """``value`` as a positive int (at most ``high``), else a one-line BadOption naming option ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (high is not None and value > high):
+        bound = f" in 1..{high}" if high is not None else ""
+        raise BadOption(f"--{name.replace('_', '-')} must be an integer{bound}, got {value!r}")
+    return value
 
 
 def split_options(method: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -17,8 +17,8 @@ the cut is just before it. Everything after the cut trains (the conv(s) and the 
 4.2.1 text); the filters with the largest norm are kept. ``samples`` N (default 600, the
 size used for Figures 5 and 7), ``bits`` per stored feature (default 8).
 
-Figures in ``Profile.extras`` (bytes; the byte counts are exact, the RAM ones follow the
-profile's accounting mode):
+Figures in ``Profile.extras`` (computed by ``memplan.costs.extras``; bytes; the byte counts
+are exact, the RAM ones follow the profile's accounting mode):
 
 * ``feature_shape`` / ``feature_bytes_per_sample`` = ceil(elements x bits / 8) at the cut,
   ``feature_bytes`` = N x that (labels not counted);
@@ -31,7 +31,7 @@ profile's accounting mode):
 * ``finetune_ram_bytes``: stage III, the same sums over the fully connected head only
   (Figure 5 part c).
 
-Published vs ours (``memplan.published``, keys ``minilearn.``):
+Published vs ours (``memplan reproduce``, keys ``minilearn.``):
 
 * Reproduced: Table 1's per-layer output bytes are the feature bytes at the matching cut
   (KWS cut 1 / 2 / 3 / 4: 2,816 / 2,496 / 3,712 / 744 B; CIFAR cut 1 / 2 / 3: 1,152 / 7,200 /
@@ -62,22 +62,18 @@ Published vs ours (``memplan.published``, keys ``minilearn.``):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 
 from ..errors import BadOption
-from ..graph import LayerGraph, Node, _node_kind, trace
-from ..ops import ACTIVATIONS
+from ..graph import LayerGraph, Node, node_kind, trace
+from ..graph.kinds import ACTIVATIONS
+from ..nn.transforms import replace_module
 from ..plan import Plan
-from ..transforms import _replace
-from .base import lastk, strategy
-from .cache_reuse import cut_tensors, packed_bytes, per_sample_numel, positive, split_sum
-
-if TYPE_CHECKING:
-    from ..costs import Profile
+from .base import lastk, positive, strategy
 
 DEFAULT_SAMPLES = 600
 DEFAULT_BITS = 8
@@ -185,15 +181,15 @@ def _shrink_consumer(model: nn.Module, gm: fx.GraphModule, conv: fx.Node, idx: t
             raise BadOption(f"cannot prune conv {conv.target!r}: a tensor on its path feeds {len(users)} ops",
                             "minilearn prunes plain chains (conv -> activation / pool -> conv, or flatten -> linear)")
         node = users[0]
-        kind, target, mod = _node_kind(gm, node)
+        kind, target, mod = node_kind(gm, node)
         if kind == "conv" and not flattened:
-            _replace(model, node.target, _new_conv(model.get_submodule(node.target), None, idx))
+            replace_module(model, node.target, _new_conv(model.get_submodule(node.target), None, idx))
             return
         if kind == "linear" and flattened:
-            _replace(model, node.target, _new_linear(model.get_submodule(node.target), old, idx))
+            replace_module(model, node.target, _new_linear(model.get_submodule(node.target), old, idx))
             return
         if kind == "batchnorm" and not flattened:
-            _replace(model, node.target, _new_norm(model.get_submodule(node.target), idx))
+            replace_module(model, node.target, _new_norm(model.get_submodule(node.target), idx))
         elif kind == "view" and target in FLATTENS:
             flattened = True
         elif kind not in CHANNEL_WISE:
@@ -210,66 +206,31 @@ def prune_filters(model: nn.Module, cut: int = 1, prune: float = 0.0, prune_norm
     """
     _check_prune(prune, prune_norm)
     gm = trace(model)
-    convs = [n for n in gm.graph.nodes if _node_kind(gm, n)[0] == "conv"]
+    convs = [n for n in gm.graph.nodes if node_kind(gm, n)[0] == "conv"]
     cut = _check_cut(cut, len(convs))
     if prune == 0:
         return model
     for node in convs[-cut:]:
         conv = model.get_submodule(node.target)
         idx = kept_filters(conv.weight, prune, prune_norm)
-        _replace(model, node.target, _new_conv(conv, idx, None))
+        replace_module(model, node.target, _new_conv(conv, idx, None))
         _shrink_consumer(model, gm, node, idx.cpu(), conv.out_channels)
     return model
 
 
-# --------------------------------------------------------------------------- plan and figures
+# --------------------------------------------------------------------------- plan
 
 
-def _layers_from(graph: LayerGraph, start: int) -> int:
+def layers_from(graph: LayerGraph, start: int) -> int:
     """Number of conv / linear layers at or after node ``start`` (``lastk --layers`` of that cut)."""
     return sum(1 for n in graph.param_nodes() if n.kind in ("conv", "linear") and n.index >= start)
 
 
-def finetune_ram(graph: LayerGraph, profile: Profile) -> int:
-    """Stage III RAM: the FC head alone trains (everything before it frozen, not recorded);
-    its fp32 weights + gradients + optimizer state + saved activations under the profile's mode."""
-    from ..costs import compute  # here: costs imports the modes, one of which imports the strategies
-    from ..modes import get_mode
-
-    head = head_start(graph)
-    stage3 = compute(graph, lastk(graph, layers=_layers_from(graph, head)), get_mode(profile.mode),
-                     optimizer=profile.optimizer, frozen_bits=profile.frozen_bits)
-    return split_sum(graph, stage3, head, "total_bytes")[1]
-
-
-def minilearn_extras(graph: LayerGraph, plan: Plan, profile: Profile) -> dict[str, Any]:
-    """Flash storage and training RAM of a ``minilearn`` plan (see the module docstring)."""
-    samples, bits = plan.options["samples"], plan.options["bits"]
-    start = cut_start(graph, plan.options["cut"])
-    cut = cut_tensors(graph, start)
-    numel = per_sample_numel(graph, cut)
-    per_sample = packed_bytes(numel, bits)
-    model_bytes = profile.totals.params
-    return {
-        "cut_layer": graph.nodes[start].name,
-        "feature_shape": [list(t.shape[1:]) for t in cut],
-        "feature_bits": bits,
-        "feature_bytes_per_sample": per_sample,
-        "samples": samples,
-        "feature_bytes": samples * per_sample,
-        "model_bytes": model_bytes,
-        "storage_bytes": samples * per_sample + model_bytes,
-        "train_batch_bytes": graph.batch * numel * 4,
-        "train_ram_bytes": split_sum(graph, profile, start, "total_bytes")[1],
-        "finetune_ram_bytes": finetune_ram(graph, profile),
-    }
-
-
 @strategy("minilearn", "retrain the last --cut conv layers + FC head in fp32 from int8 features cached in flash, "
           "with L1/L2 filter pruning (-o prune=0.5)", ("cut", "samples", "bits"),
-          transform=prune_filters, transform_options=("cut", "prune", "prune_norm"), extras=minilearn_extras)
+          transform=prune_filters, transform_options=("cut", "prune", "prune_norm"))
 def minilearn(graph: LayerGraph, cut: int = 1, samples: int = DEFAULT_SAMPLES, bits: int = DEFAULT_BITS) -> Plan:
-    plan = lastk(graph, layers=_layers_from(graph, cut_start(graph, cut)))
+    plan = lastk(graph, layers=layers_from(graph, cut_start(graph, cut)))
     plan.method = "minilearn"
     plan.options = {"cut": cut, "samples": positive("samples", samples), "bits": positive("bits", bits, 32)}
     return plan

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..errors import BadOption
 from ..graph import LayerGraph, Node
-from ..ops import NORM_KINDS
+from ..graph.kinds import NORM_KINDS
 from ..plan import Plan, Train
 from .base import full_train, lastk_start, strategy
 

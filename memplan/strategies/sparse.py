@@ -1,14 +1,14 @@
-"""Strategy ``sparse``: the 256KB paper's sparse update from a scheme (``memplan.scheme``)."""
+"""Strategy ``sparse``: the 256KB paper's sparse update from a scheme (``memplan.plan.scheme``)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from ..errors import BadOption
+from ..errors import BadOption, SchemeError
 from ..graph import LayerGraph
-from ..plan import Plan
-from ..scheme import Scheme, is_backward_config, read_json, scheme_from_dict, scheme_to_plan
+from ..io import read_json
+from ..plan import Plan, Scheme, is_backward_config, scheme_from_dict, scheme_to_plan
 from .base import strategy
 
 SchemeSource = str | os.PathLike | dict[str, Any] | Scheme
@@ -22,7 +22,7 @@ def resolve_scheme(graph: LayerGraph, scheme: SchemeSource) -> Scheme:
     source = "scheme"
     if not isinstance(scheme, dict):
         source = f"scheme file {scheme}"
-        scheme = read_json(scheme)
+        scheme = read_json(scheme, "scheme file", SchemeError)
     if is_backward_config(scheme):
         return Scheme.from_backward_config(scheme, graph)
     return scheme_from_dict(scheme, source)

@@ -6,7 +6,7 @@
   train mode) + classifier; the backbone is frozen;
 * ``tinytl-lb``: ``tinytl-l`` plus every bias and norm shift of the backbone.
 
-The ``-l`` variants add the branches first (``memplan.transforms.add_lite_residual``) with the
+The ``-l`` variants add the branches first (``memplan.nn.transforms.add_lite_residual``) with the
 transform options ``lite_kernel`` (5), ``lite_groups`` (2), ``lite_downsample`` (2) and
 ``lite_norm`` ("batch" / "group"; default: the kind the block uses). TinyTL's own setting also
 swaps every BatchNorm for GroupNorm: ``--norm group``.
@@ -18,9 +18,9 @@ import torch.nn as nn
 
 from ..errors import BadOption
 from ..graph import LayerGraph
-from ..ops import NORM_KINDS
+from ..graph.kinds import NORM_KINDS
 from ..plan import Plan, Train
-from ..transforms import add_lite_residual, is_lite
+from ..nn.transforms import add_lite_residual, is_lite
 from .base import bias, full_train, strategy
 
 LITE_OPTIONS = ("lite_kernel", "lite_groups", "lite_downsample", "lite_norm")

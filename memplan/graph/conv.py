@@ -1,0 +1,85 @@
+"""Conv-layer conventions shared by schemes, strategies, cost modes, lean ops and the search.
+
+* conv index: the convs with parameters in forward order, stem = 0, a conv classifier not
+  counted (:func:`conv_layers`; the 256KB paper's and tiny-training's numbering);
+* a conv's bias: its own bias or, in a conv -> BN model, the shift of the norm that is the only
+  consumer of its output (BN folded into the conv on the device): :func:`bias_carrier`;
+* padding: ``(before, after)`` elements per spatial dim for integer, "valid" and "same"
+  padding (:func:`conv_padding`);
+* a sub-channel update at ratio r keeps ``max(1, int(C * r))`` channels
+  (:func:`sub_channels`), chosen by one of :data:`SELECT_RULES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+from .kinds import NORM_KINDS
+from .model import LayerGraph, Node
+
+#: channel selection of a sub-channel update (tiny-training's ``weight_select_criteria``):
+#: largest / smallest weight norm first, or a seeded random subset
+SELECT_RULES = ("magnitude+", "magnitude-", "random")
+
+
+def sub_channels(channels: int, ratio: float) -> int:
+    """Channels a sub-channel update at ``ratio`` keeps: ``int(channels * ratio)``, at least one."""
+    return max(1, int(channels * ratio))
+
+
+def conv_padding(m: nn.Module) -> list[tuple[int, int]]:
+    """(before, after) padding in elements per spatial dim of a conv module (integer, "valid" or
+    "same"; "same" puts the odd remainder after, as torch does)."""
+    if m.padding == "valid":
+        return [(0, 0)] * len(m.kernel_size)
+    if m.padding == "same":
+        total = [d * (k - 1) for k, d in zip(m.kernel_size, m.dilation)]
+        return [(t // 2, t - t // 2) for t in total]
+    return [(p, p) for p in m.padding]
+
+
+@dataclass(frozen=True)
+class ConvLayer:
+    """One conv of a model under the conventions above (what contribution analysis measures,
+    its profile stores and the search chooses from)."""
+
+    name: str  # module qualname
+    conv_index: int  # forward order among convs, stem = 0, classifier not counted
+    weight_shape: tuple[int, ...]
+    groups: int
+    bias: str | None  # the layer carrying its bias: itself, the norm after it, or None
+
+
+def conv_layers(graph: LayerGraph) -> list[Node]:
+    """Convs with parameters in forward order (the conv index); a conv classifier is excluded."""
+    head = graph.classifier
+    return [n for n in graph.nodes if n.kind == "conv" and n.params and n is not head]
+
+
+def conv_table(graph: LayerGraph) -> list[ConvLayer]:
+    """:class:`ConvLayer` of every conv of :func:`conv_layers`, with its bias carrier."""
+    out = []
+    for i, n in enumerate(conv_layers(graph)):
+        carrier = bias_carrier(graph, n)
+        out.append(ConvLayer(n.name, i, tuple(n.params["weight"].shape), int(n.attrs.get("groups", 1)),
+                             None if carrier is None else carrier.name))
+    return out
+
+
+def bias_carrier(graph: LayerGraph, conv: Node) -> Node | None:
+    """The parameter that acts as ``conv``'s bias: its own bias, or else the shift of a norm that is
+    the only consumer of its output (conv -> BN, BN folded into the conv on the device)."""
+    if "bias" in conv.params:
+        return conv
+    consumers = [n for n in graph.nodes if conv.index in n.inputs]
+    if len(consumers) == 1 and consumers[0].kind in NORM_KINDS and "bias" in consumers[0].params:
+        return consumers[0]
+    return None
+
+
+def is_pw1(conv: Node) -> bool:
+    """First pointwise conv of an inverted residual block: 1x1, more outputs than inputs (tiny-training's rule)."""
+    w = conv.params["weight"].shape
+    return len(w) > 2 and all(k == 1 for k in w[2:]) and w[0] > conv.in_tensors[0].shape[1]

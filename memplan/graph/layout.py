@@ -1,0 +1,186 @@
+"""Meta-device shape propagation with eager CPU memory layouts.
+
+Whether a later reshape (linear / matmul on >2-dim inputs) is a view or a copy depends on
+strides, so the meta run must lay tensors out as eager CPU does. :class:`_MetaRunner` runs a
+traced model on meta tensors and corrects the layouts where meta kernels (or its shortcuts,
+which skip slow meta kernels) differ from CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .conv import conv_padding
+from .kinds import ACTIVATIONS, NORM_KINDS, PAD_MODES, module_kind, node_kind
+
+
+# Layouts. Whether a later reshape (linear / matmul on >2-dim inputs) is a view or a copy
+# depends on strides, so the meta run must lay tensors out as eager CPU does. Some meta kernels
+# (and the shortcuts below) differ; these rules correct them, one per op kind, each checked
+# against eager strides by tests/test_fuzz.py.
+
+#: TensorIterator ops (their output layout follows _elementwise_output)
+ELEMENTWISE = ACTIVATIONS | {"add", "sub", "mul", "div", "dropout"}
+#: exceptions: hardtanh / ReLU6 allocate ``empty_like(input)`` (the input's strides), feature
+#: dropout multiplies by a broadcast mask (its meta kernel lays the output out as CPU does)
+LIKE_INPUT_MODULES = (nn.Hardtanh,)  # ReLU6 too
+LIKE_INPUT_FUNCTIONS = (F.hardtanh, F.relu6)
+META_LAYOUT_MODULES = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Whether ``t.suggest_memory_format()`` is channels-last: c10's stride-order test for a
+    4-dim tensor (C, W, H, N from the fastest; ambiguous size-1 cases count as contiguous)."""
+    if t.dim() != 4 or t.stride(1) == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        size, stride = t.shape[d], t.stride(d)
+        if size == 0 or stride < low or (d == 0 and low == t.stride(1)):
+            return False
+        low = stride * size if size > 1 else stride
+    return True
+
+
+def _empty(shape: Sequence[int], like: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(tuple(shape), dtype=like.dtype, device="meta", memory_format=fmt)
+
+
+def _norm_output(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """A norm's output without running its meta kernel (BatchNorm's would import
+    torch._dynamo, about a second on first use): group norm takes the input's suggested memory
+    format; batch norm is channels-last for a channels-last input that is not also contiguous;
+    layer norm is contiguous."""
+    if kind == "groupnorm":
+        return _empty(x.shape, x, _channels_last(x))
+    last = kind == "batchnorm" and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return _empty(x.shape, x, last)
+
+
+def _fast_elementwise(out_shape: Sequence[int], ts: list[torch.Tensor]) -> torch.Tensor | None:
+    """TensorIterator's fast path: same-shaped inputs that are all contiguous (or all
+    channels-last) give a new output with the standard strides of that format; None otherwise."""
+    if not ts or any(t.shape != tuple(out_shape) for t in ts):
+        return None
+    for last, fmt in ((False, torch.contiguous_format), (True, torch.channels_last)):
+        if all(t.is_contiguous(memory_format=fmt) for t in ts):
+            return _empty(out_shape, ts[0], last)
+    return None
+
+
+def _elementwise_output(out: torch.Tensor, inputs: list[Any]) -> torch.Tensor:
+    """A TensorIterator op's meta output, laid out as on CPU: some meta kernels keep the
+    input's strides where the fast path gives standard ones (they differ at size-1 dims)."""
+    ts = [t for t in inputs if isinstance(t, torch.Tensor)]
+    if any(t.untyped_storage()._cdata == out.untyped_storage()._cdata for t in ts):
+        return out  # in place
+    std = _fast_elementwise(out.shape, ts)
+    return out if std is None or std.stride() == out.stride() else std
+
+
+def _like_input(x: torch.Tensor) -> torch.Tensor:
+    """``empty_like(x)``: ``x``'s strides when it is non-overlapping and dense, else contiguous."""
+    dims = sorted((st, s) for s, st in zip(x.shape, x.stride()) if s != 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return _empty(x.shape, x, False)
+        expected *= size
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+
+
+def _suggested_output(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Ops whose CPU kernels allocate the output in the input's suggested memory format
+    (interpolation, reflect / replicate padding; their meta kernels do not always)."""
+    return _empty(out.shape, out, True) if _channels_last(x) else out
+
+
+def _pad_mode(node: fx.Node, mod: nn.Module | None) -> str | None:
+    """The ``F.pad`` mode of a padding module or of an ``F.pad(x, pad, mode, value)`` call."""
+    if mod is not None:
+        return next((PAD_MODES[c] for c in type(mod).__mro__ if c in PAD_MODES), None)
+    return node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+
+
+def _conv_shape(conv: nn.Module, x: torch.Size) -> tuple[int, ...] | None:
+    """Output shape of a conv (integer, "valid" or "same" padding); None when not that
+    simple (or invalid)."""
+    if len(x) != conv.weight.dim():
+        return None
+    spatial = []
+    for size, (before, after), k, s, d in zip(x[2:], conv_padding(conv), conv.kernel_size, conv.stride,
+                                              conv.dilation):
+        out = (size + before + after - d * (k - 1) - 1) // s + 1
+        if out < 1 or (conv.padding_mode in ("reflect", "circular") and before >= size):
+            return None
+        spatial.append(out)
+    if x[1] != conv.in_channels:
+        return None
+    return (x[0], conv.out_channels, *spatial)
+
+
+class _MetaRunner(fx.Interpreter):
+    """Runs a GraphModule on meta tensors, swapping in meta copies of real parameters."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm, garbage_collect_values=False)
+        self._meta_cache: dict[str, dict[str, torch.Tensor]] = {}
+
+    def call_module(self, target, args, kwargs):
+        mod = self.fetch_attr(target)
+        kind = module_kind(mod)
+        if kind in NORM_KINDS and len(args) == 1 and isinstance(args[0], torch.Tensor):
+            return _norm_output(args[0], kind)
+        if kind in ACTIVATIONS and len(args) == 1 and isinstance(args[0], torch.Tensor):
+            # skip the (slow, Python) meta kernel where the layout is plain (run_node corrects
+            # the exceptions): in place, the input itself; else TensorIterator's fast path
+            std = args[0] if getattr(mod, "inplace", False) else _fast_elementwise(args[0].shape, [args[0]])
+            if std is not None:
+                return std
+        if type(mod) in (nn.Conv1d, nn.Conv2d) and len(args) == 1 and isinstance(args[0], torch.Tensor):
+            shape = _conv_shape(mod, args[0].shape)
+            if shape is not None:  # torch's meta conv imports sympy on first use (~1 s)
+                # channels-last output when the (padded) input or the weight suggests it, as on
+                # CPU; circular padding builds a contiguous padded input
+                last = _channels_last(args[0]) and mod.padding_mode != "circular"
+                return _empty(shape, args[0], last or _channels_last(mod.weight))
+        state = dict(mod.named_parameters(recurse=True))
+        state.update(mod.named_buffers(recurse=True))
+        if all(t.device.type == "meta" for t in state.values()):
+            return mod(*args, **kwargs)
+        if target not in self._meta_cache:
+            self._meta_cache[target] = {k: torch.empty_like(v, device="meta") for k, v in state.items()}
+        return torch.func.functional_call(mod, self._meta_cache[target], args, kwargs)
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        if not isinstance(out, torch.Tensor):
+            return out
+        kind, _, mod = node_kind(self.module, n)
+        inputs = _flatten([self.env.get(a) for a in n.all_input_nodes])
+        if kind in ELEMENTWISE:
+            if isinstance(mod, LIKE_INPUT_MODULES) or n.target in LIKE_INPUT_FUNCTIONS:
+                in_place = out.untyped_storage()._cdata == inputs[0].untyped_storage()._cdata
+                return out if in_place else _like_input(inputs[0])
+            return out if isinstance(mod, META_LAYOUT_MODULES) else _elementwise_output(out, inputs)
+        if kind == "interpolate" or kind == "pad" and _pad_mode(n, mod) in ("reflect", "replicate"):
+            return _suggested_output(out, inputs[0])
+        return out
+
+    def get_attr(self, target, args, kwargs):
+        value = super().get_attr(target, args, kwargs)
+        return value.to("meta") if isinstance(value, torch.Tensor) else value
+
+
+def _flatten(obj: Any) -> list[Any]:
+    if isinstance(obj, (list, tuple)):
+        return [y for x in obj for y in _flatten(x)]
+    if isinstance(obj, dict):
+        return [y for x in obj.values() for y in _flatten(x)]
+    return [obj]

@@ -1,0 +1,138 @@
+"""The traced-model data: tensors, parameters, nodes and the :class:`LayerGraph`.
+
+A :class:`LayerGraph` holds the nodes of one model at one input shape in forward
+(topological) order, each with its op kind, its tensor inputs, its output shape / dtype and
+the id of the *storage* its output lives in (``LayerGraph.storages`` gives bytes per id).
+Sizes are in bytes, shapes and strides in elements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..errors import MemplanError
+from .kinds import PARAM_KINDS
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Shape, dtype, storage and strides (in elements; empty = contiguous) of one tensor
+    (storage ids index ``LayerGraph.storages``)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    storage: int
+    strides: tuple[int, ...] = ()
+
+    @property
+    def contiguous(self) -> bool:
+        last_unit = all(st == 1 for s, st in zip(self.shape[-1:], self.strides[-1:]) if s != 1)
+        return last_unit and self.mergeable(len(self.shape))
+
+    def mergeable(self, dims: int) -> bool:
+        """Whether the first ``dims`` dims can be viewed as one (``reshape`` without a copy);
+        size-1 dims do not matter, as in torch's view rule."""
+        kept = [(s, st) for s, st in zip(self.shape[:dims], self.strides[:dims]) if s != 1]
+        return all(st0 == st1 * s1 for (_, st0), (s1, st1) in zip(kept, kept[1:]))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter tensor owned by a node (counted once, at its first use)."""
+
+    name: str  # qualified name in the model's state_dict
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(eq=False)
+class Node:
+    """One traced op. ``inputs[i]`` is the index of the node producing ``in_tensors[i]``."""
+
+    index: int
+    name: str  # module qualname for modules, fx node name otherwise
+    op: str  # fx op: placeholder | call_module | call_function | call_method | get_attr | output
+    kind: str  # canonical kind from memplan.graph.kinds, or "unknown"
+    target: str  # module class or function name (what the unknown-op report shows)
+    inputs: list[int]
+    in_tensors: list[TensorInfo]
+    outs: tuple[TensorInfo, ...]
+    module: nn.Module | None = None
+    params: dict[str, Param] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    scope: str = ""  # qualname of the innermost module whose forward created this node
+    scopes: tuple[str, ...] = ()  # qualnames of every module call this node runs inside, outermost first
+    block: str | None = None
+
+    @property
+    def out(self) -> TensorInfo | None:
+        return self.outs[0] if self.outs else None
+
+    def __repr__(self) -> str:
+        shape = self.out.shape if self.out else None
+        return f"Node({self.index}, {self.name!r}, {self.kind}, out={shape})"
+
+
+@dataclass(eq=False)
+class LayerGraph:
+    """A traced model at one input shape: nodes in forward order plus the storage table."""
+
+    nodes: list[Node]
+    storages: list[int]  # nbytes per storage id
+    param_storages: frozenset[int]  # storages of parameters / buffers (never activations)
+    blocks: list[str]  # block module qualnames in forward order
+    input_shape: tuple[int, ...]  # with batch
+    batch: int
+    model_name: str = ""
+    buffer_bytes: int = 0  # running statistics and other buffers (part of the static memory)
+
+    def by_name(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def param_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind in PARAM_KINDS and n.params]
+
+    @property
+    def classifier(self) -> Node:
+        """The last linear layer in forward order (the last conv for fully convolutional nets)."""
+        for kinds in (("linear",), ("conv",)):
+            for n in reversed(self.nodes):
+                if n.kind in kinds and n.params:
+                    return n
+        raise MemplanError("model has no linear or conv layer to use as classifier")
+
+    @property
+    def classes(self) -> int:
+        """Classifier outputs: the last dim of the (batch, classes) logits the loss node reads."""
+        return self.nodes[-2].in_tensors[0].shape[-1]
+
+    def block_range(self, block: str) -> tuple[int, int]:
+        """Index range [first, last] of the nodes inside ``block``."""
+        idx = [n.index for n in self.nodes if n.block == block]
+        if not idx:
+            raise KeyError(block)
+        return min(idx), max(idx)

@@ -1,0 +1,92 @@
+"""Training: an optimizer by name and the one training loop memplan uses (``verify``'s steps,
+contribution analysis runs, its linear probe and the digits pretraining).
+
+Optimizer names are those the profiler counts state for (:data:`OPTIMIZER_STATES`): ``sgd``
+(no momentum: no state, the 256KB paper's choice and the default), ``sgd-momentum`` (one state
+tensor per trainable element) and ``adam`` (two).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..errors import BadOption
+from ..registry import Registry
+
+#: fp32 optimizer state tensors per trainable element, by optimizer name
+OPTIMIZER_STATES: Registry[int] = Registry("optimizer")
+OPTIMIZER_STATES.add("sgd", 0)
+OPTIMIZER_STATES.add("sgd-momentum", 1)
+OPTIMIZER_STATES.add("adam", 2)
+MOMENTUM = 0.9
+
+#: the inputs of one step: the sample indices (None = all) -> the forward's arguments
+Inputs = Callable[[Tensor | None], Sequence[Tensor]]
+
+
+def make_optimizer(params: Iterable[Tensor] | Iterable[dict[str, Any]], name: str = "sgd", lr: float = 0.01, *,
+                   momentum: float | None = None, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """An optimizer over the parameters of ``params`` that require grad (the others are left
+    out, so they never change). ``params`` may also be torch parameter groups (dicts with
+    ``params`` and, say, their own ``lr``: per-role learning rates). ``name``: ``sgd`` |
+    ``sgd-momentum`` (momentum 0.9) | ``adam``; ``momentum`` overrides the SGD momentum."""
+    OPTIMIZER_STATES.choose(name)
+    items = list(params)
+    if items and isinstance(items[0], dict):
+        groups: list[Any] = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in items]
+        groups = [g for g in groups if g["params"]]
+    else:
+        groups = [p for p in items if p.requires_grad]
+    if not groups:
+        raise BadOption("nothing to train: no parameter requires grad")
+    if name == "adam":
+        return torch.optim.Adam(groups, lr=lr, weight_decay=weight_decay)
+    if momentum is None:
+        momentum = MOMENTUM if name == "sgd-momentum" else 0.0
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def fit(forward: Callable[..., Tensor], optimizer: torch.optim.Optimizer, x: Tensor | Inputs, y: Tensor, *,
+        steps: int | None = None, epochs: int | None = None, batch_size: int | None = None, seed: int = 0,
+        cosine: bool = False) -> list[float]:
+    """Cross-entropy training of ``forward`` on ``(x, y)``; returns the loss of each step,
+    measured before its update.
+
+    Either ``steps`` steps on the whole batch, or ``epochs`` passes in minibatches of
+    ``batch_size`` samples, in an order drawn from ``seed`` (one ``torch.randperm`` per epoch;
+    the last batch of an epoch may be smaller). ``x``: the input tensor, or a function of the
+    sample indices returning the forward's arguments (e.g. cached features). ``cosine``: every
+    learning rate decays to 0 along a cosine over all steps (so the end point does not depend on
+    where an epoch happens to stop). Train / eval flags are left as they are (``apply_*`` set
+    them per norm layer); gradients are released (set to None) before each step.
+    """
+    if (steps is None) == (epochs is None) or (epochs is not None and batch_size is None):
+        raise ValueError("give either steps, or epochs and batch_size")
+    inputs: Inputs = x if callable(x) else (lambda idx: [x if idx is None else x[idx]])
+    n = y.shape[0]
+    total = steps if steps is not None else epochs * -(-n // batch_size)
+    batches = [None] * steps if steps is not None else _shuffled(n, epochs, batch_size, seed)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total) if cosine else None
+    losses = []
+    for idx in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(forward(*inputs(idx)), y if idx is None else y[idx])
+        loss.backward()
+        optimizer.step()
+        if schedule is not None:
+            schedule.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _shuffled(n: int, epochs: int, batch_size: int, seed: int) -> Iterator[Tensor]:
+    """Minibatch indices of ``epochs`` passes over ``n`` samples, each pass in a new seeded order."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=g)
+        for start in range(0, n, batch_size):
+            yield perm[start:start + batch_size]

@@ -1,0 +1,227 @@
+"""Architecture transforms applied to a model before tracing (and by ``apply_strategy``).
+
+* :func:`swap_norm`: BatchNorm -> GroupNorm with 8 channels per group (TinyTL, Sec. 4.1).
+* :func:`add_lite_residual`: TinyTL's lite residual branch beside every block (Sec. 3.2).
+
+Both edit the model in place, keep it ``torch.fx``-traceable, and work on real and on
+meta-device models (new modules are created on the device / dtype of the block they join;
+random initialisation is skipped on meta, where only shapes matter).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import BadOption
+from ..graph import capture, find_blocks
+from ..models.zoo.blocks import make_divisible
+
+#: channels per group of the GroupNorm layers TinyTL uses
+GN_CHANNELS_PER_GROUP = 8
+#: attribute of :class:`LiteResidual` holding the branch (strategies and modes find lite layers by it)
+LITE_ATTR = "lite_residual"
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+# --------------------------------------------------------------------------- norms
+
+
+def group_count(channels: int, per_group: int = GN_CHANNELS_PER_GROUP) -> int:
+    """Number of GroupNorm groups for ``channels``: ``channels // per_group`` (at least 1), lowered
+    to the nearest divisor of ``channels`` when it does not divide them (e.g. 44 -> 4 groups)."""
+    groups = max(1, channels // per_group)
+    while channels % groups:
+        groups -= 1
+    return groups
+
+
+def group_norm(channels: int, eps: float = 1e-5, affine: bool = True, device=None, dtype=None) -> nn.GroupNorm:
+    return nn.GroupNorm(group_count(channels), channels, eps=eps, affine=affine, device=device, dtype=dtype)
+
+
+def _to_group_norm(bn: nn.modules.batchnorm._BatchNorm) -> nn.GroupNorm:
+    """A GroupNorm over the same channels; scale and shift copied (running statistics dropped)."""
+    device = dtype = None
+    if bn.weight is not None:
+        device, dtype = bn.weight.device, bn.weight.dtype
+    gn = group_norm(bn.num_features, bn.eps, bn.affine, device, dtype)
+    if bn.affine and not bn.weight.is_meta:
+        with torch.no_grad():
+            gn.weight.copy_(bn.weight)
+            gn.bias.copy_(bn.bias)
+    gn.train(bn.training)
+    return gn
+
+
+def replace_module(model: nn.Module, qualname: str, new: nn.Module) -> None:
+    """Put ``new`` in place of the submodule ``qualname`` of ``model`` (setattr on its parent)."""
+    parent, _, name = qualname.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, new)
+
+
+def swap_norm(model: nn.Module, norm: str) -> nn.Module:
+    """Replace every BatchNorm (1d / 2d / 3d) by a GroupNorm with 8 channels per group
+    (:func:`group_count`), in place; returns the model (the new norm when ``model`` is a BatchNorm).
+
+    ``"batch"`` leaves the model as it is; ``"group"`` swaps. GroupNorm keeps the BatchNorm's
+    affine scale / shift values and eps; running statistics have no GroupNorm counterpart.
+    """
+    if norm == "batch":
+        return model
+    if norm != "group":
+        raise BadOption(f"unknown --norm {norm!r}", "use 'batch' or 'group'")
+    if isinstance(model, _BATCHNORMS):
+        return _to_group_norm(model)
+    for qualname, m in list(model.named_modules()):
+        if isinstance(m, _BATCHNORMS):
+            replace_module(model, qualname, _to_group_norm(m))
+    return model
+
+
+# --------------------------------------------------------------------------- lite residual
+
+
+class LiteResidual(nn.Module):
+    """``block(x) + upsample(lite_residual(x))``: a block with TinyTL's lite residual branch.
+
+    The branch output is bilinearly resized to the block output's spatial size, read from the
+    tensor at run time (``out.shape[2:]`` traces to a shape query, not to arithmetic), so the
+    wrapped model runs at any resolution.
+    """
+
+    def __init__(self, block: nn.Module, branch: nn.Sequential):
+        super().__init__()
+        self.main = block
+        self.lite_residual = branch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.main(x)
+        r = self.lite_residual(x)
+        return out + F.interpolate(r, size=out.shape[2:], mode="bilinear", align_corners=False)
+
+
+def lite_kernel(kernel: int, pooled: Sequence[int]) -> int:
+    """TinyTL's kernel rule: shrink ``kernel`` by 2 until it fits the smallest pooled side."""
+    k = kernel
+    while k > 1 and k > min(pooled):
+        k -= 2
+    return k
+
+
+def lite_mid_channels(in_channels: int) -> int:
+    """Branch width: the input channels rounded to a multiple of 8 (TinyTL's ``make_divisible``)."""
+    return make_divisible(in_channels, 8)
+
+
+def _norm_layer(kind: str, channels: int, device, dtype) -> nn.Module:
+    if kind == "group":
+        return group_norm(channels, device=device, dtype=dtype)
+    return nn.BatchNorm2d(channels, device=device, dtype=dtype)
+
+
+def lite_branch(in_channels: int, out_channels: int, kernel: int, stride: int, groups: int, downsample: int,
+                norm: str, device=None, dtype=None) -> nn.Sequential:
+    """AvgPool(downsample) -> Conv k x k (groups, stride of the block) -> norm -> ReLU -> 1x1 conv
+    -> norm, the last norm's scale zero so the branch adds nothing until it trains."""
+    mid = lite_mid_channels(in_channels)
+    branch = nn.Sequential(OrderedDict([
+        ("pool", nn.AvgPool2d(downsample, downsample)),
+        ("conv1", nn.Conv2d(in_channels, mid, kernel, stride, kernel // 2, groups=groups, bias=False,
+                            device=device, dtype=dtype)),
+        ("norm1", _norm_layer(norm, mid, device, dtype)),
+        ("act", nn.ReLU()),
+        ("conv2", nn.Conv2d(mid, out_channels, 1, bias=False, device=device, dtype=dtype)),
+        ("final_norm", _norm_layer(norm, out_channels, device, dtype)),
+    ]))  # fmt: skip
+    if device is None or torch.device(device).type != "meta":
+        for m in branch.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        nn.init.zeros_(branch.final_norm.weight)
+    return branch
+
+
+def _block_io(model: nn.Module, blocks: Sequence[str], input_shape: Sequence[int]):
+    """{block: (input shape, output shape)} from a meta trace at ``(1, *input_shape)``."""
+    graph = capture(model, (1, *input_shape), block_names=list(blocks), name=type(model).__name__)
+    io = {}
+    for b in graph.blocks:
+        first, last = graph.block_range(b)
+        ins = {t.storage: t for n in graph.nodes[first:last + 1] if n.block == b
+               for i, t in zip(n.inputs, n.in_tensors)
+               if graph.nodes[i].block != b and t.storage not in graph.param_storages}
+        if len(ins) != 1:
+            raise BadOption(f"block {b!r} takes {len(ins)} activation inputs",
+                            "the lite residual wraps blocks with one input tensor")
+        io[b] = (next(iter(ins.values())).shape, graph.nodes[last].out.shape)
+    return io
+
+
+def _norm_kind_of(block: nn.Module) -> str:
+    """'group' if the block normalises with GroupNorm, else 'batch'."""
+    return "group" if any(isinstance(m, nn.GroupNorm) for m in block.modules()) else "batch"
+
+
+def add_lite_residual(model: nn.Module, kernel: int = 5, groups: int = 2, downsample: int = 2,
+                      norm: str | None = None, blocks: Sequence[str] | None = None,
+                      input_shape: Sequence[int] = (3, 224, 224)) -> nn.Module:
+    """Wrap the blocks named in ``blocks``, by default every block of ``memplan.graph.find_blocks``
+    but the first, in a :class:`LiteResidual`, in place; returns the model.
+
+    TinyTL leaves the first block, the one at the highest resolution, without a branch (its
+    ``insert_lite_residual`` walks ``net.blocks[1:]``); Table 2 reproduces only that way
+    (ProxylessNAS-Mobile FT-Full 390.8 MB; 402.2 with a branch in the first block too).
+
+    Branch (TinyTL Sec. 3.2): ``AvgPool2d(downsample)`` -> ``Conv2d(C_in, mid, k, stride,
+    groups)`` with ``mid`` = C_in rounded to a multiple of 8 and the block's stride -> norm ->
+    ReLU -> ``Conv2d(mid, C_out, 1)`` -> norm (scale 0) -> bilinear resize to the block output.
+    Channels and stride come from a meta trace at the per-sample ``input_shape``; ``k`` is
+    ``kernel`` shrunk by 2 until it fits the pooled input there (TinyTL's rule, fixed for the
+    architecture, not re-chosen per profiling resolution). ``norm``: ``"batch"``, ``"group"``
+    (8 channels per group), or None for the kind the block itself uses. The pooling has no
+    padding (TinyTL's ``AvgPool2d(2, 2)``), so the wrapped model needs block inputs of at least
+    ``downsample`` px (ProxylessNAS-Mobile: a 64 px image or more). A model that already
+    has branches is returned unchanged (as TinyTL's ``insert_lite_residual`` does).
+    """
+    if kernel < 1 or kernel % 2 == 0:
+        raise BadOption(f"lite_kernel must be a positive odd number, got {kernel}")
+    if groups < 1 or downsample < 1:
+        raise BadOption(f"lite_groups and lite_downsample must be positive, got {groups} and {downsample}")
+    if norm not in (None, "batch", "group"):
+        raise BadOption(f"unknown lite_norm {norm!r}", "use 'batch' or 'group'")
+    if any(isinstance(m, LiteResidual) for m in model.modules()):
+        return model
+    names = list(blocks) if blocks is not None else find_blocks(model)[1:]
+    if not names:
+        raise BadOption("no block to add a lite residual branch to (the first block gets none)",
+                        "name the blocks explicitly (module qualnames)")
+    io = _block_io(model, names, input_shape)
+    for name in names:
+        block = model.get_submodule(name)
+        (_, c_in, *in_hw), (_, c_out, *out_hw) = io[name]
+        if len(in_hw) != 2 or len(out_hw) != 2:
+            raise BadOption(f"block {name!r} is not 2-D (input {io[name][0]})",
+                            "the lite residual branch is for (N, C, H, W) convolutional blocks")
+        mid = lite_mid_channels(c_in)
+        if c_in % groups or mid % groups:
+            raise BadOption(f"lite_groups={groups} does not divide the {c_in} input channels of block {name!r}")
+        down = min(downsample, *in_hw)  # a map smaller than the pooling window is not pooled
+        pooled = [s // down for s in in_hw]
+        stride = max(1, round(in_hw[0] / out_hw[0]))
+        p = next(block.parameters(), None)
+        branch = lite_branch(c_in, c_out, lite_kernel(kernel, pooled), stride, groups, down,
+                             norm or _norm_kind_of(block), p.device if p is not None else None,
+                             p.dtype if p is not None else None)
+        branch.train(block.training)
+        replace_module(model, name, LiteResidual(block, branch))
+    return model
+
+
+def is_lite(layer_name: str) -> bool:
+    """Whether a layer (module qualname) belongs to a lite residual branch."""
+    return f".{LITE_ATTR}." in f".{layer_name}"

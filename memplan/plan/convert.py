@@ -1,0 +1,97 @@
+"""Scheme -> :class:`~memplan.plan.plan.Plan` on a traced graph, and the layer-table fingerprint.
+
+Conventions (the 256KB paper, accounting.md §4; ``memplan.graph.conv`` for conv indices and
+bias carriers):
+
+* ``bias_update = n``: the biases of the last n convs update. In a conv -> BN model the conv
+  has no bias and the BN shift right after it plays that role: it trains (shift only) with the
+  norm in eval mode (frozen statistics, frozen scale);
+* every weight update lies within the bias-update range (tiny-training asserts the same);
+* the classifier always trains (weight and bias);
+* the fingerprint hashes the layer table without the classifier, so a scheme transfers across
+  head sizes but not across backbones.
+
+The scheme is read by its fields (``memplan.plan.scheme.Scheme``), so this module sits below
+the format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..errors import SchemeError
+from ..graph import LayerGraph, Node, bias_carrier, conv_layers
+from ..graph.kinds import ACTIVATIONS, NORM_KINDS
+from .plan import Plan, Train
+
+#: per-norm override: (scale trains, shift trains, batch statistics)
+NORM_MODES: dict[str, tuple[bool, bool, bool]] = {
+    "frozen": (False, False, False),  # eval mode, nothing trains
+    "shift": (False, True, False),  # eval mode, shift only (MobileTL's internal norms)
+    "affine": (True, True, False),  # eval mode, scale + shift
+    "train": (True, True, True),  # train mode (batch statistics), scale + shift
+}
+
+
+def fingerprint(graph: LayerGraph) -> str:
+    """16 hex digits of SHA-256 over [(name, kind, weight shape)] of the conv / linear / norm layers,
+    classifier excluded (so schemes transfer across head sizes)."""
+    head = graph.classifier
+    rows = [(n.name, n.kind, list(n.params["weight"].shape) if "weight" in n.params else None)
+            for n in graph.param_nodes() if n is not head]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+
+
+def scheme_to_plan(graph: LayerGraph, scheme: Any, method: str = "sparse") -> Plan:
+    """The plan of ``scheme`` (a ``memplan.plan.scheme.Scheme``) on ``graph``; raises SchemeError
+    when they do not fit."""
+    if scheme.fingerprint != fingerprint(graph):
+        raise SchemeError(f"scheme was planned for {scheme.model}; this model's layer table differs",
+                          "plan a scheme for this model")
+    convs = conv_layers(graph)
+    if scheme.bias_update > len(convs):
+        raise SchemeError(f"scheme updates the biases of the last {scheme.bias_update} convs; the model has "
+                          f"{len(convs)}")
+    first = len(convs) - scheme.bias_update
+    train: dict[str, Train] = {}
+    for conv in convs[first:]:
+        carrier = bias_carrier(graph, conv)
+        if carrier is None:
+            raise SchemeError(f"conv {conv.name!r} has no bias and no norm after it, so its bias cannot update")
+        train[carrier.name] = Train(0.0, True)
+    for w in scheme.weight_updates:
+        if not 0 <= w.conv_index < len(convs):
+            raise SchemeError(f"weight update of {w.layer!r}: conv index {w.conv_index} is out of range",
+                              f"the model has {len(convs)} convs (0 to {len(convs) - 1})")
+        conv = convs[w.conv_index]
+        if conv.name != w.layer:
+            known = {c.name for c in convs}
+            detail = f"conv {w.conv_index} is {conv.name!r}" if w.layer in known else "no conv has that name"
+            raise SchemeError(f"weight update names layer {w.layer!r}, but {detail}")
+        if w.conv_index < first:
+            raise SchemeError(f"weight update of conv {w.conv_index} ({w.layer}) lies outside the bias-update range",
+                              f"bias_update {scheme.bias_update} covers convs {first} to {len(convs) - 1}")
+        train[conv.name] = Train(w.ratio, "bias" in conv.params, w.select)
+    norm_train: set[str] = set()
+    for name, mode in scheme.norm_modes.items():
+        node = _layer(graph, name, NORM_KINDS, "norm_modes")
+        scale, shift, stats = NORM_MODES[mode]
+        train[node.name] = Train(float(scale and "weight" in node.params), shift and "bias" in node.params)
+        if stats:
+            norm_train.add(node.name)
+    approx = {_layer(graph, name, ACTIVATIONS, "activation_approx").name for name in scheme.activation_approx}
+    head = graph.classifier
+    train[head.name] = Train(1.0, "bias" in head.params)
+    return Plan(method, train, norm_train, approx)
+
+
+def _layer(graph: LayerGraph, name: str, kinds: frozenset[str], field: str) -> Node:
+    try:
+        node = graph.by_name(name)
+    except KeyError:
+        raise SchemeError(f"scheme {field} names unknown layer {name!r}") from None
+    if node.kind not in kinds:
+        raise SchemeError(f"scheme {field} names {name!r}, a {node.kind} layer")
+    return node

@@ -1,0 +1,136 @@
+"""memplan's sparse-update scheme format: versioned JSON (schema version 1).
+
+A scheme names what trains (``bias_update``: the biases of the last n convs; ``weight_updates``:
+conv weights at channel ratios; norm modes, activation approximations) for one backbone,
+identified by the fingerprint of its traced layer table. Conventions and the mapping to a
+plan are in :mod:`memplan.plan.convert`; tiny-training's ``backward_config`` in
+:mod:`memplan.plan.tinytraining`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..version import __version__
+from ..errors import SchemeError
+from ..graph import SELECT_RULES, LayerGraph
+from ..io import read_json, validated, write_text
+from .convert import NORM_MODES, fingerprint, scheme_to_plan
+from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
+
+SCHEMA_VERSION = 1
+
+Select = Literal[SELECT_RULES]
+NormMode = Literal[tuple(NORM_MODES)]
+
+
+class WeightUpdate(BaseModel):
+    """One conv whose weight trains: ``int(C_in * ratio)`` input channels (output channels for a
+    depthwise conv), chosen by ``select``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layer: str = Field(description="conv layer name (module qualname)")
+    conv_index: int = Field(ge=0, description="forward-order index among convs, stem = 0, classifier not counted")
+    ratio: float = Field(gt=0, le=1, description="fraction of input channels updated, in (0, 1]")
+    select: Select = Field("magnitude+", description="channel selection: largest / smallest weight norm, random")
+
+
+class Provenance(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memplan_version: str
+    command: str | None = Field(None, description="command line that produced the scheme")
+    date: str = Field(description="ISO 8601, UTC")
+    profile_hash: str | None = Field(None, description="hash of the contribution profile the search used")
+
+
+def new_provenance(command: str | None = None, profile_hash: str | None = None) -> Provenance:
+    date = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    return Provenance(memplan_version=__version__, command=command, date=date, profile_hash=profile_hash)
+
+
+class Scheme(BaseModel):
+    """A sparse-update scheme (JSON schema version 1). Byte sizes are integers in bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model: str = Field(description="zoo name or import path (package.module:attr, file.py:attr)")
+    fingerprint: str = Field(description="memplan.plan.fingerprint of the traced layer table")
+    input_shape: list[int] = Field(description="per-sample input shape, e.g. [3, 128, 128]")
+    batch: int = Field(1, ge=1)
+    mode: str = Field("tinytraining", description="accounting mode the scheme was planned under")
+    budget_bytes: int | None = Field(None, ge=0, description="memory budget of the search, bytes")
+    bias_update: int = Field(ge=0, description="the biases of the last n convs update")
+    weight_updates: list[WeightUpdate] = Field(default_factory=list)
+    norm_modes: dict[str, NormMode] = Field(default_factory=dict, description="per-norm overrides")
+    activation_approx: list[str] = Field(default_factory=list,
+                                         description="activations with sign-approximated 1-bit backward")
+    added_modules: list[dict[str, Any]] = Field(default_factory=list,
+                                                description="architecture additions, e.g. lite residual config")
+    predicted: dict[str, float] | None = Field(None, description="predicted memory breakdown, bytes")
+    summed_delta_acc: float | None = Field(None, description="sum of contribution-analysis accuracy gains")
+    provenance: Provenance = Field(default_factory=new_provenance)
+    backward_flags: BackwardFlags = Field(default_factory=BackwardFlags)
+
+    @model_validator(mode="after")
+    def _one_update_per_conv(self) -> "Scheme":
+        seen: set[int] = set()
+        for w in self.weight_updates:
+            if w.conv_index in seen:
+                raise ValueError(f"conv index {w.conv_index} has two weight updates")
+            seen.add(w.conv_index)
+        return self
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the scheme as JSON, atomically."""
+        write_text(path, self.model_dump_json(indent=2) + "\n")
+
+    def to_backward_config(self) -> dict[str, Any]:
+        """tiny-training's ``backward_config`` dict (:func:`memplan.plan.tinytraining.to_backward_config`)."""
+        return to_backward_config(self)
+
+    @classmethod
+    def from_backward_config(cls, config: dict[str, Any], graph: LayerGraph, **fields: Any) -> "Scheme":
+        """A scheme from tiny-training's ``backward_config`` for the traced ``graph``
+        (:func:`memplan.plan.tinytraining.backward_config_fields` says which forms are read).
+        ``fields`` set the other scheme fields (model, provenance, ...). Refuses a config that
+        does not fit the model."""
+        parsed = backward_config_fields(config, graph)
+        base = dict(model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:]),
+                    batch=graph.batch)
+        scheme = validated(lambda: cls(**{**base, **fields, **parsed}), "backward_config", SchemeError)
+        scheme_to_plan(graph, scheme)  # refuse what does not fit the model now
+        return scheme
+
+
+# --------------------------------------------------------------------------- files
+
+
+def scheme_from_dict(data: dict[str, Any], source: str = "scheme") -> Scheme:
+    """Validate a memplan scheme dict (any known schema version)."""
+    version = data.get("schema_version")
+    if version is None:
+        hint = "it looks like a tiny-training backward_config" if "n_bias_update" in data else None
+        raise SchemeError(f"{source} has no schema_version", hint or "is it a memplan scheme?")
+    if version != SCHEMA_VERSION:
+        raise SchemeError(f"{source} has schema_version {version!r}; this memplan reads version {SCHEMA_VERSION}",
+                          "upgrade memplan or re-export the scheme")
+    return validated(lambda: Scheme.model_validate(data), source, SchemeError)
+
+
+def load_scheme(path: str | os.PathLike) -> Scheme:
+    """Read a memplan scheme JSON file."""
+    return scheme_from_dict(read_json(path, "scheme file", SchemeError), f"scheme file {path}")
+
+
+def schema_json() -> str:
+    """The JSON Schema of the scheme format (``schema/scheme.schema.json`` is a copy)."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Scheme.model_json_schema()}
+    return json.dumps(schema, indent=2) + "\n"

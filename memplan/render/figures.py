@@ -1,0 +1,132 @@
+"""Figures (matplotlib, Agg backend; imported on first use). Nothing here computes a cost; every
+figure is written atomically, its format taken from the path's suffix.
+
+* :func:`plot_layer_costs`: the 256KB paper's Figure 11a (cost of updating each conv);
+* :func:`plot_contrib`: its Figure 5 (contribution analysis);
+* :func:`plot_search`: its Figures 13 and 11b (search curves, the scheme found).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..io import save_figure
+from ..units import ratio_label
+
+if TYPE_CHECKING:  # annotations only: drawing needs none of these packages
+    from ..contrib.profile import ContribProfile
+    from ..modes.tinytraining import ConvUpdateCost
+    from ..search.run import SearchResult
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (matplotlib is imported here, on first use)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: str | os.PathLike, **savefig: Any) -> Path:
+    try:
+        return save_figure(fig, path, **savefig)
+    finally:
+        plt.close(fig)
+
+
+def plot_layer_costs(rows: list[ConvUpdateCost], path: str | os.PathLike, title: str = "") -> Path:
+    """Figure 11a: activation, weight and total KiB per conv index, written to ``path``."""
+    plt = _pyplot()
+    x = [r.conv_index for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(x, [r.activation_kib for r in rows], marker="o", ms=3, label="activation")
+    ax.plot(x, [r.weight_kib for r in rows], marker="s", ms=3, label="weight")
+    ax.plot(x, [r.total_kib for r in rows], color="black", lw=1, label="total")
+    ax.set_xlabel("conv index (forward order, stem = 0)")
+    ax.set_ylabel("memory of updating the layer (KiB)")
+    ax.set_title(title or "update cost per layer (tinytraining, analytic)")
+    ax.legend()
+    fig.tight_layout()
+    return _save(plt, fig, path, bbox_inches="tight")
+
+
+def plot_contrib(profile: ContribProfile, path: str | os.PathLike) -> Path:
+    """The 256KB paper's Figure 5 from a contribution profile, written to ``path`` (format from the
+    suffix: .png, .pdf, .svg): (a) Δacc of bias-only updates against the number of last convs
+    whose biases train; (b) Δacc of updating the weight of each conv (x: conv index) at every
+    channel ratio, over the matching bias-only run. Error bars: the standard deviation over seeds."""
+    plt = _pyplot()
+    fig, (ax_b, ax_w) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1, 2]})
+    ks = sorted(profile.bias)
+    ax_b.errorbar(ks, [profile.bias[k] for k in ks], yerr=[profile.bias_std[k] for k in ks],
+                  marker="o", ms=3, capsize=2)
+    ax_b.axhline(0, color="grey", lw=0.6)
+    ax_b.set(xlabel="#last convs whose biases update (k)", ylabel="Δacc vs classifier only (points)",
+             title="(a) bias-only update")
+    index = {l.name: l.conv_index for l in profile.layers}
+    ratios = sorted({r for row in profile.weight.values() for r in row})
+    for r in ratios:
+        names = sorted((n for n in profile.weight if r in profile.weight[n]), key=index.get)
+        ax_w.errorbar([index[n] for n in names], [profile.weight[n][r] for n in names],
+                      yerr=[profile.weight_std[n][r] for n in names], marker="o", ms=3, lw=1, capsize=1.5,
+                      label=f"ratio {ratio_label(r)}")
+    ax_w.axhline(0, color="grey", lw=0.6)
+    ax_w.set(xlabel="conv index (stem = 0)", ylabel="Δacc vs bias-only (points)",
+             title="(b) weight update of one conv")
+    ax_w.legend(fontsize=8)
+    fig.suptitle(f"{profile.model} on {profile.dataset.get('name', '')}: contribution analysis "
+                 f"(probe {profile.probe_accuracy:.1f}%, seeds {len(profile.protocol.seeds)}, "
+                 f"noise ±{profile.noise.delta_std:.2f})", fontsize=10)
+    fig.tight_layout()
+    return _save(plt, fig, path, dpi=120)
+
+
+def plot_search(result: SearchResult, path: str | os.PathLike) -> Path:
+    """The 256KB paper's Figure 13 (evolution vs random search: best summed Δacc per evaluation,
+    exact optimum as a line; when both ran) and Figure 11b (which convs update their bias, and
+    which their weight at which channel ratio) side by side, written to ``path``."""
+    plt = _pyplot()
+    curves = [t for t in (result.evolution, result.random) if t is not None]
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 7, 4), squeeze=False)
+    if curves:
+        _figure13(axes[0][0], result)
+    _figure11b(axes[0][-1], result)
+    fig.tight_layout()
+    return _save(plt, fig, path, dpi=120)
+
+
+def _figure13(ax: Any, result: SearchResult) -> None:
+    for trace, style in ((result.evolution, "-"), (result.random, "--")):
+        if trace is None:
+            continue
+        xs = [i + 1 for i, v in enumerate(trace.best_per_evaluation) if v > float("-inf")]
+        ys = [v for v in trace.best_per_evaluation if v > float("-inf")]
+        ax.plot(xs, ys, style, label=f"{trace.method} search")
+    if result.exact is not None and result.additive:
+        ax.axhline(result.exact.value, color="black", lw=0.8, ls=":", label="exact optimum")
+    ax.set_xscale("log")
+    ax.set_xlabel("evaluations")
+    ax.set_ylabel("best summed Δacc")
+    ax.set_title(f"{result.model}, {result.budget_bytes / 1000:g} kB ({result.mode}): evolution vs random")
+    ax.legend(loc="lower right")
+
+
+def _figure11b(ax: Any, result: SearchResult) -> None:
+    scheme = result.scheme
+    n = result.space_size["convs"]
+    first = n - scheme.bias_update
+    idx = list(range(n))
+    ax.bar(idx, [1.0 if i >= first else 0.0 for i in idx], color="#c6dbef", width=0.9, label="bias updated")
+    ratio = {w.conv_index: w.ratio for w in scheme.weight_updates}
+    ax.bar(idx, [ratio.get(i, 0.0) for i in idx], color="#08519c", width=0.6, label="weight updated (ratio)")
+    ax.set_xlim(-0.8, n - 0.2)
+    ax.set_ylim(0, 1.15)
+    ax.set_xlabel("conv index (stem = 0)")
+    ax.set_ylabel("channel ratio of the weight update")
+    ax.set_title(f"scheme: last {scheme.bias_update} biases, {len(ratio)} weights "
+                 f"({result.memory_bytes} B of {result.budget_bytes} B)")
+    ax.legend(loc="upper left")

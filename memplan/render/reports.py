@@ -1,0 +1,109 @@
+"""Rich and JSON views of the reports: published vs ours (``memplan reproduce``), predicted vs
+measured (``memplan verify``) and a searched scheme (``memplan search``). Sizes print
+1000-based (kB, MB)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from ..reproduce import Reproduction
+from ..search.exact import relative_gap
+from ..search.run import SearchResult
+from ..units import fmt_bytes
+from ..verify import SETUPS, VerifyReport
+
+
+def reproduction_json(rows: Sequence[Reproduction]) -> str:
+    """``memplan reproduce --json``: one object per figure."""
+    return json.dumps([asdict(r) for r in rows], indent=2)
+
+
+def print_reproduction(rows: Sequence[Reproduction], console: Console) -> None:
+    """``memplan reproduce``: published vs ours, one row per figure."""
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ["figure", "source", "mode", "published", "ours", "error", "status", "note"]:
+        table.add_column(col, justify="right" if col in ("published", "ours", "error") else "left",
+                         overflow="fold", max_width=60 if col == "note" else None, no_wrap=col == "figure")
+    style = {"ok": "green", "close": "yellow", "differs": "red", "not modelled": "dim"}
+    for r in rows:
+        ours = "" if r.ours is None else (f"{r.ours:,.0f}" if abs(r.ours) >= 1000 else f"{r.ours:.4g}")
+        err = "" if r.error is None else f"{100 * r.error:+.1f}%"
+        table.add_row(r.key, r.source, r.mode, f"{r.published:g} {r.unit}", ours, err,
+                      f"[{style[r.status]}]{r.status}[/]", "" if r.status == "ok" else r.note)
+    console.print(table)
+    counts = Counter(r.status for r in rows)
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()) + ". ok = within 1% or the printed precision; "
+                  "close = within 5%. MB = 1e6 B; the 256KB paper's kB = KiB.")
+
+
+def print_verify(report: VerifyReport, console: Console) -> None:
+    """Render ``report`` on a rich ``console``: predicted vs measured, pytorch and applied."""
+    opts = "".join(f" {k}={v}" for k, v in report.options.items())
+    console.print(f"[bold]{report.model}[/] · method [bold]{report.method}[/]{opts} · input "
+                  f"{'x'.join(map(str, report.input_shape))} · {report.device} · {report.optimizer} · "
+                  f"{report.steps} steps")
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("")
+    for setup in SETUPS:
+        table.add_column(f"{setup} predicted", justify="right")
+        table.add_column(f"{setup} measured", justify="right")
+    runs = (report.pytorch, report.applied)
+
+    def cells(pred_meas: list[tuple[int, int | None]]) -> list[str]:
+        return [x for p, m in pred_meas for x in (fmt_bytes(p), "n/a" if m is None else fmt_bytes(m))]
+
+    table.add_row("saved activations", *cells([(r.predicted_saved, r.measured_saved) for r in runs]))
+    table.add_row("  exact bytes", *[str(x) for r in runs for x in (r.predicted_saved, r.measured_saved)])
+    table.add_row("step peak", *cells([(r.predicted_peak, r.measured_peak) for r in runs]))
+    table.add_row("loss first -> last", *[x for r in runs for x in ("", f"{r.losses[0]:.4f} -> {r.losses[-1]:.4f}")])
+    console.print(table)
+    console.print(f"measured saving of applied over plain PyTorch: {report.saving:.1f}x; "
+                  f"peak: {report.peak_source} (informational)")
+    if report.ok:
+        console.print(f"[green]ok[/]: measured saved bytes match the predictions (tolerance {report.tolerance} B)")
+        return
+    for r in runs:
+        if abs(r.saved_error) > report.tolerance:
+            console.print(f"[red]mismatch[/]: {r.mode}: measured {r.measured_saved} B, predicted "
+                          f"{r.predicted_saved} B ({r.saved_error:+d} B, tolerance {report.tolerance} B)")
+
+
+def print_search(result: SearchResult, console: Console) -> None:
+    """Render a search result: budget, scheme, memory breakdown, methods compared."""
+    r = result
+    dev = f" (device {r.device.name})" if r.device else ""
+    console.print(f"[bold]{r.model}[/] · input {'x'.join(map(str, r.input_shape))} · mode [bold]{r.mode}[/] "
+                  f"({r.metric}) · budget {r.budget_bytes} B = {fmt_bytes(r.budget_bytes)} "
+                  f"= {fmt_bytes(r.budget_bytes, binary=True)}{dev} · read as {r.budget_convention}")
+    console.print(f"profile {r.profile_path or '(given)'} · hash {r.profile_hash} · space: {r.space_size['convs']} convs, "
+                  f"{r.space_size['bias_depths']} bias depths, {r.space_size['weight_options']} weight options "
+                  f"on {r.space_size['weight_layers']} layers")
+    add = "additive" if r.additive else "NOT additive"
+    console.print(f"memory is {add} in this mode (checked on {r.additivity.checked} candidates against compute())"
+                  + ("; exact solver certified" if r.additive else "; evolutionary search with compute()"))
+    s = r.scheme
+    weights = ", ".join(f"{w.conv_index} {w.layer} @{w.ratio:g}" for w in s.weight_updates) or "none"
+    console.print(f"[bold]scheme[/] ({r.method}): biases of the last {s.bias_update} convs; weights: {weights}")
+    console.print(f"summed Δacc {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = {fmt_bytes(r.memory_bytes)} "
+                  f"({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)")
+    table = Table("component", "bytes", "size")
+    for k, v in r.breakdown.items():
+        table.add_row(k, str(v), fmt_bytes(v))
+    console.print(table)
+    runs = Table("method", "summed Δacc", "gap to exact", "evaluations", "seconds")
+    if r.exact is not None:
+        runs.add_row("exact", f"{r.exact.value:.4g}", "0", "-", f"{r.exact.seconds:.3f}")
+    for tr in (r.evolution, r.random):
+        if tr is not None:
+            gap = f"{100 * relative_gap(tr.value, r.exact.value):.2f}%" if r.exact is not None and r.additive else "-"
+            runs.add_row(tr.method, f"{tr.value:.4g}", gap, str(tr.evaluations), f"{tr.seconds:.2f}")
+    if runs.row_count:
+        console.print(runs)
+    if r.out:
+        console.print(f"scheme written to {r.out}")
