@@ -70,10 +70,6 @@ def _capture(model: nn.Module, input_shape: Sequence[int], **options: Any) -> Ca
     return capture_built(Built("model", model, shape[1:], None), batch=shape[0], **options)
 
 
-def _trace(model: nn.Module, input_shape: Sequence[int]) -> LayerGraph:
-    return _capture(model, input_shape).graph
-
-
 def _build(cls: type[nn.Module], m: nn.Module, train: Train) -> nn.Module:
     if cls is SubChannelConv:
         return SubChannelConv.from_module(m, train.weight, train.select)
@@ -125,7 +121,7 @@ def apply_plan(model: nn.Module, plan: Plan, graph: LayerGraph | None = None, *,
         raise BadOption(f"the model already holds memplan lean modules ({type(applied).__name__})",
                         "apply a plan once, to a model without them")
     if graph is None:
-        graph = _trace(model, input_shape)
+        graph = _capture(model, input_shape).graph
     names = _module_names(model, graph)
     _check_plan(graph, plan)
     apply_plain(model, graph, plan)
@@ -178,7 +174,7 @@ def plan_scheme(model: nn.Module, scheme: Any, graph: LayerGraph | None = None) 
         raise BadOption("apply_scheme cannot insert the scheme's added_modules yet",
                         "apply the architecture transform (memplan.nn.transforms) first and drop them from the scheme")
     if graph is None:
-        graph = _trace(model, (scheme.batch, *scheme.input_shape))
+        graph = _capture(model, (scheme.batch, *scheme.input_shape)).graph
     return graph, scheme_to_plan(graph, scheme)
 
 

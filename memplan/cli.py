@@ -115,9 +115,10 @@ def profile(
     """Memory and FLOPs of fine-tuning MODEL with one strategy."""
     quiet = json_out == "-" or csv_out == "-"
     console = _console(quiet)
-    p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
-                    **_strategy_opts(blocks, layers, scheme, bits, samples, epochs, option),
-                    **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
+    strategy_opts = _strategy_opts(blocks, layers, scheme, bits, samples, epochs, option)
+    capture_opts = _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm)
+    p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **strategy_opts,
+                    **capture_opts)
     if json_out:
         _emit(export.to_json(p), json_out, console)
     if csv_out:
@@ -125,7 +126,7 @@ def profile(
     if not quiet:
         tables.print_profile(p, console, per_layer=per_layer, binary=binary)
     if plot or (per_layer and not quiet and (method == "sparse" or mode == "tinytraining")):
-        rows = api.update_costs(model, **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
+        rows = api.update_costs(model, **capture_opts)
         if per_layer and not quiet:
             tables.print_conv_update_costs(rows, console)
         if plot:

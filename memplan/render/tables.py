@@ -130,8 +130,8 @@ def print_models(rows: Sequence[dict[str, Any]], console: Console) -> None:
     for col in ["name", "input", "classes", "params", "MACs", "blocks", "description"]:
         table.add_column(col, justify="right" if col in ("params", "MACs", "classes", "blocks") else "left")
     for row in rows:
-        table.add_row(row["name"], "x".join(map(str, row["input_shape"])), str(row["classes"]), fmt_count(row["params"]),
-                      fmt_count(row["macs"]), str(row["blocks"]), row["description"])
+        table.add_row(row["name"], "x".join(map(str, row["input_shape"])), str(row["classes"]),
+                      fmt_count(row["params"]), fmt_count(row["macs"]), str(row["blocks"]), row["description"])
     console.print(table)
     console.print("[dim]Any other model: package.module:attr or path/to/file.py:attr (nn.Module class, instance or "
                   "zero-argument factory).[/]")

@@ -24,7 +24,7 @@ from ..costs.records import Profile
 from ..modes import MODES
 from ..registry import Registry
 from ..strategies import get_strategy
-from .figures import NOT_MODELED, UNIT_SCALE, FIGURES, PublishedFigure
+from .figures import FIGURES, NOT_MODELED, UNIT_SCALE, PublishedFigure
 
 TOLERANCE_OK = 0.01
 TOLERANCE_CLOSE = 0.05

@@ -164,7 +164,7 @@ def run_search(
     gets as many evaluations). ``ratios``, ``pw1_only``, ``max_weight_layers``: the space.
     ``classes`` / ``resolution`` / ``input_shape`` (per sample): the traced model (classes default
     to the profile's). ``out``: write the scheme JSON. ``curves``: also run evolution and random
-    search for their best-so-far curves (the 256KB paper's Figure 13, ``memplan.render.plot_search``).
+    search for their best-so-far curves (the 256KB paper's Figure 13, ``memplan.render.figures.plot_search``).
     """
     if method is not None and method not in METHODS:
         raise BadOption(f"unknown search method {method!r}", f"choose one of: {', '.join(METHODS)}")
