@@ -32,6 +32,12 @@ class Registry(Mapping[str, T], Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def get(self, name: str, default: T | None = None) -> T | None:
+        return self._items.get(name, default)
+
     def __repr__(self) -> str:
         return f"Registry({self.what!r}: {', '.join(self._items)})"
 

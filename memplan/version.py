@@ -1,3 +1,3 @@
-"""The memplan version (one definition: the package, provenance records and the CLI read it)."""
+"""The memplan version (one definition, read by the package and by scheme provenance records)."""
 
 __version__ = "0.1.0"

@@ -19,8 +19,7 @@ from ..graph import LayerGraph, TensorInfo
 from ..modes import get_mode
 from ..plan import Plan
 from ..registry import Registry
-from ..strategies import lastk_start
-from ..strategies.base import lastk
+from ..strategies.base import lastk, lastk_start
 from ..strategies.minilearn import cut_start, head_start, layers_from
 from .engine import compute
 from .records import HIDDEN_KINDS, Profile

@@ -45,6 +45,8 @@ class ConvLayer:
     """One conv of a model under the conventions above (what contribution analysis measures,
     its profile stores and the search chooses from)."""
 
+    __pydantic_config__ = {"extra": "forbid"}  # strict when read from a contribution profile
+
     name: str  # module qualname
     conv_index: int  # forward order among convs, stem = 0, classifier not counted
     weight_shape: tuple[int, ...]
