@@ -57,7 +57,8 @@ from memplan.models import zoo
 from memplan.graph import capture
 from memplan.io import write_text
 from memplan.apply import apply_plain
-from memplan.verify.measure import conv_backward_flops, model_modules, saved_bytes, step_peak_bytes
+from memplan.costs.observe import conv_backward_flops
+from memplan.verify.measure import model_modules, saved_bytes, step_peak_bytes
 from memplan.strategies import make_plan
 
 CLASSES = 100

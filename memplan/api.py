@@ -13,11 +13,12 @@ It also holds the one capture pipeline every entry point goes through (``profile
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
 import torch.nn as nn
 
+from .check import check as self_check
 from .costs.engine import compute
 from .costs.extras import strategy_extras
 from .costs.records import Profile
@@ -28,7 +29,7 @@ from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
 from .nn.train import OPTIMIZER_STATES
 from .nn.transforms import swap_norm
-from .strategies import get_strategy, make_plan, transform_model
+from .strategies import DEFAULT_K, get_strategy, make_plan, transform_model
 
 
 @dataclass
@@ -76,16 +77,17 @@ def build_model(model: str | nn.Module, *, resolution: int | None = None, classe
 
 def capture_built(built: Built, *, batch: int = 1, method: str | None = None,
                   method_options: dict[str, Any] | None = None, leaf_modules: Iterable[str | type] = (),
-                  block_names: Sequence[str] | None = None) -> Captured:
+                  block_names: Sequence[str] | None = None, output: str | int | None = None) -> Captured:
     """Step 2 of the pipeline: ``method``'s architecture transform (if it has one; the model is
-    changed in place) and the trace at ``batch`` x the per-sample shape."""
+    changed in place) and the capture at ``batch`` x the per-sample shape. ``output`` names the
+    entry of a tuple / dict / namedtuple output that holds the logits (default: the first tensor)."""
     _positive("batch", batch)
     model = built.model
     if method is not None:
         model = transform_model(model, method, **(method_options or {}))
     blocks = block_names if block_names is not None else built.block_names
     graph = capture(model, (batch, *built.sample_shape), leaf_modules=leaf_modules,
-                    block_names=list(blocks) if blocks is not None else None, name=built.name)
+                    block_names=list(blocks) if blocks is not None else None, name=built.name, output=output)
     return Captured(graph, built.name, built.resolution, graph.classes, model)
 
 
@@ -101,6 +103,7 @@ def capture_model(
     method: str | None = None,
     method_options: dict[str, Any] | None = None,
     norm: str | None = None,
+    output: str | int | None = None,
 ) -> Captured:
     """Trace ``model`` (zoo name, import spec or module) at ``batch`` x per-sample shape: the
     whole pipeline (:func:`build_model`, then :func:`capture_built`).
@@ -111,12 +114,14 @@ def capture_model(
     _positive("batch", batch)
     built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm)
     return capture_built(built, batch=batch, method=method, method_options=method_options, leaf_modules=leaf_modules,
-                         block_names=block_names)
+                         block_names=block_names, output=output)
 
 
 def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorch", optimizer: str = "sgd",
-                     frozen_bits: int = 32, **options: Any) -> Profile:
-    """Profile one strategy on an already captured model."""
+                     frozen_bits: int = 32, check: bool = False, **options: Any) -> Profile:
+    """Profile one strategy on an already captured model. ``check=True`` adds ``Profile.check``:
+    predicted saved bytes (``pytorch`` mode) against a meta run under saved_tensors_hooks
+    (:mod:`memplan.check`)."""
     OPTIMIZER_STATES.choose(optimizer)
     if frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
@@ -125,6 +130,8 @@ def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorc
     prof = compute(cap.graph, plan, acc, optimizer=optimizer, frozen_bits=frozen_bits,
                    meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes})
     prof.extras.update(strategy_extras(cap.graph, plan, prof))
+    if check:
+        prof.check = asdict(self_check(cap.model, cap.graph, plan))
     return prof
 
 
@@ -142,18 +149,23 @@ def profile(
     leaf_modules: Iterable[str | type] = (),
     block_names: Sequence[str] | None = None,
     norm: str | None = None,
+    output: str | int | None = None,
+    check: bool = False,
     **options: Any,
 ) -> Profile:
     """Memory and FLOPs of fine-tuning ``model`` with ``method``, layer by layer.
 
     ``model``: zoo name (``memplan.models.zoo.names()``), ``package.module:attr``, ``file.py:attr``
     or an ``nn.Module``. ``mode``: accounting convention (``memplan.modes.MODES``).
-    ``options``: strategy options, e.g. ``blocks=3`` for ``lastk``.
+    ``options``: strategy options, e.g. ``blocks=3`` for ``lastk``. ``output``: the key, field or
+    index of the logits in a tuple / dict / namedtuple output (default: its first tensor).
+    ``check=True``: compare the prediction with a meta run of the model (``Profile.check``).
     """
     cap = capture_model(model, batch=batch, resolution=resolution, classes=classes, input_shape=input_shape,
                         leaf_modules=leaf_modules, block_names=block_names, method=method, method_options=options,
-                        norm=norm)
-    return profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **options)
+                        norm=norm, output=output)
+    return profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, check=check,
+                            **options)
 
 
 def compare(
@@ -181,10 +193,10 @@ def compare(
 
 def default_methods(cap: Captured) -> list[tuple[str, dict[str, Any]]]:
     """The strategies ``compare`` shows when none are named: the basic ones, TinyTL's, and
-    (for models with blocks) lastk and MobileTL on the last min(3, #blocks) blocks. TinyTL's
+    (for models with blocks) lastk and MobileTL on their default K blocks. TinyTL's
     lite residual branches need inputs of at least 64 px (their pooling has no padding)."""
     items: list[tuple[str, dict[str, Any]]] = [(m, {}) for m in ("full", "last", "norm", "bias", "tinytl-b")]
-    k = min(3, len(cap.graph.blocks))
+    k = min(DEFAULT_K, len(cap.graph.blocks))
     if k and min(cap.graph.input_shape[2:], default=0) >= 64:
         items += [("tinytl-l", {}), ("tinytl-lb", {})]
     if k:

@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from .api import Built, Captured, capture_built
 from .errors import BadOption
-from .graph import LayerGraph
+from .graph import LayerGraph, role
 from .graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
 from .nn.choice import lean_class
 from .nn.lean import LEAN_MODULES, SubChannelConv
@@ -44,7 +44,10 @@ DEFAULT_INPUT_SHAPE = (1, 3, 224, 224)
 
 
 def apply_plain(model: nn.Module, graph: LayerGraph, plan: Plan) -> nn.Module:
-    """Set ``requires_grad`` and train / eval flags for ``plan`` the way plain PyTorch code does.
+    """Set ``requires_grad`` and train / eval flags for ``plan`` the way plain PyTorch code does:
+    every parameter a node reads trains when the plan trains its role (weight / bias) at that
+    node's layer; norms (modules, or the module running a functional norm) use batch statistics
+    where the plan says so. Everything else runs in train mode (dropout active).
 
     Sub-channel ratios cannot be expressed this way: a partially updated weight trains whole.
     """
@@ -52,15 +55,13 @@ def apply_plain(model: nn.Module, graph: LayerGraph, plan: Plan) -> nn.Module:
     for p in model.parameters():
         p.requires_grad_(False)
     for node in graph.nodes:
-        if node.module is None:
-            continue
         t = plan.of(node)
-        if "weight" in node.params and t.weight > 0:
-            node.module.weight.requires_grad_(True)
-        if "bias" in node.params and t.bias:
-            node.module.bias.requires_grad_(True)
+        for pname, qual in node.uses.items():
+            if t.weight > 0 if role(pname) == "weight" else t.bias:
+                model.get_parameter(qual).requires_grad_(True)
         if node.kind in NORM_KINDS:
-            node.module.train(node.name in plan.norm_train)
+            owner = node.module if node.module is not None else model.get_submodule(node.layer or node.scope)
+            owner.train(plan.uses_batch_stats(node))
     return model
 
 
@@ -101,6 +102,10 @@ def _check_plan(graph: LayerGraph, plan: Plan) -> None:
         if node.kind == "linear" and 0 < t.weight < 1:
             raise BadOption(f"plan updates {t.weight:g} of linear layer {node.name!r}; memplan has no "
                             "sub-channel linear op", "update a linear layer whole (ratio 1) or not at all")
+        if node.kind == "conv" and 0 < t.weight < 1 and node.op != "call_module":
+            raise BadOption(f"plan updates {t.weight:g} of conv {node.name!r}, which is not a stock Conv1d / Conv2d "
+                            "(its module computes the conv in its own forward)",
+                            "update that conv whole (ratio 1) or not at all")
         if node.name in plan.approx and node.kind not in MASK_ACTIVATIONS | {"hardswish"}:
             raise BadOption(f"no sign-approximated backward for {node.kind} layer {node.name!r}",
                             "approximate hardswish layers only (ReLU-style layers keep exact 1-bit masks)")

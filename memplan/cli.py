@@ -41,6 +41,8 @@ BitsCacheOpt = typer.Option(None, "--bits", help="bits per cached feature (cache
 SamplesOpt = typer.Option(None, "--samples", help="number of training samples (cache-reuse, minilearn)")
 EpochsOpt = typer.Option(None, "--epochs", help="training epochs (cache-reuse)")
 OptionOpt = typer.Option(None, "--option", "-o", help="other strategy option as key=value (repeatable), e.g. -o lite_kernel=3")
+OutputOpt = typer.Option(None, "--output", help="the key / field / index of the logits when the model returns a tuple, "
+                         "dict or namedtuple (default: its first tensor)")
 NormOpt = typer.Option(None, "--norm", help="replace the model's norm layers: 'group' (GroupNorm, 8 channels per group) as TinyTL does")
 
 
@@ -76,10 +78,10 @@ def _shape(text: Optional[str]) -> Optional[tuple[int, ...]]:
     return shape
 
 
-def _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm=None) -> dict:
+def _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm=None, output=None) -> dict:
     return dict(batch=batch, resolution=resolution, classes=classes, leaf_modules=tuple(leaf or ()), norm=norm,
                 block_names=[b.strip() for b in block_names.split(",") if b.strip()] if block_names else None,
-                input_shape=_shape(input_shape))
+                input_shape=_shape(input_shape), output=output)
 
 
 def _console(stderr: bool = False) -> Console:
@@ -110,15 +112,17 @@ def profile(
     json_out: Optional[str] = typer.Option(None, "--json", help="write the profile as JSON to PATH ('-' = stdout, JSON only)"),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="write the per-layer table as CSV to PATH ('-' = stdout)"),
     leaf: Optional[List[str]] = LeafOpt, block_names: Optional[str] = BlocksNamesOpt,
-    input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt,
+    input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt, output: Optional[str] = OutputOpt,
+    check: bool = typer.Option(False, "--check", help="also run one forward + loss on meta tensors under "
+                               "saved_tensors_hooks and compare with the prediction (exit 1 if they differ)"),
 ) -> None:
     """Memory and FLOPs of fine-tuning MODEL with one strategy."""
     quiet = json_out == "-" or csv_out == "-"
     console = _console(quiet)
     strategy_opts = _strategy_opts(blocks, layers, scheme, bits, samples, epochs, option)
-    capture_opts = _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm)
-    p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **strategy_opts,
-                    **capture_opts)
+    capture_opts = _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output)
+    p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, check=check,
+                    **strategy_opts, **capture_opts)
     if json_out:
         _emit(export.to_json(p), json_out, console)
     if csv_out:
@@ -134,6 +138,8 @@ def profile(
 
             plot_layer_costs(rows, plot, title=f"{p.model}: cost of updating each conv (tinytraining)")
             console.print(f"wrote {plot}")
+    if check and (p.check["predicted"] != p.check["observed"] or p.check["differing"]):
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -285,7 +291,7 @@ def compare(
     json_out: Optional[str] = typer.Option(None, "--json", help="write all profiles as JSON to PATH ('-' = stdout)"),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="write one totals row per strategy as CSV to PATH"),
     leaf: Optional[List[str]] = LeafOpt, block_names: Optional[str] = BlocksNamesOpt,
-    input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt,
+    input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt, output: Optional[str] = OutputOpt,
 ) -> None:
     """One row per strategy: trainable params, saved activations, weights, memory, FLOPs."""
     quiet = json_out == "-" or csv_out == "-"
@@ -299,7 +305,7 @@ def compare(
                 raise MemplanError(f"cannot read {tok!r} in --methods", "write a method, or method:K for K blocks")
             items.append((name, {"blocks": int(k)} if k else {}))
     profiles = api.compare(model, items, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
-                           **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm))
+                           **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output))
     if json_out:
         _emit(export.many_to_json(profiles), json_out, console)
     if csv_out:

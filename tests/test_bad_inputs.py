@@ -74,7 +74,7 @@ def cases(f):
         (["profile", "tests/data/missing.py:Net"], "no such file"),
         (["profile", f"{DATA}:NeedsArgs"], "needs arguments"),
         (["profile", f"{DATA}:Untraceable", "-r", "16"], "--leaf Gate"),
-        (["profile", f"{DATA}:TupleOut", "-r", "8"], "not a tensor"),
+        (["profile", f"{DATA}:TupleOut", "-r", "8", "--output", "5"], "no entry"),
         (["search", "--budget", "-1KB"], "-1KB"),
         (["search", "--budget", "1e999"], "too large"),
         (["search", "--budget", "abc"], "cannot read"),

@@ -170,7 +170,7 @@ def test_fig1a_four_block_training_flops():
 
 
 @pytest.mark.parametrize("opts", [{"blocks": 1, "bits": 0}, {"blocks": 1, "bits": 33}, {"blocks": 1, "samples": 0},
-                                  {"blocks": 1, "epochs": -2}, {"blocks": 1, "bits": 2.5}, {}])
+                                  {"blocks": 1, "epochs": -2}, {"blocks": 1, "bits": 2.5}, {"blocks": 1, "layers": 1}])
 def test_bad_options(opts):
     with pytest.raises(BadOption):
         tiny_profile(**opts)

@@ -15,7 +15,7 @@ from memplan.models import zoo
 from memplan.costs.engine import compute
 from memplan.graph import capture
 from memplan.apply import apply_plain
-from memplan.verify.measure import conv_backward_flops
+from memplan.costs.observe import conv_backward_flops
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
 

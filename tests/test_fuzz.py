@@ -190,13 +190,42 @@ class WithUnknownOps(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
-@pytest.mark.parametrize("mode", ["pytorch", "ideal"])
-def test_unmodelled_ops_are_reported_with_counts(mode):
-    graph = capture(WithUnknownOps(), (2, 3, 6, 6), leaf_modules=[Doubled])
-    prof = compute(graph, make_plan(graph, "full"), get_mode(mode))
-    assert prof.unknown_ops == {"cumsum": 2, "PixelShuffle": 1, "Doubled": 1, "Tensor.cumsum": 1}
-    assert [layer.target for layer in prof.layers if layer.kind == "unknown"] == [
-        "cumsum", "cumsum", "PixelShuffle", "Doubled", "Tensor.cumsum"]
+@pytest.mark.parametrize("method", ["full", "bias"])
+def test_ops_without_rules_are_observed_and_counted(method):
+    """cumsum, PixelShuffle and a user leaf have no cost rule: they are replayed on meta, listed
+    with counts, and the total equals the measurement (every mode uses the observed bytes)."""
+    model = WithUnknownOps()
+    graph = capture(model, (2, 3, 6, 6), leaf_modules=[Doubled])
+    plan = make_plan(graph, method)
+    for mode in ("pytorch", "ideal"):
+        prof = compute(graph, plan, get_mode(mode))
+        assert prof.unknown_ops == {}
+        assert prof.observed_ops == {"cumsum": 2, "PixelShuffle": 1, "Doubled": 1, "Tensor.cumsum": 1}
+        assert "observed" in prof.conventions
+        assert [layer.target for layer in prof.layers if layer.kind == "unknown"] == [
+            "cumsum", "cumsum", "PixelShuffle", "Doubled", "Tensor.cumsum"]
+    prof = compute(graph, plan, get_mode("pytorch"))
+    apply_plain(model, graph, plan)
+    meas = saved_bytes(model, torch.randn(2, 3, 6, 6), torch.randint(0, 4, (2,)))
+    assert prof.totals.saved_activation_bytes == meas.bytes, meas.tensors
+
+
+class MetaIncapable(nn.Module):
+    """A leaf whose forward needs data (an unbounded op if it could not run anywhere)."""
+
+    def forward(self, x):
+        return x * 2 if x.sum() > 0 else x
+
+
+def test_op_that_cannot_run_on_meta_is_replayed_on_cpu():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), MetaIncapable(), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
+    graph = capture(model, (2, 3, 6, 6), leaf_modules=[MetaIncapable])
+    plan = make_plan(graph, "full")
+    prof = compute(graph, plan, get_mode("pytorch"))
+    assert prof.observed_ops == {"MetaIncapable": 1} and prof.unknown_ops == {}
+    apply_plain(model, graph, plan)
+    assert prof.totals.saved_activation_bytes == saved_bytes(model, torch.randn(2, 3, 6, 6),
+                                                             torch.randint(0, 2, (2,))).bytes
 
 
 def test_applied_shared_activation():

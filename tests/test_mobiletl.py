@@ -84,9 +84,16 @@ def test_full_norms_ablation(which, full):
         assert (name in plan.norm_train) == (norm in full)
 
 
+def test_default_k_is_the_last_three_blocks_or_all_fewer():
+    """mini_net has 2 blocks: the default K (DEFAULT_K = 3) covers both; mobilenetv2 gets 3."""
+    assert mini_profile().options.get("blocks") is None
+    assert mini_profile().totals == mini_profile(blocks=2).totals
+    cap = memplan.capture_model("mobilenetv2", batch=1, resolution=32)
+    default, three = memplan.make_plan(cap.graph, "mobiletl"), memplan.make_plan(cap.graph, "mobiletl", blocks=3)
+    assert default.train == three.train and default.approx == three.approx
+
+
 def test_options_errors():
-    with pytest.raises(BadOption, match="needs --blocks"):
-        mini_profile()
     with pytest.raises(BadOption, match="full_norms"):
         mini_profile(blocks=1, full_norms="proj")
     with pytest.raises(BadOption, match="out of range"):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..graph import LayerGraph
+from ..graph import LayerGraph, role
 from ..graph.kinds import MAC_KINDS
 from ..modes import Mode
 from ..nn.train import OPTIMIZER_STATES
 from ..plan import OpView, Plan, grad_flow, updated_weight_numel
-from .flops import flops_of
+from .flops import Flops, flops_of
+from .observe import observe
 from .records import CONVENTIONS, HIDDEN_KINDS, LayerCost, Profile, Saved, Totals
 
 
@@ -23,16 +24,32 @@ def _weight_bytes(numel: int, trained: int, itemsize: int, frozen_bits: int) -> 
     return trained * itemsize + (frozen * frozen_bits + 7) // 8
 
 
-def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tuple[LayerCost, list[Saved] | None]:
-    """Costs of one op; the saved list is None when the mode has no rule for its kind."""
+def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tuple[LayerCost, list[Saved], str]:
+    """Costs of one op and what it keeps for backward; the third value says how it was costed:
+    ``rule``, ``observed`` (no rule: replayed on meta, :mod:`.observe`) or ``bounded``
+    (could not be replayed: the upper bound of its saved bytes is counted)."""
     n = op.node
-    wf = mode.weight_fraction(op.train.weight)
+    wf = mode.weight_fraction(op.weight_grad)
     fl = flops_of(op, wf)
     saved = mode.saved(op)
+    how = "rule"
     lc = LayerCost(
         name=n.name, kind=n.kind, target=n.target, output_shape=list(n.out.shape) if n.out else [],
-        block=n.block, grad_input=op.grad_input, grad_weight=op.train.weight, grad_bias=op.train.bias,
+        block=n.block, grad_input=op.grad_input, grad_weight=op.weight_grad, grad_bias=op.bias_grad,
     )
+    if saved is None or fl is None:
+        obs = observe(op)
+        how = "observed" if obs.saved is not None else "bounded"
+        if saved is None:
+            saved = list(obs.saved) if obs.saved is not None else [Saved(obs.bounds[1], None, "upper bound")]
+        if fl is None:
+            fl = Flops(forward=obs.forward_flops, grad_input=obs.grad_input_flops,
+                       grad_weight=obs.grad_weight_flops, grad_bias=obs.grad_bias_flops)
+            lc.macs = fl.forward // 2
+            lc.forward_flops = fl.forward
+            lc.backward_grad_input_flops, lc.backward_grad_weight_flops = fl.grad_input, fl.grad_weight
+            lc.backward_grad_bias_flops, lc.backward_flops = fl.grad_bias, fl.backward
+            fl = None
     if fl is not None:
         lc.macs = fl.macs
         if n.kind in MAC_KINDS:
@@ -47,15 +64,17 @@ def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tup
     groups = n.attrs.get("groups", 1) or 1
     for pname, p in n.params.items():
         if pname == "weight":
-            trained = updated_weight_numel(p.shape, groups, wf)
+            trained = updated_weight_numel(p.shape, groups, wf if op.train.weight else 0.0)
+        elif role(pname) == "weight":
+            trained = p.numel if op.train.weight else 0
         else:
-            trained = p.numel if (pname == "bias" and op.train.bias) else 0
+            trained = p.numel if op.train.bias else 0
         lc.params += p.numel
         lc.trainable_params += trained
         lc.weight_bytes += _weight_bytes(p.numel, trained, p.dtype.itemsize, min(frozen_bits, 8 * p.dtype.itemsize))
         lc.gradient_bytes += trained * p.dtype.itemsize
         lc.optimizer_bytes += OPTIMIZER_STATES[optimizer] * trained * p.dtype.itemsize
-    return lc, saved
+    return lc, saved, how
 
 
 def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd", frozen_bits: int = 32,
@@ -66,13 +85,14 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
     layers: list[LayerCost] = []
     saved_by_node: list[list[Saved]] = []
     unknown: dict[str, int] = {}
+    observed: dict[str, int] = {}
     counted: set[int] = set()
     all_layers: list[LayerCost] = []
     for op in views:
-        lc, saved = layer_costs(op, mode, optimizer, frozen_bits)
-        if saved is None or flops_of(op, 0.0) is None:
-            unknown[op.node.target] = unknown.get(op.node.target, 0) + 1
-            saved = []
+        lc, saved, how = layer_costs(op, mode, optimizer, frozen_bits)
+        if how != "rule":
+            tally = observed if how == "observed" else unknown
+            tally[op.node.target] = tally.get(op.node.target, 0) + 1
         saved = [s for s in saved if s.storage not in graph.param_storages]  # parameters are not activations
         for s in saved:  # a shared storage is counted once, at the first op that keeps it
             if s.storage is None or s.storage not in counted:
@@ -97,5 +117,17 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
         input_shape=list(graph.input_shape), optimizer=optimizer, frozen_bits=frozen_bits,
         options=dict(plan.options), totals=totals, layers=layers,
         peak_layer=graph.nodes[summary.peak_index].name, peak_phase=summary.peak_phase, unknown_ops=unknown,
-        conventions={**CONVENTIONS, "mode": mode.description}, extras={**meta, **summary.extras},
+        observed_ops=observed, capture=graph.capture,
+        conventions={**CONVENTIONS, "mode": mode.description, **(_observed_convention(mode) if observed or unknown
+                                                                    else {})},
+        extras={**meta, **summary.extras},
     )
+
+
+def _observed_convention(mode: Mode) -> dict[str, str]:
+    text = ("ops without a cost rule (observed_ops) are costed by replaying them alone on meta tensors: what eager "
+            "PyTorch saves for them, FLOPs of their conv / matmul work")
+    if mode.name != "pytorch":
+        text += f"; mode {mode.name!r} uses those observed bytes too"
+    return {"observed": text + "; unknown_ops could not be replayed and count the upper bound of their inputs + "
+                               "outputs"}

@@ -59,15 +59,14 @@ def _layer(op: OpView, macs: int, wf: float) -> Flops:
         macs=macs,
         forward=2 * macs,
         grad_input=2 * macs if op.grad_input else 0,
-        grad_weight=round(2 * macs * wf) if op.train.weight else 0,
-        grad_bias=_out_numel(op) if op.train.bias else 0,
+        grad_weight=round(2 * macs * wf) if op.weight_grad else 0,
+        grad_bias=_out_numel(op) if op.bias_grad else 0,
     )
 
 
 @flop_rule("conv")
 def conv(op: OpView, wf: float) -> Flops:
-    w = op.node.params["weight"] if "weight" in op.node.params else None
-    weight_shape = w.shape if w else tuple(op.node.module.weight.shape)
+    weight_shape = op.node.attrs["weight_shape"]
     per_output = 1
     for s in weight_shape[1:]:  # C_in / groups x kernel
         per_output *= s
@@ -124,6 +123,6 @@ def cross_entropy(op: OpView, wf: float) -> Flops:
     return Flops(forward=f, grad_input=f if op.grad_input else 0)
 
 
-@flop_rule("view", "identity", "getitem", "meta", "input", "output", "cat", "pad")
+@flop_rule("view", "identity", "getitem", "meta", "param", "input", "output", "cat", "pad")
 def free(op: OpView, wf: float) -> Flops:
     return Flops()

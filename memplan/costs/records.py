@@ -97,7 +97,10 @@ class Profile:
     layers: list[LayerCost]
     peak_layer: str
     peak_phase: str  # "forward" or "backward"
-    unknown_ops: dict[str, int]
+    unknown_ops: dict[str, int]  # ops that could not be costed exactly (bounded), by target
+    observed_ops: dict[str, int] = field(default_factory=dict)  # ops costed by observation, by target
+    capture: str = "symbolic"  # how the model was captured: "symbolic" (torch.fx) or "recorded" (eager on meta)
+    check: dict[str, Any] | None = None  # memplan.check result when asked: predicted / observed bytes, differing
     extras: dict[str, Any] = field(default_factory=dict)  # mode- / strategy-specific figures
     conventions: dict[str, str] = field(default_factory=dict)
 

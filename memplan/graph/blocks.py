@@ -5,22 +5,25 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
 import torch.nn as nn
 
 from ..errors import MemplanError
-from .kinds import module_kind
 from .model import LayerGraph
 
 
 def _count_layers(m: nn.Module) -> int:
-    return sum(1 for sub in m.modules() if module_kind(sub) in ("conv", "linear"))
+    """Layers inside ``m``: modules owning a weight of two or more dims (conv, linear, and
+    custom layers that call ``F.conv2d`` with their own weight)."""
+    return sum(1 for sub in m.modules() if isinstance(getattr(sub, "weight", None), torch.Tensor)
+               and sub.weight.dim() >= 2)
 
 
 def find_blocks(model: nn.Module) -> list[str]:
     """Structural block rule.
 
     A block is a module that is not an ``nn.Sequential`` / ``nn.ModuleList``, contains at
-    least two conv / linear layers, is a child of an ``nn.Sequential`` / ``nn.ModuleList``,
+    least two layers (conv, linear: modules with a weight of 2+ dims), is a child of an ``nn.Sequential`` / ``nn.ModuleList``,
     and has no ancestor that is already a block. This finds inverted-residual / MBConv /
     ResNet units in the usual model layouts; pass explicit ``block_names`` otherwise.
     """

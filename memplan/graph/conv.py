@@ -13,8 +13,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch.nn as nn
+from typing import Sequence
 
 from .kinds import NORM_KINDS
 from .model import LayerGraph, Node
@@ -29,15 +28,16 @@ def sub_channels(channels: int, ratio: float) -> int:
     return max(1, int(channels * ratio))
 
 
-def conv_padding(m: nn.Module) -> list[tuple[int, int]]:
-    """(before, after) padding in elements per spatial dim of a conv module (integer, "valid" or
+def conv_padding(padding: str | Sequence[int], kernel_size: Sequence[int],
+                 dilation: Sequence[int]) -> list[tuple[int, int]]:
+    """(before, after) padding in elements per spatial dim of a conv (integer, "valid" or
     "same"; "same" puts the odd remainder after, as torch does)."""
-    if m.padding == "valid":
-        return [(0, 0)] * len(m.kernel_size)
-    if m.padding == "same":
-        total = [d * (k - 1) for k, d in zip(m.kernel_size, m.dilation)]
+    if padding == "valid":
+        return [(0, 0)] * len(kernel_size)
+    if padding == "same":
+        total = [d * (k - 1) for k, d in zip(kernel_size, dilation)]
         return [(t // 2, t - t // 2) for t in total]
-    return [(p, p) for p in m.padding]
+    return [(p, p) for p in padding]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class ConvLayer:
 def conv_layers(graph: LayerGraph) -> list[Node]:
     """Convs with parameters in forward order (the conv index); a conv classifier is excluded."""
     head = graph.classifier
-    return [n for n in graph.nodes if n.kind == "conv" and n.params and n is not head]
+    return [n for n in graph.nodes if n.kind == "conv" and "weight" in n.params and n is not head]
 
 
 def conv_table(graph: LayerGraph) -> list[ConvLayer]:

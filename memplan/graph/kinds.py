@@ -27,7 +27,7 @@ ACTIVATIONS = MASK_ACTIVATIONS | {"hardswish", "hardsigmoid", "silu", "gelu", "s
 #: kinds that carry parameters the strategies can train
 PARAM_KINDS = frozenset({"conv", "linear"}) | NORM_KINDS
 #: no computation, no saved tensors (views, shape queries, constants)
-FREE_KINDS = frozenset({"view", "identity", "getitem", "meta", "input", "output"})
+FREE_KINDS = frozenset({"view", "identity", "getitem", "meta", "param", "input", "output"})
 
 #: padding modules and the ``F.pad`` mode each applies
 PAD_MODES: dict[type, str] = {
@@ -68,7 +68,7 @@ FUNCTION_KINDS: dict[object, str] = {
     operator.mul: "mul", operator.imul: "mul", torch.mul: "mul",
     operator.truediv: "div", torch.div: "div",
     operator.matmul: "matmul", torch.matmul: "matmul", torch.mm: "matmul", torch.bmm: "matmul",
-    torch.cat: "cat", torch.concat: "cat",
+    torch.cat: "cat", torch.concat: "cat", torch.stack: "cat", torch.unbind: "view",
     torch.flatten: "view", torch.reshape: "view", torch.squeeze: "view", torch.unsqueeze: "view",
     torch.transpose: "view", torch.permute: "view", torch.chunk: "view", torch.split: "view",
     operator.getitem: "getitem",
@@ -88,7 +88,7 @@ METHOD_KINDS: dict[str, str] = {
     "div": "div", "div_": "div", "matmul": "matmul", "mean": "mean",
     "view": "view", "reshape": "view", "flatten": "view", "squeeze": "view", "unsqueeze": "view",
     "permute": "view", "transpose": "view", "contiguous": "view", "expand": "view",
-    "chunk": "view", "split": "view", "softmax": "softmax",
+    "chunk": "view", "split": "view", "unbind": "view", "softmax": "softmax",
     "size": "meta", "dim": "meta",
 }
 
@@ -101,20 +101,61 @@ ELEMENTWISE_FLOPS: dict[str, int] = {
 
 
 def function_name(target: object) -> str:
-    """Short printable name of an fx call target (``F.relu`` -> ``relu``, ``operator.add`` -> ``add``)."""
+    """Short printable name of an fx call target (``F.relu`` -> ``relu``, ``operator.add`` -> ``add``,
+    a script function -> its name)."""
+    if isinstance(target, torch.jit.ScriptFunction):
+        return target.name
     return getattr(target, "__name__", None) or str(target)
 
 
-def module_kind(m: nn.Module) -> str | None:
-    """Kind of a module: its class's ``memplan_kind`` attribute, else the table entry of the
-    nearest class in its MRO; None when neither knows it."""
-    declared = getattr(type(m), "memplan_kind", None)
-    if declared is not None:
-        return declared
-    for cls in type(m).__mro__:
-        if cls in MODULE_KINDS:
-            return MODULE_KINDS[cls]
+#: functional forms of parametrised ops: target -> (kind, argument names in call order). Their
+#: parameters are the ``get_attr`` arguments named ``weight`` / ``bias``; ``addmm(bias, x, w.t())``
+#: is a linear layer whose weight is reached through the transpose.
+FUNCTIONAL_LAYERS: dict[object, tuple[str, tuple[str, ...]]] = {
+    **{f: ("conv", ("input", "weight", "bias", "stride", "padding", "dilation", "groups"))
+       for f in (F.conv1d, F.conv2d, F.conv3d)},
+    F.linear: ("linear", ("input", "weight", "bias")),
+    torch.addmm: ("linear", ("bias", "input", "weight")),
+    F.batch_norm: ("batchnorm", ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
+                                 "eps")),
+    F.layer_norm: ("layernorm", ("input", "normalized_shape", "weight", "bias", "eps")),
+    F.group_norm: ("groupnorm", ("input", "num_groups", "weight", "bias", "eps")),
+}
+FUNCTION_KINDS.update({f: kind for f, (kind, _) in FUNCTIONAL_LAYERS.items()})
+
+#: methods a stock module's subclass may override without changing what it computes
+SAFE_OVERRIDES = frozenset({"__init__", "extra_repr", "reset_parameters", "reset_running_stats", "_check_input_dim",
+                            "__setstate__", "_load_from_state_dict", "__repr__", "_get_name"})
+
+
+def stock_kind(cls: type) -> str | None:
+    """The kind of a module class whose forward is a known module's own: the first class of its
+    MRO in ``MODULE_KINDS``, provided no class before it overrides a method of that module
+    (other than ``SAFE_OVERRIDES``) or defines a property. A BatchNorm subclass that applies an
+    activation in its ``forward`` is not a batchnorm; it is traced into."""
+    mro = cls.__mro__
+    for i, base in enumerate(mro):
+        if base in MODULE_KINDS:
+            for sub in mro[:i]:
+                for name, value in vars(sub).items():
+                    if isinstance(value, property) or (name not in SAFE_OVERRIDES and callable(value)
+                                                       and hasattr(base, name)):
+                        return None
+            return MODULE_KINDS[base]
     return None
+
+
+def module_kind(m: nn.Module) -> str | None:
+    """The op kind of a module memplan knows exactly: the ``memplan_kind`` of memplan's own lean
+    module classes, or a module whose ``forward`` is a known stock module's (:func:`stock_kind`) with
+    no hooks or forward of its own. None for anything else: such modules are traced into, or
+    stay opaque leaves costed by observation."""
+    declared = getattr(type(m), "memplan_kind", None)
+    if declared is not None and type(m).__module__.startswith("memplan."):
+        return declared
+    if m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m):
+        return None
+    return stock_kind(type(m))
 
 
 def node_kind(gm: fx.GraphModule, node: fx.Node) -> tuple[str, str, nn.Module | None]:

@@ -114,7 +114,7 @@ def _conv_shape(conv: nn.Module, x: torch.Size) -> tuple[int, ...] | None:
     if len(x) != conv.weight.dim():
         return None
     spatial = []
-    for size, (before, after), k, s, d in zip(x[2:], conv_padding(conv), conv.kernel_size, conv.stride,
+    for size, (before, after), k, s, d in zip(x[2:], conv_padding(conv.padding, conv.kernel_size, conv.dilation), conv.kernel_size, conv.stride,
                                               conv.dilation):
         out = (size + before + after - d * (k - 1) - 1) // s + 1
         if out < 1 or (conv.padding_mode in ("reflect", "circular") and before >= size):
@@ -123,6 +123,10 @@ def _conv_shape(conv: nn.Module, x: torch.Size) -> tuple[int, ...] | None:
     if x[1] != conv.in_channels:
         return None
     return (x[0], conv.out_channels, *spatial)
+
+
+#: largest input (bytes) with which a node that fails on meta is run on CPU during capture
+CPU_FALLBACK_BYTES = 256 * 2**20
 
 
 class _MetaRunner(fx.Interpreter):
@@ -159,11 +163,16 @@ class _MetaRunner(fx.Interpreter):
         return torch.func.functional_call(mod, self._meta_cache[target], args, kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
-        out = super().run_node(n)
+        try:
+            out = super().run_node(n)
+        except Exception:
+            if n.op not in ("call_module", "call_function", "call_method"):
+                raise
+            out = self._on_cpu(n)
         if not isinstance(out, torch.Tensor):
             return out
         kind, _, mod = node_kind(self.module, n)
-        inputs = _flatten([self.env.get(a) for a in n.all_input_nodes])
+        inputs = flatten([self.env.get(a) for a in n.all_input_nodes])
         if kind in ELEMENTWISE:
             if isinstance(mod, LIKE_INPUT_MODULES) or n.target in LIKE_INPUT_FUNCTIONS:
                 in_place = out.untyped_storage()._cdata == inputs[0].untyped_storage()._cdata
@@ -173,14 +182,31 @@ class _MetaRunner(fx.Interpreter):
             return _suggested_output(out, inputs[0])
         return out
 
+    def _on_cpu(self, n: fx.Node) -> Any:
+        """Run a node that cannot run on meta (a data-dependent leaf) on CPU zeros of the same
+        shapes, at most ``CPU_FALLBACK_BYTES`` of inputs; its outputs come back as meta tensors.
+        Re-raises the meta failure when that is not possible."""
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        tensors = [t for t in flatten((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if sum(t.numel() * t.element_size() for t in tensors) > CPU_FALLBACK_BYTES:
+            raise
+        to_cpu = lambda t: torch.zeros_like(t, device="cpu") if isinstance(t, torch.Tensor) else t  # noqa: E731
+        args, kwargs = fx.node.map_aggregate(args, to_cpu), fx.node.map_aggregate(kwargs, to_cpu)
+        with torch.no_grad():
+            out = getattr(self, n.op)(n.target, args, kwargs)
+        return fx.node.map_aggregate(out, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                                         device="meta")
+                                     if isinstance(t, torch.Tensor) else t)
+
     def get_attr(self, target, args, kwargs):
         value = super().get_attr(target, args, kwargs)
         return value.to("meta") if isinstance(value, torch.Tensor) else value
 
 
-def _flatten(obj: Any) -> list[Any]:
+def flatten(obj: Any) -> list[Any]:
+    """The leaves of nested lists / tuples / dicts, in order."""
     if isinstance(obj, (list, tuple)):
-        return [y for x in obj for y in _flatten(x)]
+        return [y for x in obj for y in flatten(x)]
     if isinstance(obj, dict):
-        return [y for x in obj.values() for y in _flatten(x)]
+        return [y for x in obj.values() for y in flatten(x)]
     return [obj]

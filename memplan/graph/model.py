@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
 
 from ..errors import MemplanError
-from .kinds import PARAM_KINDS
+
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,11 @@ class Param:
         return math.prod(self.shape)
 
 
+def role(pname: str) -> str:
+    """A parameter's role for the strategies: ``bias`` (a shift) or ``weight`` (everything else)."""
+    return "bias" if pname.rsplit(".", 1)[-1].endswith("bias") else "weight"
+
+
 @dataclass(eq=False)
 class Node:
     """One traced op. ``inputs[i]`` is the index of the node producing ``in_tensors[i]``."""
@@ -84,6 +90,11 @@ class Node:
     scope: str = ""  # qualname of the innermost module whose forward created this node
     scopes: tuple[str, ...] = ()  # qualnames of every module call this node runs inside, outermost first
     block: str | None = None
+    layer: str = ""  # the layer whose parameters this op uses (plans are keyed by it); "" for none
+    uses: dict[str, str] = field(default_factory=dict)  # every parameter the op reads: local name -> qualname
+    fx: fx.Node | None = field(default=None, repr=False)  # the captured call (replayed by memplan.costs.observe)
+    fx_inputs: tuple = field(default=(), repr=False)  # the fx node of each of ``in_tensors``
+    fx_consts: dict = field(default_factory=dict, repr=False)  # values of the call's non-tensor fx arguments
 
     @property
     def out(self) -> TensorInfo | None:
@@ -106,6 +117,10 @@ class LayerGraph:
     batch: int
     model_name: str = ""
     buffer_bytes: int = 0  # running statistics and other buffers (part of the static memory)
+    capture: str = "symbolic"  # "symbolic" (torch.fx) or "recorded" (one eager run on meta, graph.record)
+    output: str = ""  # the entry of a tuple / dict / namedtuple output the loss takes ("" = the output itself)
+    gm: fx.GraphModule | None = field(default=None, repr=False)  # the captured fx graph
+    observed: dict = field(default_factory=dict, repr=False)  # replay cache of memplan.costs.observe
 
     def by_name(self, name: str) -> Node:
         for n in self.nodes:
@@ -114,7 +129,8 @@ class LayerGraph:
         raise KeyError(name)
 
     def param_nodes(self) -> list[Node]:
-        return [n for n in self.nodes if n.kind in PARAM_KINDS and n.params]
+        """Nodes that own parameters (listed at their first use), in forward order."""
+        return [n for n in self.nodes if n.params]
 
     @property
     def classifier(self) -> Node:

@@ -1,21 +1,30 @@
-"""torch.fx tracing with conv / linear / norm / activation / pooling leaves (and user-named
-modules), and one-line errors naming the module that cannot be traced."""
+"""torch.fx tracing: known layers (modules whose ``forward`` is a stock module's own, memplan's
+lean modules, scripted modules, ``torch.nn`` modules without a rule, user-named leaves) stay
+single nodes, custom autograd Functions and script functions single call nodes
+(:mod:`.leafcalls`); everything else is traced into. Failures are one-line errors naming the
+module that cannot be traced (capture then records an eager run instead, :mod:`.record`)."""
 
 from __future__ import annotations
 
+import inspect
 import linecache
+import os
 import traceback
-from typing import Iterable
+from typing import Any, Iterable
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
 from ..errors import MemplanError, TraceFailure
 from .kinds import module_kind
+from .leafcalls import opaque_calls
+from .layout import flatten
 
 
 class LeafTracer(fx.Tracer):
-    """fx tracer that keeps known layers (and user-named modules) as single nodes.
+    """fx tracer that keeps known layers, scripted modules and user-named modules as single
+    nodes, and custom autograd Functions / script functions as single call nodes.
 
     It records which module was being traced so that a failure can name it.
     """
@@ -27,10 +36,12 @@ class LeafTracer(fx.Tracer):
         self.stack: list[tuple[str, str]] = []
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        if module_kind(m) is not None or isinstance(m, self.leaf_types):
+        if module_kind(m) is not None or isinstance(m, self.leaf_types + (torch.jit.ScriptModule,)):
             return True
         if qualname in self.leaf_names or type(m).__name__ in self.leaf_names:
             return True
+        # fx's rule: a torch.nn module without a cost rule stays one (observed) node; a module
+        # defined elsewhere, a subclass of a known layer among them, is traced into
         return super().is_leaf_module(m, qualname)
 
     def call_module(self, m, forward, args, kwargs):
@@ -44,33 +55,82 @@ class LeafTracer(fx.Tracer):
         self.stack.pop()
         return out
 
+    def intercept(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        """Opaque calls (``memplan.leafcalls``): one node when an argument is a Proxy."""
+        if not any(isinstance(a, fx.Proxy) for a in flatten((args, kwargs))):
+            return NotImplemented
+        return self.create_proxy("call_function", target, args, kwargs)
 
-def _user_frame(exc: BaseException) -> str:
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_frame(exc: BaseException) -> str:
     """``file:line: code`` of the innermost traceback frame outside torch / memplan."""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         f = frame.filename
-        if "/torch/" in f or "/memplan/graph/" in f or f.startswith("<"):
+        if "/torch/" in f or f.startswith(_PACKAGE_DIR) or f.startswith("<"):
             continue
         code = (frame.line or linecache.getline(f, frame.lineno or 0)).strip()
         return f"{f.rsplit('/', 1)[-1]}:{frame.lineno}: {code}"
     return ""
 
 
-def trace(model: nn.Module, leaf_modules: Iterable[str | type] = (), name: str = "model") -> fx.GraphModule:
-    """Symbolically trace ``model``; raise TraceFailure with a one-line explanation on failure."""
-    tracer = LeafTracer(leaf_modules)
+def defaulted_args(model: nn.Module) -> dict[str, Any]:
+    """``forward``'s parameters after the first that have defaults (specialised to them);
+    raises for a forward that needs more than one argument."""
     try:
-        graph = tracer.trace(model)
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not named:
+        return {}  # forward(*args): tracing decides
+    required = [p.name for p in named[1:] if p.default is p.empty]
+    if required:
+        raise MemplanError(f"{type(model).__name__}.forward takes {len(required) + 1} inputs without defaults "
+                           f"({', '.join([named[0].name, *required])}); memplan profiles models with one input tensor",
+                           "wrap the model so that forward(x) fills the others")
+    return {p.name: p.default for p in named[1:]}
+
+
+def _drop_specialised(graph: fx.Graph) -> None:
+    """Remove the placeholders fx adds for ``concrete_args`` (all but the first) and the
+    asserts guarding them."""
+    for ph in [n for n in graph.nodes if n.op == "placeholder"][1:]:
+        order, pending = [], [ph]
+        while pending:
+            n = pending.pop()
+            order.append(n)
+            pending.extend(n.users)
+        for n in reversed(order):
+            if not n.users:
+                graph.erase_node(n)
+
+
+def trace(model: nn.Module, leaf_modules: Iterable[str | type] = (), name: str = "model") -> fx.GraphModule:
+    """Symbolically trace ``model``; raise TraceFailure with a one-line explanation on failure.
+
+    ``forward`` parameters with defaults are specialised to them; custom autograd Functions and
+    script functions become single call nodes (``memplan.leafcalls``).
+    """
+    tracer = LeafTracer(leaf_modules)
+    concrete = defaulted_args(model)
+    try:
+        with opaque_calls(model, tracer.intercept):
+            graph = tracer.trace(model, concrete_args=concrete or None)
     except MemplanError:
         raise
     except Exception as exc:
         qual, cls = getattr(exc, "_memplan_scope", ("", type(model).__name__))
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         where = f" in module '{qual}' ({cls})" if qual else f" in {cls}.forward"
-        frame = _user_frame(exc)
+        frame = user_frame(exc)
         raise TraceFailure(
             f"cannot trace {name}: {first}{where}" + (f" at {frame}" if frame else ""),
             f"mark that module as a leaf (CLI: --leaf {cls}; Python: leaf_modules=['{cls}']) "
             "so memplan treats it as one op",
         ) from None
+    if concrete:
+        _drop_specialised(graph)
     return fx.GraphModule(tracer.root, graph, type(model).__name__)

@@ -31,6 +31,11 @@ eager PyTorch keeps:
 * a fractional update of a Linear layer has no lean op (``apply_plan`` refuses it); it is
   costed as PyTorch trains it, whole (the full input).
 
+Only stock modules are replaced (``memplan.graph.kinds.module_kind``): the same ops called as
+functions, inside a module's own ``forward`` (a "same"-padding conv, a BatchNorm that applies
+its activation), are left as they are and keep what PyTorch keeps; ``extras["left_as_is"]``
+counts them by target.
+
 ``SubChannelConv`` keeps its trainable slice ``weight_sel`` next to the full frozen weight: the
 copies (``n / C_in`` of each such weight, at its itemsize) are added to ``total_bytes`` and to
 the static part of ``peak_bytes``, and reported as ``extras["subchannel_copy_bytes"]``
@@ -48,6 +53,12 @@ from .base import Mode, mask_bits, private, register_mode, tensor
 from .pytorch import pytorch
 
 
+#: kinds a stock module of which apply_plan may replace by a lean one; the same op as a function
+#: call (``F.conv2d`` inside a module's own forward, ``F.relu``) is left as PyTorch runs it
+LEAN_REPLACEABLE = frozenset({"conv", "batchnorm", "relu", "hardtanh", "leaky_relu", "hardswish", "dropout",
+                              "avgpool"})
+
+
 class AppliedMode(Mode):
     name = "applied"
     description = "eager PyTorch 2.13 after memplan.apply_*: lean autograd ops where they save memory"
@@ -55,6 +66,12 @@ class AppliedMode(Mode):
     def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
                   node_costs: list[LayerCost], totals: Totals) -> Summary:
         summary = super().summarize(graph, views, saved, node_costs, totals)
+        left: dict[str, int] = {}
+        for op in views:
+            if op.recorded and op.node.op != "call_module" and op.kind in LEAN_REPLACEABLE:
+                left[op.node.target] = left.get(op.node.target, 0) + 1
+        if left:
+            summary.extras["left_as_is"] = left
         copies = sum(subchannel_copy_bytes(op) for op in views if lean_class(op) is SubChannelConv)
         if copies:
             summary.total_bytes += copies

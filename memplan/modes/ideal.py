@@ -34,18 +34,23 @@ rule = ideal.rule
 def selected_input(op: OpView):
     """The layer input restricted to the updated input channels (all of them for ratio 1)."""
     x = op.node.in_tensors[0]
-    if op.train.weight >= 1:
+    if op.weight_grad >= 1:
         yield tensor(op, x, "input")
         return
     channels = x.shape[1] if op.kind == "conv" else x.shape[-1]
-    n = sub_channels(channels, op.train.weight)
+    n = sub_channels(channels, op.weight_grad)
     yield private(x.nbytes // channels * n, f"input channels {n}/{channels}")
 
 
 @rule("conv", "linear")
 def layer(op: OpView):
-    if op.train.weight:
+    """The (selected) input when the weight needs a gradient; a computed weight tensor (not a
+    parameter) when the input needs one."""
+    if op.weight_grad:
         yield from selected_input(op)
+    w = op.operand("weight")
+    if w is not None and op.grad_input:
+        yield tensor(op, w, "weight")
 
 
 @rule("batchnorm", "groupnorm", "layernorm")

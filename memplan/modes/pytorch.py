@@ -9,7 +9,6 @@ not activations and are not counted here; they are in the weight bytes.
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from ..graph import TensorInfo, conv_padding
 from ..plan import OpView
@@ -23,20 +22,21 @@ class PyTorchMode(Mode):
 
 
 pytorch = register_mode(PyTorchMode())
-FEATURE_DROPOUT = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 rule = pytorch.rule
 
 
 @rule("conv")
 def conv(op: OpView):
-    """Convolution saves input and weight whenever recorded, whatever needs a gradient. It
-    keeps a padded copy instead of its input when it pads before convolving: a padding_mode
-    other than zeros (F.pad first; reflect / replicate pads keep their input too), or
-    padding="same" with an odd total (the asymmetric remainder is zero-padded into a copy)."""
-    x = op.node.in_tensors[0]
-    m = op.node.module
-    pads = conv_padding(m)
-    mode = getattr(m, "padding_mode", "zeros")
+    """Convolution saves input and weight whenever recorded, whatever needs a gradient (a
+    weight that is a parameter is not an activation; a computed one is). It keeps a padded copy
+    instead of its input when it pads before convolving: a padding_mode other than zeros (F.pad
+    first; reflect / replicate pads keep their input too), or padding="same" with an odd total
+    (the asymmetric remainder is zero-padded into a copy)."""
+    x, w, a = op.node.in_tensors[0], op.operand("weight"), op.node.attrs
+    if w is not None:
+        yield tensor(op, w, "weight")
+    pads = conv_padding(a["padding"], a["kernel_size"], a["dilation"])
+    mode = a.get("padding_mode", "zeros")
     if mode == "zeros":
         extra = [after - before for before, after in pads]
         if not any(extra):
@@ -88,18 +88,22 @@ def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 @rule("linear")
 def linear(op: OpView):
-    # addmm / mm: input only if the weight needs a gradient; an input with more than 2 dims
-    # is flattened to (-1, in_features)
-    if op.train.weight:
-        x = op.node.in_tensors[0]
+    """addmm / mm: the input if the weight needs a gradient (an input with more than 2 dims
+    flattened to (-1, in_features)), the weight if the input needs one (a parameter weight is
+    not an activation)."""
+    if op.weight_grad:
+        x = op.operand("input")
         yield reshaped(op, x, len(x.shape) - 1, "input")
+    w = op.operand("weight")
+    if w is not None and op.grad_input:
+        yield tensor(op, w, "weight")
 
 
 @rule("batchnorm")
 def batchnorm(op: OpView):
-    yield tensor(op, op.node.in_tensors[0], "input")
+    yield tensor(op, op.operand("input"), "input")
     # batch statistics in train mode, and always without running statistics (track_running_stats=False)
-    if op.norm_train or op.node.module.running_mean is None:  # save_mean and save_invstd, one float per channel each
+    if op.norm_train or not op.node.attrs["running_stats"]:  # save_mean and save_invstd, one float per channel
         c = op.node.out.shape[1]
         yield private(c * 4, "mean")
         yield private(c * 4, "invstd")
@@ -107,18 +111,18 @@ def batchnorm(op: OpView):
 
 @rule("groupnorm")
 def groupnorm(op: OpView):
-    yield tensor(op, op.node.in_tensors[0], "input")
-    groups = op.node.module.num_groups
+    yield tensor(op, op.operand("input"), "input")
+    groups = op.node.attrs["num_groups"]
     yield private(op.node.out.shape[0] * groups * 4, "mean")
     yield private(op.node.out.shape[0] * groups * 4, "rstd")
 
 
 @rule("layernorm")
 def layernorm(op: OpView):
-    x = op.node.in_tensors[0]
+    x = op.operand("input")
     yield tensor(op, x, "input")
     normalized = 1
-    for s in op.node.module.normalized_shape:
+    for s in op.node.attrs["normalized_shape"]:
         normalized *= s
     rows = x.numel // normalized
     yield private(rows * 4, "mean")
@@ -168,9 +172,8 @@ def dropout(op: OpView):
     # a scaled float mask, one value per element (per (batch, channel) for Dropout1d/2d/3d);
     # p = 0 returns the input itself: nothing to keep
     out = op.node.out
-    active = op.node.attrs.get("training", True) and (op.node.module is None or op.node.module.training)
-    if active and op.node.attrs["p"] > 0:
-        numel = out.shape[0] * out.shape[1] if isinstance(op.node.module, FEATURE_DROPOUT) else out.numel
+    if op.node.attrs.get("training", True) and op.node.attrs["p"] > 0:
+        numel = out.shape[0] * out.shape[1] if op.node.attrs.get("feature") else out.numel
         yield private(numel * out.itemsize, "mask")
 
 
@@ -233,6 +236,6 @@ def pad(op: OpView):
         yield tensor(op, op.node.in_tensors[0], "input")
 
 
-@rule("add", "sub", "cat", "interpolate", "mean", "view", "identity", "getitem", "meta", "input", "output")
+@rule("add", "sub", "cat", "interpolate", "mean", "view", "identity", "getitem", "meta", "param", "input", "output")
 def saves_nothing(op: OpView):
     return ()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..graph import LayerGraph, Node, sub_channels
+from ..graph import LayerGraph, Node, TensorInfo, role, sub_channels
 from ..graph.kinds import NORM_KINDS
 
 
@@ -46,10 +46,14 @@ class Plan:
     options: dict[str, Any] = field(default_factory=dict)
 
     def of(self, node: Node) -> Train:
-        """What trains at ``node``; every call of a module shares its first call's decision."""
+        """What trains at ``node``: the decision for its layer (every use of a module's or a
+        functional layer's parameters shares the first use's decision)."""
         if node.name in self.train:
             return self.train[node.name]
-        return self.train.get(node.scope, FROZEN) if node.op == "call_module" else FROZEN
+        return self.train.get(node.layer, FROZEN) if node.layer else FROZEN
+
+    def uses_batch_stats(self, node: Node) -> bool:
+        return node.kind in NORM_KINDS and (node.name in self.norm_train or node.layer in self.norm_train)
 
 
 @dataclass
@@ -75,7 +79,33 @@ class OpView:
 
     @property
     def grad_input(self) -> bool:
+        """Does the layer input need a gradient (any tensor input, for ops without operands)."""
+        if "operands" in self.node.attrs:
+            return self.operand_grad("input")
         return any(self.req_in)
+
+    def operand(self, name: str) -> TensorInfo | None:
+        """The tensor passed as argument ``name`` (``input``, ``weight``, ``bias``) of a
+        functional layer; for a module, ``input`` only."""
+        i = self.node.attrs.get("operands", {"input": 0}).get(name)
+        return self.node.in_tensors[i] if i is not None and i < len(self.node.in_tensors) else None
+
+    def operand_grad(self, name: str) -> bool:
+        """Does argument ``name`` need a gradient (False when it is not a tensor argument)."""
+        i = self.node.attrs.get("operands", {"input": 0}).get(name)
+        return i is not None and i < len(self.req_in) and self.req_in[i]
+
+    @property
+    def weight_grad(self) -> float:
+        """Fraction of the weight whose gradient is needed: the plan's for a parameter weight,
+        1 for a computed weight tensor that needs a gradient."""
+        if "weight" in self.node.uses or self.operand("weight") is None:
+            return self.train.weight
+        return 1.0 if self.operand_grad("weight") else 0.0
+
+    @property
+    def bias_grad(self) -> bool:
+        return self.train.bias or ("bias" not in self.node.uses and self.operand_grad("bias"))
 
 
 def grad_flow(graph: LayerGraph, plan: Plan) -> list[OpView]:
@@ -86,22 +116,20 @@ def grad_flow(graph: LayerGraph, plan: Plan) -> list[OpView]:
     views: list[OpView] = []
     for n in graph.nodes:
         t = plan.of(n)
-        # a module's parameters are listed at its first call only; later calls still use them
-        owned = set(n.params) | ({p for p, _ in n.module.named_parameters(recurse=False)} if n.module is not None else set())
-        if t.any and not owned:
+        roles = {role(p) for p in n.uses}
+        if t.any and not roles:
             raise ValueError(f"plan trains {n.name!r}, which has no parameters")
-        if t.weight and "weight" not in owned:
+        if t.weight and "weight" not in roles:
             t = Train(0.0, t.bias, t.select)
-        if t.bias and "bias" not in owned:
+        if t.bias and "bias" not in roles:
             t = Train(t.weight, False, t.select)
         req_in = tuple(req[i] for i in n.inputs)
         req[n.index] = any(req_in) or t.any
-        if "param_of" in n.attrs:  # functional use of a parameter: requires grad if it trains
-            owner, pname = n.attrs["param_of"]
-            owner_train = plan.train.get(owner, FROZEN)
-            req[n.index] = owner_train.weight > 0 if pname == "weight" else (pname == "bias" and owner_train.bias)
-        views.append(OpView(n, graph, t, n.kind in NORM_KINDS and n.name in plan.norm_train,
-                            n.name in plan.approx, req_in, req[n.index], plan))
+        if "param_of" in n.attrs:  # a parameter read by a functional op: requires grad if it trains
+            layer, prole = n.attrs["param_of"]
+            owner = plan.train.get(layer, FROZEN)
+            req[n.index] = owner.weight > 0 if prole == "weight" else owner.bias
+        views.append(OpView(n, graph, t, plan.uses_batch_stats(n), n.name in plan.approx, req_in, req[n.index], plan))
     return views
 
 

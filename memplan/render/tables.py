@@ -18,8 +18,44 @@ from ..units import fmt_bytes, fmt_count
 def _header(p: Profile) -> str:
     shape = "x".join(map(str, p.input_shape[1:]))
     opts = "".join(f" {k}={v}" for k, v in p.options.items())
+    capture = " · captured by an eager run (symbolic tracing failed)" if p.capture == "recorded" else ""
     return (f"[bold]{p.model}[/] · method [bold]{p.method}[/]{opts} · mode [bold]{p.mode}[/] · batch {p.batch} · "
-            f"input {shape} · {p.classes} classes · optimizer {p.optimizer}")
+            f"input {shape} · {p.classes} classes · optimizer {p.optimizer}{capture}")
+
+
+def _cost_notes(profiles: Sequence[Profile], console: Console) -> None:
+    """Ops costed by observation (no rule) and ops that could not be costed exactly, with counts."""
+    observed = _tally(p.observed_ops for p in profiles)
+    unknown = _tally(p.unknown_ops for p in profiles)
+    if observed:
+        console.print(f"observed (no cost rule; replayed on meta tensors, what PyTorch saves): {observed}")
+    if unknown:
+        console.print(f"[yellow]NOT exact: could not be replayed, their saved bytes are counted at the upper bound "
+                      f"(inputs + outputs): {unknown}[/]")
+
+
+def _tally(dicts: Iterable[dict[str, int]]) -> str:
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = max(total.get(k, 0), v)
+    return ", ".join(f"{k} x{v}" for k, v in sorted(total.items()))
+
+
+def print_check(p: Profile, console: Console, binary: bool = False) -> None:
+    """The self-check: predicted vs observed saved bytes, and the modules where they differ."""
+    c = p.check
+    verdict = "[green]agree[/]" if c["predicted"] == c["observed"] and not c["differing"] else "[red]DIFFER[/]"
+    console.print(f"check (pytorch mode vs a meta run under saved_tensors_hooks): predicted "
+                  f"{fmt_bytes(c['predicted'], binary)} ({c['predicted']:,} B), observed "
+                  f"{fmt_bytes(c['observed'], binary)} ({c['observed']:,} B): {verdict}")
+    if c["differing"]:
+        table = Table(header_style="bold", box=None, pad_edge=False)
+        for col, justify in [("module", "left"), ("predicted B", "right"), ("observed B", "right")]:
+            table.add_column(col, justify=justify)
+        for row in c["differing"]:
+            table.add_row(row["module"] or "(model forward, loss)", f"{row['predicted']:,}", f"{row['observed']:,}")
+        console.print(table)
 
 
 def method_label(p: Profile) -> str:
@@ -54,11 +90,11 @@ def print_profile(p: Profile, console: Console, per_layer: bool = False, binary:
     )
     for key, value in p.extras.items():
         console.print(f"{key}: {value}")
-    if p.unknown_ops:
-        ops = ", ".join(f"{k} x{v}" for k, v in sorted(p.unknown_ops.items()))
-        console.print(f"[yellow]unknown ops (not costed, memory and FLOPs of these are missing): {ops}[/]")
+    _cost_notes([p], console)
     console.print("[dim]FLOPs = 2 x MACs of conv/linear/matmul; other = norms, activations, adds, pooling, loss. "
                   f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]")
+    if p.check is not None:
+        print_check(p, console, binary)
     if per_layer:
         print_layers(p.layers, console, binary)
 
@@ -99,9 +135,7 @@ def print_compare(profiles: Sequence[Profile], console: Console, binary: bool = 
                       fmt_bytes(t.total_bytes, binary), fmt_bytes(t.peak_bytes, binary),
                       fmt_count(t.forward_flops), fmt_count(t.backward_flops))
     console.print(table)
-    unknown = {k: v for p in profiles for k, v in p.unknown_ops.items()}
-    if unknown:
-        console.print(f"[yellow]unknown ops (not costed): {', '.join(f'{k} x{v}' for k, v in unknown.items())}[/]")
+    _cost_notes(profiles, console)
     console.print("[dim]FLOPs = 2 x MACs of conv/linear/matmul only. "
                   f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]")
 

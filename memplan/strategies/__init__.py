@@ -1,9 +1,9 @@
 """Fine-tuning strategies by name (see ``base`` for the registry)."""
 
-from .base import (STRATEGIES, Strategy, full_train, get_strategy, lastk_start, make_plan, positive, split_options,
+from .base import (DEFAULT_K, STRATEGIES, Strategy, full_train, get_strategy, lastk_start, make_plan, positive, split_options,
                    strategy, transform_model)
 
-__all__ = ["STRATEGIES", "Strategy", "full_train", "get_strategy", "lastk_start", "make_plan", "positive",
+__all__ = ["DEFAULT_K", "STRATEGIES", "Strategy", "full_train", "get_strategy", "lastk_start", "make_plan", "positive",
            "split_options", "strategy", "transform_model", "cache_reuse", "minilearn", "mobiletl", "sparse", "tinytl"]
 # each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn
 from . import cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402

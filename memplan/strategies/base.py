@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch.nn as nn
 
 from ..errors import BadOption
-from ..graph import LayerGraph, Node
+from ..graph import LayerGraph, Node, role
 from ..graph.kinds import NORM_KINDS
 from ..plan import Plan, Train
 from ..registry import Registry
@@ -90,8 +90,9 @@ def make_plan(graph: LayerGraph, method: str, **options: Any) -> Plan:
 
 
 def full_train(node: Node) -> Train:
-    """Everything of one layer: weight and bias where they exist."""
-    return Train(1.0 if "weight" in node.params else 0.0, "bias" in node.params)
+    """Everything of one layer: its weight-role and bias-role parameters where it has them."""
+    roles = {role(p) for p in node.params}
+    return Train(1.0 if "weight" in roles else 0.0, "bias" in roles)
 
 
 def _norms(graph: LayerGraph) -> list[Node]:
@@ -119,16 +120,24 @@ def norm(graph: LayerGraph) -> Plan:
 
 @strategy("bias", "every bias and norm shift + classifier; norms in eval mode (frozen statistics)")
 def bias(graph: LayerGraph) -> Plan:
-    train = {n.name: Train(0.0, True) for n in graph.param_nodes() if "bias" in n.params}
+    train = {n.name: Train(0.0, True) for n in graph.param_nodes() if any(role(p) == "bias" for p in n.params)}
     head = graph.classifier
     train[head.name] = full_train(head)
     return Plan("bias", train)
 
 
+#: K of ``lastk`` / ``mobiletl`` when neither --blocks nor --layers is given: the last 3 blocks
+#: (all of them when the model has fewer; the last 3 conv / linear layers when it has none)
+DEFAULT_K = 3
+
+
 def lastk_start(graph: LayerGraph, blocks: int | None = None, layers: int | None = None) -> int:
-    """Index of the first node of the K-th last block, or of the K-th last conv / linear layer."""
-    if (blocks is None) == (layers is None):
-        raise BadOption("give exactly one of --blocks K or --layers K")
+    """Index of the first node of the K-th last block, or of the K-th last conv / linear layer
+    (``DEFAULT_K`` blocks when neither is given)."""
+    if blocks is not None and layers is not None:
+        raise BadOption("give one of --blocks K or --layers K, not both")
+    if blocks is None and layers is None:
+        blocks, layers = (min(DEFAULT_K, len(graph.blocks)), None) if graph.blocks else (None, DEFAULT_K)
     if blocks is not None:
         if not graph.blocks:
             raise BadOption("no blocks found in this model",

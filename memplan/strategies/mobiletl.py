@@ -22,7 +22,7 @@ from ..errors import BadOption
 from ..graph import LayerGraph, Node
 from ..graph.kinds import NORM_KINDS
 from ..plan import Plan, Train
-from .base import full_train, lastk_start, strategy
+from .base import DEFAULT_K, full_train, lastk_start, strategy
 
 #: activation kinds whose backward MobileTL approximates by a sign (ReLU6, h-swish)
 APPROX_KINDS = frozenset({"hardtanh", "hardswish"})
@@ -60,7 +60,9 @@ def full_norms_of(graph: LayerGraph, norms: list[Node], which: str) -> list[Node
           ("blocks", "full_norms"))
 def mobiletl(graph: LayerGraph, blocks: int | None = None, full_norms: str = "last") -> Plan:
     if blocks is None:
-        raise BadOption("method 'mobiletl' needs --blocks K", "the number of top blocks that train")
+        if not graph.blocks:
+            raise BadOption("no blocks found in this model", "name the blocks with --block-names (module qualnames)")
+        blocks = min(DEFAULT_K, len(graph.blocks))
     if full_norms not in FULL_NORMS:
         raise BadOption(f"unknown full_norms {full_norms!r}", f"use one of: {', '.join(FULL_NORMS)}")
     start = lastk_start(graph, blocks=blocks)

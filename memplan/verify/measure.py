@@ -3,8 +3,7 @@
 ``saved_bytes`` runs one real forward + loss under ``torch.autograd.graph.saved_tensors_hooks``
 and sums the unique storages of the tensors autograd keeps, excluding the model's own
 parameters and buffers; ``step_peak_bytes`` replays torch.profiler's allocation records of one
-step; ``conv_backward_flops`` is a group-aware FLOP formula for ``FlopCounterMode``. Nothing
-here uses memplan's cost model.
+step. Nothing here uses memplan's cost model.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..graph import LayerGraph
+from ..graph import LayerGraph, select_output
 
 
 @dataclass
@@ -31,8 +30,10 @@ def model_modules(model: nn.Module, graph: LayerGraph) -> None:
             node.module = model.get_submodule(node.scope)
 
 
-def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward: bool = False) -> SavedMeasurement:
-    """Bytes autograd saves during forward + cross-entropy loss (unique storages)."""
+def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward: bool = False,
+                output: str | int | None = None) -> SavedMeasurement:
+    """Bytes autograd saves during forward + cross-entropy loss (unique storages). The loss takes
+    the model's output, or the first tensor / the ``output`` entry of a tuple, dict or namedtuple."""
     own = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
     kept: list[torch.Tensor] = []
 
@@ -41,7 +42,7 @@ def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward: bo
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(select_output(model(x), output, type(model).__name__)[0], y)
     seen: set[int] = set()
     total = 0
     rows = []
@@ -82,19 +83,3 @@ def step_peak_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
         live += size
         peak = max(peak, live)
     return peak
-
-
-def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-                        *args, out_shape=None, **kwargs) -> int:
-    """Group-aware FLOPs of ``aten.convolution_backward`` for ``FlopCounterMode(custom_mapping=...)``.
-
-    torch 2.13's own formula over-counts the weight gradient of grouped / depthwise convs by
-    the group factor. Here each requested gradient (``output_mask``) costs what the forward
-    costs: 2 x out_numel x (C_in / groups) x kernel elements, computed from the shapes the
-    autograd engine really passes.
-    """
-    from torch.utils.flop_counter import conv_flop_count
-
-    output_mask = args[-1]
-    fwd = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=transposed)
-    return fwd * int(bool(output_mask[0])) + fwd * int(bool(output_mask[1]))

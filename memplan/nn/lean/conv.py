@@ -20,7 +20,7 @@ def _conv_padding(m: nn.Module) -> tuple[int, ...]:
     """Integer padding of a Conv1d/2d module (zeros mode only, 'same' only if symmetric)."""
     if m.padding_mode != "zeros":
         raise NotImplementedError(f"padding_mode={m.padding_mode!r}: only 'zeros' is supported")
-    pads = conv_padding(m)
+    pads = conv_padding(m.padding, m.kernel_size, m.dilation)
     if any(before != after for before, after in pads):
         raise NotImplementedError("padding='same' with asymmetric padding is not supported")
     return tuple(before for before, _ in pads)

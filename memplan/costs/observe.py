@@ -1,0 +1,232 @@
+"""Costing by observation: ops without a cost rule are run, alone, on meta tensors.
+
+For a node that no rule covers (an unknown function, method or module, a custom autograd
+Function, a script function, a stochastic op), its captured call is replayed on meta tensors of
+the captured shapes and strides, with ``requires_grad`` set as the plan sets it, under
+``torch.autograd.graph.saved_tensors_hooks``: what the hooks receive is exactly what eager
+autograd keeps (for a custom Function, its ``ctx.save_for_backward``). Saved tensors that are the
+node's inputs or output refer to those storages (shared with other ops, counted once); anything
+else is private to the node. FLOPs come from ``FlopCounterMode`` on the same replay (conv /
+matmul family only, the ``forward_flops`` convention; convolution backward group-aware), the
+backward split into grad-input, grad-weight and grad-bias runs.
+
+Meta kernels differ from CPU ones in one known way: eval-mode batch norm returns C-sized
+statistics on meta and empty ones on CPU; :class:`CpuLike` corrects it. A node that cannot run
+on meta is retried on CPU tensors of the same shapes (zeros; at most ``CPU_RETRY_BYTES``); if it
+cannot run at all it is reported with bounds (0 to its inputs + outputs), never as zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..graph import LayerGraph, TensorInfo, role
+from ..plan import OpView
+from .records import Saved
+
+#: largest input + output size (bytes) replayed on CPU when meta fails
+CPU_RETRY_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one replay of a node saw. ``saved`` is None when the node could not run; then
+    ``bounds`` gives (lowest, highest) plausible saved bytes and ``error`` says why."""
+
+    saved: tuple[Saved, ...] | None
+    forward_flops: int = 0
+    grad_input_flops: int = 0
+    grad_weight_flops: int = 0
+    grad_bias_flops: int = 0
+    device: str = "meta"
+    error: str = ""
+    bounds: tuple[int, int] = (0, 0)
+
+
+class CpuLike(TorchDispatchMode):
+    """Meta kernels as eager CPU runs them: eval-mode ``native_batch_norm`` returns empty
+    save_mean / save_invstd (CPU) instead of C-sized ones (meta)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.native_batch_norm.default and not args[5] and args[0].is_meta:
+            return out[0], out[1].new_empty((0,)), out[2].new_empty((0,))
+        return out
+
+
+def _tensor(info: TensorInfo, device: str, requires_grad: bool) -> torch.Tensor:
+    make = torch.zeros if device == "cpu" else torch.empty
+    base = make(max(1, _extent(info)), dtype=info.dtype, device=device)
+    t = base.as_strided(info.shape, info.strides or _row_major(info.shape))
+    if requires_grad and info.dtype.is_floating_point:
+        t = t.detach().requires_grad_(True).clone()  # a non-leaf: in-place ops stay legal
+    return t
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, n = [], 1
+    for s in reversed(shape):
+        strides.append(n)
+        n *= s
+    return tuple(reversed(strides))
+
+
+def _extent(info: TensorInfo) -> int:
+    strides = info.strides or _row_major(info.shape)
+    return 1 + sum((s - 1) * st for s, st in zip(info.shape, strides)) if all(info.shape) else 0
+
+
+class _Replay:
+    """One node's call rebuilt on fresh tensors."""
+
+    def __init__(self, op: OpView, device: str):
+        node = op.node
+        self.node, self.device = node, device
+        fxn: fx.Node = node.fx
+        self.inputs: list[torch.Tensor] = []
+        by_fx: dict[fx.Node, torch.Tensor] = {}
+        sources = node.fx_inputs
+        for i, (info, req) in enumerate(zip(node.in_tensors, op.req_in)):
+            t = _tensor(info, device, req)
+            self.inputs.append(t)
+            if i < len(sources):
+                by_fx[sources[i]] = t
+        self.consts: dict[fx.Node, Any] = node.fx_consts
+
+        def value(a: fx.Node) -> Any:
+            if a in by_fx:
+                return by_fx[a]
+            if a in self.consts:
+                return self.consts[a]
+            raise LookupError(f"argument {a.name} of {node.name} is not available for replay")
+
+        self.args = fx.node.map_arg(fxn.args, value)
+        self.kwargs = fx.node.map_arg(fxn.kwargs, value)
+        self.params: dict[str, torch.Tensor] = {}
+        if fxn.op == "call_module":
+            trains = {"weight": op.train.weight > 0, "bias": op.train.bias}
+            for pname, p in node.module.named_parameters():
+                self.params[pname] = torch.empty_like(p, device=device).requires_grad_(trains[role(pname)])
+            self.buffers = {k: torch.empty_like(b, device=device) if device == "meta" else torch.zeros_like(b,
+                                                                                                          device=device)
+                            for k, b in node.module.named_buffers()}
+
+    def run(self) -> Any:
+        fxn = self.node.fx
+        if fxn.op == "call_function":
+            return fxn.target(*self.args, **self.kwargs)
+        if fxn.op == "call_method":
+            return getattr(self.args[0], fxn.target)(*self.args[1:], **self.kwargs)
+        return torch.func.functional_call(self.node.module, {**self.params, **self.buffers}, self.args, self.kwargs)
+
+
+def _flat(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in _flat(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _flat(x)]
+    return []
+
+
+def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        *args, out_shape=None, **kwargs) -> int:
+    """Group-aware FLOPs of ``aten.convolution_backward`` for ``FlopCounterMode(custom_mapping=...)``.
+
+    torch 2.13's own formula over-counts the weight gradient of grouped / depthwise convs by
+    the group factor. Here each requested gradient (``output_mask``) costs what the forward
+    costs: 2 x out_numel x (C_in / groups) x kernel elements, computed from the shapes the
+    autograd engine really passes.
+    """
+    from torch.utils.flop_counter import conv_flop_count  # noqa: PLC0415  (heavy: only when counting)
+
+    output_mask = args[-1]
+    fwd = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=transposed)
+    return fwd * int(bool(output_mask[0])) + fwd * int(bool(output_mask[1]))
+
+
+def flop_counter():
+    """``FlopCounterMode`` with the group-aware convolution backward."""
+    from torch.utils.flop_counter import FlopCounterMode  # noqa: PLC0415  (heavy: only when counting)
+
+    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops})
+
+
+def _replay(op: OpView, device: str) -> Observed:
+    rp = _Replay(op, device)
+    packed: list[torch.Tensor] = []
+    counter = flop_counter()
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t,
+                                                                         lambda t: t), CpuLike(), counter:
+        out = rp.run()
+    forward = counter.get_total_flops()
+    outs = [t for t in _flat(out)]
+    node, graph = op.node, op.graph
+    known: dict[int, int] = {}
+    for t, info in zip(rp.inputs, node.in_tensors):
+        known.setdefault(t.untyped_storage()._cdata, info.storage)
+    for t, info in zip(outs, node.outs):
+        known.setdefault(t.untyped_storage()._cdata, info.storage)
+    own = {p.untyped_storage()._cdata for p in [*rp.params.values(), *getattr(rp, "buffers", {}).values()]}
+    saved: list[Saved] = []
+    seen: set[int] = set()
+    for t in packed:
+        key = t.untyped_storage()._cdata
+        if key in own or key in seen:
+            continue
+        seen.add(key)
+        if key in known:
+            sid = known[key]
+            saved.append(Saved(graph.storages[sid], sid, "observed"))
+        else:
+            saved.append(Saved(t.untyped_storage().nbytes(), None, f"observed {tuple(t.shape)}"))
+    flops = {"input": 0, "weight": 0, "bias": 0}
+    roots = [t for t in outs if t.requires_grad and t.grad_fn is not None]
+    if roots:
+        wrt = {"input": [t for t in rp.inputs if t.requires_grad],
+               "weight": [p for n, p in rp.params.items() if p.requires_grad and role(n) == "weight"],
+               "bias": [p for n, p in rp.params.items() if p.requires_grad and role(n) == "bias"]}
+        grads = [torch.ones_like(t) if device == "cpu" else torch.empty_like(t) for t in roots]
+        for key, tensors in wrt.items():
+            if tensors:
+                counter = flop_counter()
+                with counter:
+                    torch.autograd.grad(roots, tensors, grads, retain_graph=True, allow_unused=True)
+                flops[key] = counter.get_total_flops()
+    return Observed(tuple(saved), forward, flops["input"], flops["weight"], flops["bias"], device)
+
+
+def observe(op: OpView) -> Observed:
+    """Replay ``op``'s node under its plan's ``requires_grad`` flags (cached per graph)."""
+    graph: LayerGraph = op.graph
+    key = (op.node.index, op.req_in, op.train.weight > 0, op.train.bias)
+    cache = graph.observed
+    if key in cache:
+        return cache[key]
+    if op.node.fx is None:
+        result = _unbounded(op, "nothing to replay")
+    else:
+        try:
+            result = _replay(op, "meta")
+        except Exception as exc:  # noqa: BLE001  (any failure of user code: retry, then bound)
+            size = sum(t.nbytes for t in op.node.in_tensors) + sum(t.nbytes for t in op.node.outs)
+            result = _unbounded(op, f"{type(exc).__name__}: {exc}")
+            if size <= CPU_RETRY_BYTES:
+                try:
+                    result = _replay(op, "cpu")
+                except Exception:  # noqa: BLE001
+                    pass
+    cache[key] = result
+    return result
+
+
+def _unbounded(op: OpView, error: str) -> Observed:
+    hi = sum({t.storage: t.nbytes for t in [*op.node.in_tensors, *op.node.outs]
+              if t.storage not in op.graph.param_storages}.values())
+    return Observed(None, error=" ".join(error.split())[:200], bounds=(0, hi))
