@@ -24,7 +24,7 @@ budgets' setting), from ``memplan.profile_captured(..., "sparse", mode="tinytrai
 memory at the training resolution is printed too.
 
 Run: python benchmarks/sparse_vs_baselines.py [--profile P] [--seeds 0,1,2] [--lr-scales 0.3,1,3]
-[--plot fig9.png] [--json rows.json]  (the shipped evidence in search/evidence/ used --lr-scales 0.3,1,3)
+[--plot fig9.png] [--json rows.json]  (the shipped evidence in benchmarks/sparse_vs_baselines_results/ used --lr-scales 0.3,1,3)
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """File helpers with one-line errors: atomic output (write to a temporary file beside the
-target, then rename over it), JSON objects in, and pydantic validation errors as one line."""
+target, then rename over it), JSON objects in, pydantic validation errors as one line, and the
+shipped data (package data under ``memplan/data``, found with ``importlib.resources``)."""
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import tempfile
@@ -12,6 +14,12 @@ from typing import Any, Callable, TypeVar
 from .errors import MemplanError
 
 T = TypeVar("T")
+
+
+def shipped(*parts: str) -> Path:
+    """A folder or file of memplan's package data (``memplan/data/...``): device profiles
+    (``profiles/devices``), contribution profiles (``profiles``), searched schemes (``schemes``)."""
+    return Path(str(importlib.resources.files("memplan").joinpath("data", *parts)))
 
 
 def _umask_mode() -> int:

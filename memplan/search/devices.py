@@ -1,4 +1,4 @@
-"""Device profiles (``profiles/devices/*.json``): memory of a target device and the reserve kept
+"""Device profiles (package data ``memplan/data/profiles/devices/*.json``): memory of a target device and the reserve kept
 for its runtime, stack and forward buffers; the search budget is ``sram_bytes - reserve_bytes``.
 
 Fields: ``name``, ``description``, ``sram_bytes`` (on-chip SRAM of a microcontroller, main memory of
@@ -14,10 +14,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import BadOption
-from ..io import read_json, validated
+from ..io import read_json, shipped, validated
 
-#: the repository's shipped profiles (contribution profiles here, devices in ``devices/``)
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+#: the shipped profiles (contribution profiles here, devices in ``devices/``); package data
+PROFILES_DIR = shipped("profiles")
 DEVICES_DIR = PROFILES_DIR / "devices"
 
 
