@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..graph import LayerGraph, TensorInfo, role
+from ..graph import LayerGraph, TensorInfo, flatten, role
 from ..plan import OpView
 from .records import Saved
 
@@ -62,22 +62,14 @@ class CpuLike(TorchDispatchMode):
 def _tensor(info: TensorInfo, device: str, requires_grad: bool) -> torch.Tensor:
     make = torch.zeros if device == "cpu" else torch.empty
     base = make(max(1, _extent(info)), dtype=info.dtype, device=device)
-    t = base.as_strided(info.shape, info.strides or _row_major(info.shape))
+    t = base.as_strided(info.shape, info.layout)
     if requires_grad and info.dtype.is_floating_point:
         t = t.detach().requires_grad_(True).clone()  # a non-leaf: in-place ops stay legal
     return t
 
 
-def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, n = [], 1
-    for s in reversed(shape):
-        strides.append(n)
-        n *= s
-    return tuple(reversed(strides))
-
-
 def _extent(info: TensorInfo) -> int:
-    strides = info.strides or _row_major(info.shape)
+    strides = info.layout
     return 1 + sum((s - 1) * st for s, st in zip(info.shape, strides)) if all(info.shape) else 0
 
 
@@ -125,16 +117,6 @@ class _Replay:
         return torch.func.functional_call(self.node.module, {**self.params, **self.buffers}, self.args, self.kwargs)
 
 
-def _flat(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in _flat(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in _flat(x)]
-    return []
-
-
 def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
                         *args, out_shape=None, **kwargs) -> int:
     """Group-aware FLOPs of ``aten.convolution_backward`` for ``FlopCounterMode(custom_mapping=...)``.
@@ -166,7 +148,7 @@ def _replay(op: OpView, device: str) -> Observed:
                                                                          lambda t: t), CpuLike(), counter:
         out = rp.run()
     forward = counter.get_total_flops()
-    outs = [t for t in _flat(out)]
+    outs = [t for t in flatten(out) if isinstance(t, torch.Tensor)]
     node, graph = op.node, op.graph
     known: dict[int, int] = {}
     for t, info in zip(rp.inputs, node.in_tensors):

@@ -14,9 +14,10 @@ from .blocks import find_blocks
 from .capture import capture, select_output, train_mode
 from .conv import SELECT_RULES, ConvLayer, bias_carrier, conv_layers, conv_padding, conv_table, is_pw1, sub_channels
 from .kinds import module_kind, node_kind
+from .layout import flatten
 from .model import LayerGraph, Node, Param, TensorInfo, role
 from .trace import LeafTracer, trace
 
-__all__ = ["capture", "select_output", "train_mode", "role", "trace", "LeafTracer", "LayerGraph", "Node", "TensorInfo", "Param", "find_blocks",
+__all__ = ["flatten", "capture", "select_output", "train_mode", "role", "trace", "LeafTracer", "LayerGraph", "Node", "TensorInfo", "Param", "find_blocks",
            "module_kind", "node_kind", "ConvLayer", "SELECT_RULES", "bias_carrier", "conv_layers", "conv_padding",
            "conv_table", "is_pw1", "sub_channels"]

@@ -42,6 +42,17 @@ class TensorInfo:
         return all(st0 == st1 * s1 for (_, st0), (s1, st1) in zip(kept, kept[1:]))
 
     @property
+    def layout(self) -> tuple[int, ...]:
+        """The strides, row-major ones for a contiguous tensor (``strides`` empty)."""
+        if self.strides:
+            return self.strides
+        out, n = [], 1
+        for s in reversed(self.shape):
+            out.append(n)
+            n *= s
+        return tuple(reversed(out))
+
+    @property
     def numel(self) -> int:
         return math.prod(self.shape)
 

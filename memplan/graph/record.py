@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceFailure
+from .layout import flatten
 from .leafcalls import opaque_calls
 from .trace import LeafTracer, user_frame
 
@@ -43,13 +44,7 @@ _DUNDERS: dict[str, tuple[Any, bool]] = {
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in _tensors(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in _tensors(x)]
-    return []
+    return [t for t in flatten(obj) if isinstance(t, torch.Tensor)]
 
 
 class _Recorder(TorchFunctionMode):

@@ -65,25 +65,17 @@ def reshaped(op: OpView, t: TensorInfo, dims: int, what: str) -> Saved:
 
 def _transposed(t: TensorInfo) -> TensorInfo:
     """``t.mT``: the last two dims swapped (a view)."""
-    shape, strides = list(t.shape), list(t.strides or _row_major(t.shape))
+    shape, strides = list(t.shape), list(t.layout)
     shape[-2:], strides[-2:] = shape[:-3:-1], strides[:-3:-1]
     return TensorInfo(tuple(shape), t.dtype, t.storage, tuple(strides))
 
 
 def _expanded(t: TensorInfo, batch: tuple[int, ...]) -> TensorInfo:
     """``t`` broadcast to ``batch`` leading dims (a view; broadcast dims get stride 0)."""
-    strides = t.strides or _row_major(t.shape)
+    strides = t.layout
     lead = len(batch) - (len(t.shape) - 2)
     new = [0] * lead + [st if s == b else 0 for s, st, b in zip(t.shape[:-2], strides[:-2], batch[lead:])]
     return TensorInfo(batch + t.shape[-2:], t.dtype, t.storage, tuple(new) + tuple(strides[-2:]))
-
-
-def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, n = [], 1
-    for s in reversed(shape):
-        strides.append(n)
-        n *= s
-    return tuple(reversed(strides))
 
 
 @rule("linear")
