@@ -346,7 +346,7 @@ def _claim_parameters(nodes: list[Node], gm: fx.GraphModule, claimed: dict[str, 
         if qual in claimed:
             node.attrs["param_of"] = (claimed[qual], role(qual))
             continue
-        node.kind, node.layer = "param", qual
+        node.kind, node.layer, node.name = "param", qual, qual
         node.uses = {role(qual): qual}
         node.attrs["param_of"] = (qual, role(qual))
         if qual not in seen:
