@@ -18,7 +18,7 @@ from .errors import MemplanError
 from .io import write_text
 from .plan import schema_json
 from .render import export, tables
-from .strategies import STRATEGIES
+from .strategies import STRATEGIES, TRANSFORMS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Memory / FLOP profiler and sparse-update planner for on-device transfer learning.")
@@ -336,7 +336,7 @@ def reproduce(
 @app.command()
 def methods() -> None:
     """The fine-tuning strategies and their options."""
-    tables.print_methods(STRATEGIES.values(), _console())
+    tables.print_methods(STRATEGIES.values(), _console(), TRANSFORMS.values())
 
 
 @app.command()
