@@ -13,12 +13,12 @@ from .errors import MemplanError
 from .graph import LayerGraph, capture, trace
 from .modes import MODES
 from .nn import train
-from .plan import Plan, Scheme, Train, load_scheme
+from .plan import Plan, Scheme, Train, load_scheme, shipped_scheme
 from .strategies import STRATEGIES, make_plan
 from .version import __version__
 
 __all__ = [
     "profile", "compare", "capture_model", "profile_captured", "Profile", "LayerCost", "Totals",
     "MemplanError", "LayerGraph", "capture", "trace", "MODES", "Plan", "Train", "STRATEGIES", "make_plan",
-    "apply_plan", "apply_strategy", "apply_scheme", "Scheme", "load_scheme", "train", "__version__",
+    "apply_plan", "apply_strategy", "apply_scheme", "Scheme", "load_scheme", "shipped_scheme", "train", "__version__",
 ]

@@ -5,9 +5,9 @@
 from .convert import NORM_MODES, fingerprint, scheme_to_plan
 from .plan import FROZEN, OpView, Plan, Train, grad_flow, updated_weight_numel
 from .scheme import (SCHEMA_VERSION, Provenance, Scheme, WeightUpdate, load_scheme, new_provenance, schema_json,
-                     scheme_from_dict)
+                     scheme_from_dict, shipped_scheme)
 from .tinytraining import BackwardFlags, is_backward_config
 
 __all__ = ["NORM_MODES", "fingerprint", "scheme_to_plan", "FROZEN", "OpView", "Plan", "Train", "grad_flow",
            "updated_weight_numel", "SCHEMA_VERSION", "Provenance", "Scheme", "WeightUpdate", "load_scheme",
-           "new_provenance", "schema_json", "scheme_from_dict", "BackwardFlags", "is_backward_config"]
+           "new_provenance", "schema_json", "scheme_from_dict", "shipped_scheme", "BackwardFlags", "is_backward_config"]
