@@ -11,6 +11,7 @@ from .apply import apply_plan, apply_scheme, apply_strategy
 from .costs import LayerCost, Profile, Totals
 from .errors import MemplanError
 from .graph import LayerGraph, capture, trace
+from . import models
 from .modes import MODES
 from .nn import train
 from .plan import Plan, Scheme, Train, load_scheme, shipped_scheme
@@ -20,5 +21,6 @@ from .version import __version__
 __all__ = [
     "profile", "compare", "capture_model", "profile_captured", "Profile", "LayerCost", "Totals",
     "MemplanError", "LayerGraph", "capture", "trace", "MODES", "Plan", "Train", "STRATEGIES", "make_plan",
-    "apply_plan", "apply_strategy", "apply_scheme", "Scheme", "load_scheme", "shipped_scheme", "train", "__version__",
+    "apply_plan", "apply_strategy", "apply_scheme", "Scheme", "load_scheme", "shipped_scheme", "train", "models",
+    "__version__",
 ]
