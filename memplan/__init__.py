@@ -6,6 +6,8 @@ transfer learning.
     >>> p.totals.saved_activation_bytes
 """
 
+from importlib import import_module
+
 from .api import capture_model, compare, profile, profile_captured
 from .apply import apply_plan, apply_scheme, apply_strategy
 from .costs import LayerCost, Profile, Totals
@@ -14,9 +16,18 @@ from .graph import LayerGraph, capture, trace
 from . import models
 from .modes import MODES
 from .nn import train
-from .plan import Plan, Scheme, Train, load_scheme, shipped_scheme
+from .plan import Plan, Train
 from .strategies import STRATEGIES, make_plan
 from .version import __version__
+
+
+def __getattr__(name: str):
+    """The scheme names (pydantic-based) load on first use: ``memplan.Scheme``, ``load_scheme``,
+    ``shipped_scheme``."""
+    if name in ("Scheme", "load_scheme", "shipped_scheme"):
+        return getattr(import_module("memplan.plan"), name)
+    raise AttributeError(f"module 'memplan' has no attribute {name!r}")
+
 
 __all__ = [
     "profile", "compare", "capture_model", "profile_captured", "Profile", "LayerCost", "Totals",

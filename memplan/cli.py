@@ -16,7 +16,6 @@ from rich.console import Console
 from . import api
 from .errors import MemplanError
 from .io import write_text
-from .plan import schema_json
 from .render import export, tables
 from .strategies import STRATEGIES, TRANSFORMS
 
@@ -277,7 +276,10 @@ def search(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of memplan's update-scheme format (a copy is in schema/)."""
-    sys.stdout.write(schema_json() if schema_json().endswith("\n") else schema_json() + "\n")
+    from .plan import schema_json
+
+    text = schema_json()
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 @app.command()
