@@ -4,21 +4,50 @@ transfer learning.
     >>> import memplan
     >>> p = memplan.profile("mcunet-5fps", method="bias", mode="ideal")
     >>> p.totals.saved_activation_bytes
+
+The names below load on first use (module ``__getattr__``): ``import memplan`` itself imports
+neither torch nor any other dependency, so a command line that is interrupted while torch
+loads still ends cleanly, and code that only needs one part never pays for the others.
 """
 
-from .api import capture_model, compare, profile, profile_captured
-from .apply import apply_plan, apply_scheme, apply_strategy
-from .costs import LayerCost, Profile, Totals
+from importlib import import_module
+from typing import Any
+
 from .errors import MemplanError
-from .graph import LayerGraph, capture, trace
-from .modes import MODES
-from .nn import train
-from .plan import Plan, Scheme, Train, load_scheme
-from .strategies import STRATEGIES, make_plan
 from .version import __version__
 
-__all__ = [
-    "profile", "compare", "capture_model", "profile_captured", "Profile", "LayerCost", "Totals",
-    "MemplanError", "LayerGraph", "capture", "trace", "MODES", "Plan", "Train", "STRATEGIES", "make_plan",
-    "apply_plan", "apply_strategy", "apply_scheme", "Scheme", "load_scheme", "train", "__version__",
-]
+#: public name -> the module that defines it
+EXPORTS = {
+    **dict.fromkeys(("profile", "compare", "capture_model", "profile_captured"), "api"),
+    **dict.fromkeys(("apply_plan", "apply_strategy", "apply_scheme"), "apply"),
+    **dict.fromkeys(("LayerCost", "Profile", "Totals"), "costs"),
+    **dict.fromkeys(("LayerGraph", "capture", "trace"), "graph"),
+    "MODES": "modes",
+    "train": "nn",
+    **dict.fromkeys(("Plan", "Train", "Scheme", "load_scheme", "shipped_scheme"), "plan"),
+    **dict.fromkeys(("STRATEGIES", "make_plan"), "strategies"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name of :data:`EXPORTS`, or a subpackage (``memplan.models``), imported on first use."""
+    if name in EXPORTS:
+        value = getattr(import_module(f"{__name__}.{EXPORTS[name]}"), name)
+    elif not name.startswith("_"):
+        try:
+            value = import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *EXPORTS})
+
+
+__all__ = ["MemplanError", "__version__", *EXPORTS, "models"]

@@ -29,7 +29,7 @@ from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
 from .nn.train import OPTIMIZER_STATES
 from .nn.transforms import swap_norm
-from .strategies import DEFAULT_K, get_strategy, make_plan, transform_model
+from .strategies import DEFAULT_K, changes_architecture, make_plan, transform_model
 
 
 @dataclass
@@ -178,14 +178,14 @@ def compare(
     **capture_options: Any,
 ) -> list[Profile]:
     """One profile per strategy. ``methods`` items are names or (name, options). The model is
-    traced once, plus once per strategy that transforms the architecture."""
+    traced once, plus once per strategy (or architecture option) that transforms it."""
     cap = capture_model(model, **capture_options)
     items = methods if methods is not None else default_methods(cap)
     out = []
     for item in items:
         name, opts = (item, {}) if isinstance(item, str) else item
         this = cap
-        if get_strategy(name).transform is not None:
+        if changes_architecture(name, opts):
             this = capture_model(model, method=name, method_options=opts, **capture_options)
         out.append(profile_captured(this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **opts))
     return out

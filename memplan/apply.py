@@ -33,7 +33,7 @@ from .graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
 from .nn.choice import lean_class
 from .nn.lean import LEAN_MODULES, SubChannelConv
 from .nn.transforms import replace_module
-from .plan import Plan, Scheme, Train, grad_flow, load_scheme, scheme_to_plan
+from .plan import Plan, Train, grad_flow, scheme_to_plan
 from .strategies import make_plan
 
 __all__ = ["apply_plain", "apply_plan", "apply_strategy", "apply_scheme", "plan_strategy", "plan_scheme", "write_back",
@@ -173,6 +173,8 @@ def apply_strategy(model: nn.Module, method: str, *, input_shape: Sequence[int] 
 def plan_scheme(model: nn.Module, scheme: Any, graph: LayerGraph | None = None) -> tuple[LayerGraph, Plan]:
     """(graph, plan) of a sparse-update scheme (a ``memplan.Scheme`` or the path of its
     JSON file) on ``model``, traced at the scheme's batch and input shape unless ``graph`` is given."""
+    from .plan import Scheme, load_scheme  # the scheme format (pydantic) only where a scheme is read
+
     if not isinstance(scheme, Scheme):
         scheme = load_scheme(scheme)
     if scheme.added_modules:

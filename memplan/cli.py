@@ -16,9 +16,8 @@ from rich.console import Console
 from . import api
 from .errors import MemplanError
 from .io import write_text
-from .plan import schema_json
 from .render import export, tables
-from .strategies import STRATEGIES
+from .strategies import STRATEGIES, TRANSFORMS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Memory / FLOP profiler and sparse-update planner for on-device transfer learning.")
@@ -277,7 +276,10 @@ def search(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of memplan's update-scheme format (a copy is in schema/)."""
-    sys.stdout.write(schema_json() if schema_json().endswith("\n") else schema_json() + "\n")
+    from .plan import schema_json
+
+    text = schema_json()
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 @app.command()
@@ -336,7 +338,7 @@ def reproduce(
 @app.command()
 def methods() -> None:
     """The fine-tuning strategies and their options."""
-    tables.print_methods(STRATEGIES.values(), _console())
+    tables.print_methods(STRATEGIES.values(), _console(), TRANSFORMS.values())
 
 
 @app.command()

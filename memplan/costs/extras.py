@@ -19,8 +19,8 @@ from ..graph import LayerGraph, TensorInfo
 from ..modes import get_mode
 from ..plan import Plan
 from ..registry import Registry
-from ..strategies.base import lastk, lastk_start
-from ..strategies.minilearn import cut_start, head_start, layers_from
+from ..strategies.base import lastk_start
+from ..strategies.minilearn import STAGES, cut_start, minilearn, stage_start
 from .engine import compute
 from .records import HIDDEN_KINDS, Profile
 
@@ -107,14 +107,16 @@ def cache_extras(graph: LayerGraph, plan: Plan, profile: Profile) -> dict[str, A
     }
 
 
-def finetune_ram(graph: LayerGraph, profile: Profile) -> int:
-    """MiniLearn's stage III RAM: the FC head alone trains (everything before it frozen, not
-    recorded); its fp32 weights + gradients + optimizer state + saved activations under the
-    profile's mode."""
-    head = head_start(graph)
-    stage3 = compute(graph, lastk(graph, layers=layers_from(graph, head)), get_mode(profile.mode),
-                     optimizer=profile.optimizer, frozen_bits=profile.frozen_bits)
-    return split_sum(graph, stage3, head, "total_bytes")[1]
+def stage_ram(graph: LayerGraph, plan: Plan, profile: Profile, stage: str) -> int:
+    """RAM of MiniLearn's ``stage`` (II ``retrain`` / III ``finetune``): the fp32 weights +
+    gradients + optimizer state + saved activations of the layers it trains, under the
+    profile's mode; the frozen part before them stays in flash and is not counted."""
+    opts = plan.options
+    if opts["stage"] != stage:
+        plan = minilearn(graph, opts["cut"], opts["samples"], opts["bits"], stage)
+        profile = compute(graph, plan, get_mode(profile.mode), optimizer=profile.optimizer,
+                          frozen_bits=profile.frozen_bits)
+    return split_sum(graph, profile, stage_start(graph, opts["cut"], stage), "total_bytes")[1]
 
 
 @EXTRAS.register("minilearn")
@@ -126,6 +128,7 @@ def minilearn_extras(graph: LayerGraph, plan: Plan, profile: Profile) -> dict[st
     numel = per_sample_numel(graph, cut)
     per_sample = packed_bytes(numel, bits)
     model_bytes = profile.totals.params
+    ram = {stage: stage_ram(graph, plan, profile, stage) for stage in STAGES}
     return {
         "cut_layer": graph.nodes[start].name,
         "feature_shape": [list(t.shape[1:]) for t in cut],
@@ -136,6 +139,8 @@ def minilearn_extras(graph: LayerGraph, plan: Plan, profile: Profile) -> dict[st
         "model_bytes": model_bytes,
         "storage_bytes": samples * per_sample + model_bytes,
         "train_batch_bytes": graph.batch * numel * 4,
-        "train_ram_bytes": split_sum(graph, profile, start, "total_bytes")[1],
-        "finetune_ram_bytes": finetune_ram(graph, profile),
+        "train_ram_bytes": ram["retrain"],
+        "finetune_ram_bytes": ram["finetune"],
+        "stage": plan.options["stage"],
+        "ram_bytes": ram[plan.options["stage"]],
     }

@@ -8,6 +8,7 @@ which skip slow meta kernels) differ from CPU.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 import torch
@@ -31,6 +32,13 @@ ELEMENTWISE = ACTIVATIONS | {"add", "sub", "mul", "div", "dropout"}
 LIKE_INPUT_MODULES = (nn.Hardtanh,)  # ReLU6 too
 LIKE_INPUT_FUNCTIONS = (F.hardtanh, F.relu6)
 META_LAYOUT_MODULES = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+#: adaptive pooling modules -> spatial dims
+ADAPTIVE_POOL_DIMS = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveMaxPool1d: 1, nn.AdaptiveAvgPool2d: 2, nn.AdaptiveMaxPool2d: 2,
+                      nn.AdaptiveAvgPool3d: 3, nn.AdaptiveMaxPool3d: 3}
+#: out-of-place binary arithmetic whose meta kernels are Python references (their first call
+#: imports torch._dynamo, about a second of a cold start): see ``_binary_output``
+BINARY_FUNCTIONS = frozenset({operator.add, operator.sub, operator.mul, operator.truediv,
+                              torch.add, torch.sub, torch.mul, torch.div})
 
 
 def _channels_last(t: torch.Tensor) -> bool:
@@ -82,6 +90,94 @@ def _elementwise_output(out: torch.Tensor, inputs: list[Any]) -> torch.Tensor:
         return out  # in place
     std = _fast_elementwise(out.shape, ts)
     return out if std is None or std.stride() == out.stride() else std
+
+
+def _binary_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """Output of ``a op b`` without the meta kernel, for float tensors of one dtype (or a float
+    tensor and a Python number): same shapes through TensorIterator's fast path; a contiguous
+    (N, C, 1, 1)-like operand broadcast over a 4-dim one (a squeeze-and-excitation gate) takes
+    the full operand's layout when that is contiguous or channels-last. None otherwise."""
+    if kwargs or len(args) != 2:
+        return None
+    ts = [a for a in args if isinstance(a, torch.Tensor)]
+    if not ts or any(not isinstance(a, (torch.Tensor, int, float)) or isinstance(a, bool) for a in args):
+        return None
+    if any(t.dtype != ts[0].dtype for t in ts) or not ts[0].is_floating_point():
+        return None
+    if len(ts) == 1 or ts[0].shape == ts[1].shape:
+        return _fast_elementwise(ts[0].shape, ts)
+    full, gate = sorted(ts, key=lambda t: t.numel(), reverse=True)
+    if (full.dim() != 4 or gate.dim() != 4 or tuple(gate.shape[2:]) != (1, 1) or not gate.is_contiguous()
+            or any(g not in (1, f) for g, f in zip(gate.shape[:2], full.shape[:2]))):
+        return None
+    return _fast_elementwise(full.shape, [full])
+
+
+def _adaptive_pool_output(pool: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """An adaptive pooling module's output without its meta kernel (a Python reference that
+    imports torch._dynamo): CPU allocates it in the input's suggested memory format."""
+    dims = next((d for cls, d in ADAPTIVE_POOL_DIMS.items() if isinstance(pool, cls)), None)
+    if dims is None or getattr(pool, "return_indices", False) or x.dim() != dims + 2:
+        return None
+    size = pool.output_size if isinstance(pool.output_size, tuple) else (pool.output_size,) * dims
+    shape = (*x.shape[:2], *(x.shape[2 + i] if s is None else s for i, s in enumerate(size)))
+    return _empty(shape, x, _channels_last(x))
+
+
+def _avg_pool_output(pool: nn.AvgPool2d, x: torch.Tensor) -> torch.Tensor | None:
+    """``nn.AvgPool2d`` (floor mode) of a 4-dim input without the meta kernel (whose shape checks
+    import sympy): CPU allocates the output in the input's suggested memory format."""
+    pairs = [v if isinstance(v, (tuple, list)) else (v, v) for v in (pool.kernel_size, pool.stride, pool.padding)]
+    if x.dim() != 4 or pool.ceil_mode or any(len(p) != 2 for p in pairs):
+        return None
+    (kh, kw), (sh, sw), (ph, pw) = pairs
+    out = [(size + 2 * p - k) // s + 1 for size, k, s, p in ((x.shape[2], kh, sh, ph), (x.shape[3], kw, sw, pw))]
+    if min(out) < 1 or 2 * ph > kh or 2 * pw > kw:
+        return None
+    return _empty((*x.shape[:2], *out), x, _channels_last(x))
+
+
+def _interpolate_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``F.interpolate(x, size=...)`` of a 4-dim ``x`` (bilinear / nearest) without the meta kernel:
+    CPU allocates the output in the input's suggested memory format. None for other calls."""
+    names = ("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
+    call = {**dict(zip(names, args)), **kwargs}
+    x, size = call.get("input"), call.get("size")
+    if (not isinstance(x, torch.Tensor) or x.dim() != 4 or call.get("scale_factor") is not None
+            or call.get("mode", "nearest") not in ("nearest", "bilinear") or call.get("antialias")):
+        return None
+    size = tuple(size) if isinstance(size, (tuple, list, torch.Size)) else (size, size)
+    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        return None
+    return _empty((*x.shape[:2], *size), x, _channels_last(x))
+
+
+def _module_output(mod: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """The output of a one-input module computed without its meta kernel (torch's Python meta
+    kernels import torch._dynamo / sympy on first use: about a second of every cold start), laid
+    out as on CPU; None where no shortcut applies (the meta kernel runs)."""
+    kind = module_kind(mod)
+    if kind in NORM_KINDS:
+        return _norm_output(x, kind)
+    if kind in ACTIVATIONS:
+        # in place, the input itself; else TensorIterator's fast path (run_node corrects the exceptions)
+        return x if getattr(mod, "inplace", False) else _fast_elementwise(x.shape, [x])
+    if type(mod) is nn.Dropout and mod.training and not mod.inplace and 0 < mod.p < 1:
+        return _fast_elementwise(x.shape, [x])  # input * mask: a new tensor
+    if type(mod) is nn.AvgPool2d:
+        return _avg_pool_output(mod, x)
+    if kind in ("adaptive_avgpool", "adaptive_maxpool"):
+        return _adaptive_pool_output(mod, x)
+    if type(mod) is nn.Linear and x.dim() == 2 and x.shape[1] == mod.in_features and x.dtype == mod.weight.dtype:
+        return _empty((x.shape[0], mod.out_features), x, False)  # addmm: a new contiguous matrix
+    if type(mod) in (nn.Conv1d, nn.Conv2d):
+        shape = _conv_shape(mod, x.shape)
+        if shape is not None:
+            # channels-last output when the (padded) input or the weight suggests it, as on CPU;
+            # circular padding builds a contiguous padded input
+            last = _channels_last(x) and mod.padding_mode != "circular"
+            return _empty(shape, x, last or _channels_last(mod.weight))
+    return None
 
 
 def _like_input(x: torch.Tensor) -> torch.Tensor:
@@ -138,22 +234,10 @@ class _MetaRunner(fx.Interpreter):
 
     def call_module(self, target, args, kwargs):
         mod = self.fetch_attr(target)
-        kind = module_kind(mod)
-        if kind in NORM_KINDS and len(args) == 1 and isinstance(args[0], torch.Tensor):
-            return _norm_output(args[0], kind)
-        if kind in ACTIVATIONS and len(args) == 1 and isinstance(args[0], torch.Tensor):
-            # skip the (slow, Python) meta kernel where the layout is plain (run_node corrects
-            # the exceptions): in place, the input itself; else TensorIterator's fast path
-            std = args[0] if getattr(mod, "inplace", False) else _fast_elementwise(args[0].shape, [args[0]])
-            if std is not None:
-                return std
-        if type(mod) in (nn.Conv1d, nn.Conv2d) and len(args) == 1 and isinstance(args[0], torch.Tensor):
-            shape = _conv_shape(mod, args[0].shape)
-            if shape is not None:  # torch's meta conv imports sympy on first use (~1 s)
-                # channels-last output when the (padded) input or the weight suggests it, as on
-                # CPU; circular padding builds a contiguous padded input
-                last = _channels_last(args[0]) and mod.padding_mode != "circular"
-                return _empty(shape, args[0], last or _channels_last(mod.weight))
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+            out = _module_output(mod, args[0])
+            if out is not None:
+                return out
         state = dict(mod.named_parameters(recurse=True))
         state.update(mod.named_buffers(recurse=True))
         if all(t.device.type == "meta" for t in state.values()):
@@ -161,6 +245,14 @@ class _MetaRunner(fx.Interpreter):
         if target not in self._meta_cache:
             self._meta_cache[target] = {k: torch.empty_like(v, device="meta") for k, v in state.items()}
         return torch.func.functional_call(mod, self._meta_cache[target], args, kwargs)
+
+    def call_function(self, target, args, kwargs):
+        out = None
+        if target in BINARY_FUNCTIONS:
+            out = _binary_output(args, kwargs)
+        elif target is F.interpolate:
+            out = _interpolate_output(args, kwargs)
+        return out if out is not None else super().call_function(target, args, kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
         try:

@@ -2,8 +2,11 @@
 
 * :func:`swap_norm`: BatchNorm -> GroupNorm with 8 channels per group (TinyTL, Sec. 4.1).
 * :func:`add_lite_residual`: TinyTL's lite residual branch beside every block (Sec. 3.2).
+* :func:`remove_se`: drop squeeze-and-excitation modules (MobileTL Table 4, "remove-SE").
+* :func:`swap_activation`: one activation for every activation module but gates (TinyTL's
+  ReLU, MobileTL Table 4's "ReLU" row).
 
-Both edit the model in place, keep it ``torch.fx``-traceable, and work on real and on
+All edit the model in place, keep it ``torch.fx``-traceable, and work on real and on
 meta-device models (new modules are created on the device / dtype of the block they join;
 random initialisation is skipped on meta, where only shapes matter).
 """
@@ -14,11 +17,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import BadOption
-from ..graph import capture, find_blocks
+from ..errors import BadOption, MemplanError
+from ..graph import capture, find_blocks, module_kind, node_kind, trace
+from ..graph.kinds import ACTIVATIONS
 from ..models.zoo.blocks import make_divisible
 
 #: channels per group of the GroupNorm layers TinyTL uses
@@ -80,6 +85,81 @@ def swap_norm(model: nn.Module, norm: str) -> nn.Module:
     for qualname, m in list(model.named_modules()):
         if isinstance(m, _BATCHNORMS):
             replace_module(model, qualname, _to_group_norm(m))
+    return model
+
+
+# --------------------------------------------------------------------------- SE and activations
+
+#: kinds that pool a whole feature map (the squeeze of a squeeze-and-excitation module)
+GLOBAL_POOLS = frozenset({"adaptive_avgpool", "adaptive_maxpool", "mean"})
+#: activation kinds used as gates (SE, attention): kept by :func:`swap_activation`
+GATES = frozenset({"sigmoid", "hardsigmoid"})
+#: --activation names -> module class
+ACTIVATION_MODULES: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU, "relu6": nn.ReLU6, "leaky_relu": nn.LeakyReLU, "hardswish": nn.Hardswish,
+    "silu": nn.SiLU, "gelu": nn.GELU, "elu": nn.ELU, "tanh": nn.Tanh,
+}  # fmt: skip
+
+
+def _derives_through_pool(gm: fx.GraphModule, node: fx.Node, source: fx.Node) -> bool:
+    """Whether ``node`` is computed from ``source`` along a path through a global pooling."""
+    pending, seen, pooled = [(node, False)], set(), False
+    while pending:
+        n, through = pending.pop()
+        if (n, through) in seen:
+            continue
+        seen.add((n, through))
+        through = through or node_kind(gm, n)[0] in GLOBAL_POOLS
+        if n is source:
+            pooled = pooled or through
+        pending.extend((a, through) for a in n.all_input_nodes)
+    return pooled
+
+
+def is_squeeze_excite(module: nn.Module) -> bool:
+    """Whether ``module`` computes ``x * gate(x)`` with a gate reached from ``x`` through a global
+    pooling (squeeze-and-excitation, whatever the class): read from its torch.fx trace."""
+    if not any(True for _ in module.children()):
+        return False
+    try:
+        gm = trace(module)
+    except MemplanError:
+        return False
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if len(inputs) != 1 or not isinstance(out, fx.Node) or node_kind(gm, out)[0] != "mul":
+        return False
+    operands = [a for a in out.args if isinstance(a, fx.Node)]
+    if len(operands) != 2 or inputs[0] not in operands:
+        return False
+    gate = operands[1] if operands[0] is inputs[0] else operands[0]
+    return gate is not inputs[0] and _derives_through_pool(gm, gate, inputs[0])
+
+
+def remove_se(model: nn.Module) -> nn.Module:
+    """Replace every squeeze-and-excitation module (:func:`is_squeeze_excite`) by ``nn.Identity``,
+    in place; returns the model. A model without one is refused (the option would change nothing)."""
+    found: list[str] = []
+    for qualname, m in model.named_modules():
+        if qualname and not any(qualname.startswith(f + ".") for f in found) and is_squeeze_excite(m):
+            found.append(qualname)
+    if not found:
+        raise BadOption("remove_se: the model has no squeeze-and-excitation module (x * gate(pool(x)))")
+    for qualname in found:
+        replace_module(model, qualname, nn.Identity())
+    return model
+
+
+def swap_activation(model: nn.Module, activation: str) -> nn.Module:
+    """Replace every activation module but gates (``GATES``) by a new ``activation`` module, in
+    place; returns the model. Functional activations in a ``forward`` stay as they are."""
+    cls = ACTIVATION_MODULES.get(activation)
+    if cls is None:
+        raise BadOption(f"unknown activation {activation!r}", f"choose one of: {', '.join(ACTIVATION_MODULES)}")
+    for qualname, m in list(model.named_modules()):
+        kind = module_kind(m)
+        if qualname and kind in ACTIVATIONS and kind not in GATES and type(m) is not cls:
+            replace_module(model, qualname, cls())
     return model
 
 

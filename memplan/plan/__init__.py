@@ -1,13 +1,30 @@
 """Plans: what trains under a strategy (:mod:`.plan`), the sparse-update scheme format
 (:mod:`.scheme`), its mapping to a plan (:mod:`.convert`) and tiny-training's
-``backward_config`` (:mod:`.tinytraining`)."""
+``backward_config`` (:mod:`.tinytraining`).
+
+The scheme format is built on pydantic, which costs a noticeable part of a cold start; its
+names load on first use (module ``__getattr__``), so commands that read no scheme never
+import it.
+"""
+
+from importlib import import_module
+from typing import Any
 
 from .convert import NORM_MODES, fingerprint, scheme_to_plan
 from .plan import FROZEN, OpView, Plan, Train, grad_flow, updated_weight_numel
-from .scheme import (SCHEMA_VERSION, Provenance, Scheme, WeightUpdate, load_scheme, new_provenance, schema_json,
-                     scheme_from_dict)
-from .tinytraining import BackwardFlags, is_backward_config
+
+#: names of the pydantic-based modules, loaded on first use
+LAZY = {**dict.fromkeys(("SCHEMA_VERSION", "Provenance", "Scheme", "WeightUpdate", "load_scheme", "new_provenance",
+                         "schema_json", "scheme_from_dict", "shipped_scheme"), "scheme"),
+        **dict.fromkeys(("BackwardFlags", "is_backward_config"), "tinytraining")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY:
+        return getattr(import_module(f"{__name__}.{LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["NORM_MODES", "fingerprint", "scheme_to_plan", "FROZEN", "OpView", "Plan", "Train", "grad_flow",
            "updated_weight_numel", "SCHEMA_VERSION", "Provenance", "Scheme", "WeightUpdate", "load_scheme",
-           "new_provenance", "schema_json", "scheme_from_dict", "BackwardFlags", "is_backward_config"]
+           "new_provenance", "schema_json", "scheme_from_dict", "shipped_scheme", "BackwardFlags", "is_backward_config"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..version import __version__
 from ..errors import SchemeError
 from ..graph import SELECT_RULES, LayerGraph
-from ..io import read_json, validated, write_text
+from ..io import read_json, shipped, validated, write_text
 from .convert import NORM_MODES, fingerprint, scheme_to_plan
 from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
 
@@ -128,6 +129,16 @@ def scheme_from_dict(data: dict[str, Any], source: str = "scheme") -> Scheme:
 def load_scheme(path: str | os.PathLike) -> Scheme:
     """Read a memplan scheme JSON file."""
     return scheme_from_dict(read_json(path, "scheme file", SchemeError), f"scheme file {path}")
+
+
+def shipped_scheme(name: str) -> Path:
+    """Path of a scheme shipped with memplan (package data ``memplan/data/schemes``; the
+    repository's ``search/`` links to it), e.g. ``shipped_scheme("mcunet-5fps-100KB")``."""
+    path = shipped("schemes", f"{name.removesuffix('.json')}.json")
+    if not path.is_file():
+        names = sorted(p.stem for p in shipped("schemes").glob("*.json"))
+        raise SchemeError(f"no shipped scheme {name!r}", f"shipped: {', '.join(names)}")
+    return path
 
 
 def schema_json() -> str:

@@ -24,6 +24,11 @@ def reproduction_json(rows: Sequence[Reproduction]) -> str:
     return json.dumps([asdict(r) for r in rows], indent=2)
 
 
+def format_ours(value: float) -> str:
+    """memplan's value in the ``reproduce`` table: whole numbers from 1000 on, else 4 significant digits."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def print_reproduction(rows: Sequence[Reproduction], console: Console) -> None:
     """``memplan reproduce``: published vs ours, one row per figure."""
     table = Table(header_style="bold", box=None, pad_edge=False)
@@ -32,7 +37,7 @@ def print_reproduction(rows: Sequence[Reproduction], console: Console) -> None:
                          overflow="fold", max_width=60 if col == "note" else None, no_wrap=col == "figure")
     style = {"ok": "green", "close": "yellow", "differs": "red", "not modelled": "dim"}
     for r in rows:
-        ours = "" if r.ours is None else (f"{r.ours:,.0f}" if abs(r.ours) >= 1000 else f"{r.ours:.4g}")
+        ours = "" if r.ours is None else format_ours(r.ours)
         err = "" if r.error is None else f"{100 * r.error:+.1f}%"
         table.add_row(r.key, r.source, r.mode, f"{r.published:g} {r.unit}", ours, err,
                       f"[{style[r.status]}]{r.status}[/]", "" if r.status == "ok" else r.note)

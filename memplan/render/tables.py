@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..costs.records import LayerCost, Profile
 from ..modes.tinytraining import ConvUpdateCost
-from ..strategies import Strategy
+from ..strategies import Strategy, Transform
 from ..units import fmt_bytes, fmt_count
 
 
@@ -151,11 +151,14 @@ def print_conv_update_costs(rows: Sequence[ConvUpdateCost], console: Console) ->
     console.print(table)
 
 
-def print_methods(strategies: Iterable[Strategy], console: Console) -> None:
-    """``memplan methods``: each strategy with its options and description."""
+def print_methods(strategies: Iterable[Strategy], console: Console, transforms: Iterable[Transform] = ()) -> None:
+    """``memplan methods``: each strategy with its options and description, then the architecture
+    options every strategy takes."""
     for st in strategies:
         opts = " ".join(f"--{o.replace('_', '-')}" for o in st.options + st.transform_options)
         console.print(f"[bold]{st.name}[/] {opts}\n    {st.description}")
+    for t in transforms:
+        console.print(f"[bold]every method[/] {' '.join('-o ' + o + '=' for o in t.options)}\n    {t.description}")
 
 
 def print_models(rows: Sequence[dict[str, Any]], console: Console) -> None:

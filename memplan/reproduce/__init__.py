@@ -14,24 +14,25 @@ KiB rounded down (how the authors label schemes); ``close`` within 5%; ``differs
 
 from __future__ import annotations
 
+import json
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable
 
 from ..api import Captured, capture_model, profile_captured
 from ..costs.records import Profile
 from ..modes import MODES
 from ..registry import Registry
-from ..strategies import get_strategy
-from .figures import FIGURES, NOT_MODELED, UNIT_SCALE, PublishedFigure
+from ..strategies import get_strategy, split_options
+from ..strategies.base import transform_option_names
+from .figures import (CAPTURE_OPTIONS, DESCRIPTIVE_OPTIONS, EVALUATOR_OPTIONS, FIGURES, NOT_MODELED, UNIT_SCALE,
+                      PublishedFigure)
 
 TOLERANCE_OK = 0.01
 TOLERANCE_CLOSE = 0.05
-#: the strategy whose architecture transform builds TinyTL's network (lite residual branches)
-LITE_ARCHITECTURE = "tinytl-l"
-#: figure options read as plan options of the figure's strategy (when it takes them)
-PLAN_OPTIONS = ("blocks", "bits", "samples", "scheme")
+#: captured models kept for reuse across figures (a capture costs up to seconds)
+CACHE_SIZE = 64
 
 
 class NotModelled(Exception):
@@ -57,60 +58,57 @@ class Reproduction:
 # --------------------------------------------------------------------------- profiles
 
 
-def _capture_kwargs(fig: PublishedFigure) -> dict[str, Any]:
-    o = fig.options
-    kw: dict[str, Any] = {"batch": o.get("batch") or 1}
-    if o.get("resolution"):
-        kw["resolution"] = o["resolution"]
-    if o.get("num_classes"):
-        kw["classes"] = o["num_classes"]
-    if o.get("norm") == "group":
-        kw["norm"] = "group"
-    return kw
+def _options(fig: PublishedFigure, method: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(capture keyword arguments, strategy options) of ``fig`` profiled with ``method``.
 
-
-def _lite_options(fig: PublishedFigure) -> dict[str, Any]:
-    """TinyTL's lite residual settings of the figure, as the lite strategies' transform options."""
-    o = fig.options
-    out = {}
-    if "lite_residual_kernel" in o:
-        out["lite_kernel"] = o["lite_residual_kernel"]
-    if "lite_residual_groups" in o:
-        out["lite_groups"] = o["lite_residual_groups"]
-    return out
-
-
-def _architecture(fig: PublishedFigure, method: str) -> tuple[str | None, dict[str, Any]]:
-    """(strategy whose architecture transform builds the profiled network, its options).
-
-    A strategy with a transform of its own uses it, with the figure's settings of its transform
-    options. A strategy without transform or options (full, last, norm, bias, tinytl-b) runs on
-    TinyTL's lite-residual network when the figure gives the branch settings. Strategies with
-    options (lastk, mobiletl: MobileTL Table 5's patch rows) are profiled on the plain network."""
+    Every figure option is read: by the capture (``CAPTURE_OPTIONS``), by the evaluator
+    (``EVALUATOR_OPTIONS``), declared as changing nothing memplan builds (``DESCRIPTIVE_OPTIONS``,
+    with the reason), or as an option of ``method`` or of the architecture transforms every method
+    accepts (the strategy registry). Anything else makes the figure "not modelled": memplan never
+    profiles a configuration other than the figure's."""
     st = get_strategy(method)
-    if st.transform is not None:
-        return method, {k: v for k, v in _lite_options(fig).items() if k in st.transform_options}
-    lite = _lite_options(fig)
-    if fig.options.get("lite_residual") and lite and not st.options:
-        return LITE_ARCHITECTURE, lite
-    return None, {}
+    accepted = set(st.options) | set(st.transform_options) | set(transform_option_names())
+    capture: dict[str, Any] = {"batch": 1}
+    strategy: dict[str, Any] = {}
+    for key, value in fig.options.items():
+        if key in CAPTURE_OPTIONS:
+            if value is not None:
+                capture[CAPTURE_OPTIONS[key]] = value
+        elif key in accepted:
+            strategy[key] = value
+        elif key not in EVALUATOR_OPTIONS and key not in DESCRIPTIVE_OPTIONS:
+            raise NotModelled(f"memplan cannot build the figure's {key}={value!r} with method {method!r}")
+    return capture, strategy
 
 
-@lru_cache(maxsize=64)
-def _captured(model: str, kw: tuple, arch: str | None, arch_options: tuple) -> Captured:
-    return capture_model(model, method=arch, method_options=dict(arch_options), **dict(kw))
+_CAPTURES: OrderedDict[tuple, Captured] = OrderedDict()
+
+
+def _captured(model: str, capture: dict[str, Any], method: str, options: dict[str, Any]) -> Captured:
+    """The capture of ``model`` transformed for ``method`` with ``options``, shared by every
+    figure whose network is the same (same capture, same transforms)."""
+    shaping = split_options(method, options)[1]
+    own = method if get_strategy(method).transform is not None else None
+    key = (model, _frozen(capture), own, _frozen(shaping))
+    if key not in _CAPTURES:
+        _CAPTURES[key] = capture_model(model, method=method, method_options=shaping, **capture)
+        if len(_CAPTURES) > CACHE_SIZE:
+            _CAPTURES.popitem(last=False)
+    return _CAPTURES[key]
+
+
+def _frozen(options: dict[str, Any]) -> str:
+    return json.dumps(options, sort_keys=True)
 
 
 def _profile(fig: PublishedFigure, mode: str | None = None, method: str | None = None) -> Profile:
     method = method or fig.method
     if method == "inference":
         method = "last"
-    accepted = get_strategy(method).options
-    opts = {k: fig.options[k] for k in PLAN_OPTIONS if fig.options.get(k) is not None and k in accepted}
-    arch, arch_options = _architecture(fig, method)
-    cap = _captured(fig.model, tuple(sorted(_capture_kwargs(fig).items())), arch, tuple(sorted(arch_options.items())))
+    capture, options = _options(fig, method)
+    cap = _captured(fig.model, capture, method, options)
     mode = mode or (fig.mode if fig.mode in MODES else "pytorch")
-    return profile_captured(cap, method, mode=mode, **opts)
+    return profile_captured(cap, method, mode=mode, **options)
 
 
 def _block_only(fig: PublishedFigure) -> bool:
@@ -135,24 +133,30 @@ def trainable_params(fig: PublishedFigure) -> float:
     return _profile(fig, mode="ideal").totals.trainable_params
 
 
+def _flops(fig: PublishedFigure, costs: Any, direction: str) -> int:
+    """Forward or backward FLOPs of ``costs``: conv / linear / matmul, plus every other op where
+    the figure counts them (``other_ops``)."""
+    return getattr(costs, f"{direction}_flops") + (getattr(costs, f"{direction}_other_flops")
+                                                   if fig.options.get("other_ops") else 0)
+
+
 @evaluator("training_flops")
 def training_flops(fig: PublishedFigure) -> float:
     if _block_only(fig):
         p = _profile(fig, mode="ideal", method="full")
-        rows = [lc for lc in p.layers if lc.block]
-        return sum(lc.forward_flops + lc.backward_flops for lc in rows)
+        return sum(_flops(fig, lc, "forward") + _flops(fig, lc, "backward") for lc in p.layers if lc.block)
     t = _profile(fig, mode="ideal").totals
-    return t.forward_flops + t.backward_flops
+    return _flops(fig, t, "forward") + _flops(fig, t, "backward")
 
 
 @evaluator("forward_flops")
 def forward_flops(fig: PublishedFigure) -> float:
-    return _profile(fig, mode="ideal").totals.forward_flops
+    return _flops(fig, _profile(fig, mode="ideal").totals, "forward")
 
 
 @evaluator("backward_flops")
 def backward_flops(fig: PublishedFigure) -> float:
-    return _profile(fig, mode="ideal").totals.backward_flops
+    return _flops(fig, _profile(fig, mode="ideal").totals, "backward")
 
 
 @evaluator("activation_memory")
@@ -232,7 +236,7 @@ def storage(fig: PublishedFigure) -> float:
 @evaluator("ram")
 def ram(fig: PublishedFigure) -> float:
     if fig.method == "minilearn":
-        return _profile(fig).extras["train_ram_bytes"]
+        return _profile(fig).extras["ram_bytes"]
     return _profile(fig, method="minilearn").extras["model_bytes"]
 
 

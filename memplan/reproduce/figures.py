@@ -49,7 +49,13 @@ How to add a figure
 3. ``source``: exactly where it is printed ("TinyTL Table 2", "MobileTL Sec. 'Efficient
    Transfer Learning' (Fig. 4 text)", ...).
 4. ``model``: a memplan zoo name; ``method``: a memplan strategy name (``"inference"`` for
-   plain-network statistics); ``options``: batch, resolution, num_classes, blocks, ...
+   plain-network statistics); ``options``: the configuration. Each option is read by the
+   capture (:data:`CAPTURE_OPTIONS`), by the quantity's evaluator (:data:`EVALUATOR_OPTIONS`),
+   or is an option of the strategy (``memplan methods``: e.g. blocks, samples, stage, prune,
+   and the architecture options every method takes: remove_se, activation, lite, lite_*), or
+   is declared in :data:`DESCRIPTIVE_OPTIONS` with the reason it changes nothing memplan
+   builds. A figure with any other option is reported "not modelled", never profiled on
+   another configuration.
 5. ``note``: one line saying how the paper counted it, whether the configuration is a
    best reading (and why), and whether accounting.md says it reproduces.
 6. If no analytical mode can rebuild it (a measurement, an unknown architecture), put it in
@@ -84,6 +90,43 @@ UNIT_SCALE: dict[str, float] = {
 
 #: the conventions a published figure may name (accounting modes plus ``inference`` and ``measured``)
 FIGURE_MODES: tuple[str, ...] = ("tinytl", "tinytraining", "pytorch", "ideal", "inference", "measured")
+
+
+#: figure options the capture reads -> ``memplan.api.capture_model`` keyword (None: not printed, default)
+CAPTURE_OPTIONS: dict[str, str] = {"batch": "batch", "resolution": "resolution", "num_classes": "classes",
+                                   "norm": "norm"}
+#: figure options read by the evaluator of the figure's quantity (``memplan.reproduce``)
+EVALUATOR_OPTIONS: dict[str, str] = {
+    "layer_index": "row of a per-layer table (input = 0, then conv / pool / linear layers in order)",
+    "block": "the figure is of one block: sums over that block's layers",
+    "include_classifier": "false: parameters without the classifier",
+    "other_ops": "true: FLOPs count every op (norms, activations, adds, pooling, loss), not only conv / linear",
+}
+#: figure options that describe the figure without changing what memplan builds, and why
+DESCRIPTIVE_OPTIONS: dict[str, str] = {
+    "dataset": "names the data set; its sizes enter through resolution, classes and samples",
+    "cut_shape": "the printed shape of the cached tensor: a check of the cut (tests), not an input",
+    "layer": "the printed label of a per-layer table row",
+    "shape": "the printed shape of a per-layer table row (its output bytes are a figure of their own)",
+    "input_shape": "the fixed input of the zoo network the figure names",
+    "original_classes": "the pre-trained head; the zoo network has it unless num_classes is given",
+    "subset_classes": "the classes the device retrains for; num_classes gives the head where it is built",
+    "train_split": "splits the stored samples between MiniLearn's stages; no memory figure depends on it",
+    "lite_init": "the lite residual branches' initialisation; no size or count depends on it",
+    "frozen_weight_bits": "the tinytl convention (mode) stores frozen weights in int8 already",
+    "gn_channels_per_group": "memplan's GroupNorm swap uses 8 channels per group already",
+    "activation_bits": "the tinytraining convention's bit width (mode)",
+    "weight_bits": "the tinytraining convention's bit width (mode)",
+    "bias_bits": "the tinytraining convention's bit width (mode)",
+    "momentum_bits": "the tinytraining convention has no momentum (mode)",
+    "in_channels": "describes the zoo block network the figure names",
+    "out_channels": "describes the zoo block network the figure names",
+    "kernel": "describes the zoo block network the figure names",
+    "feature_map": "describes the zoo block network the figure names",
+    "expand": "describes the zoo block network the figure names",
+    "se_squeeze": "describes the zoo block network the figure names",
+    "block_activation": "describes the zoo block network the figure names",
+}
 
 
 @dataclass(frozen=True)

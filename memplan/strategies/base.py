@@ -5,6 +5,9 @@ norms use batch statistics. It knows nothing of memory or FLOPs (those come from
 so every strategy works under every mode. A strategy that changes the architecture (TinyTL's
 lite residual branches, MiniLearn's pruning) also declares a ``transform`` applied to the
 model before tracing; the same transform is what ``apply_strategy`` uses on a real model.
+Architecture changes any strategy can be combined with (remove SE, swap the activation, add
+lite residual branches: ``memplan.strategies.architecture``) are registered in
+``TRANSFORMS``; their options are accepted by every strategy and applied first.
 Figures of a strategy beyond per-layer costs (cache bytes, FLOPs per epoch) are costs, in
 ``memplan.costs.extras``.
 """
@@ -39,6 +42,33 @@ class Strategy:
 STRATEGIES: Registry[Strategy] = Registry("method")
 
 
+@dataclass(frozen=True)
+class Transform:
+    """An architecture change every strategy accepts: ``fn(model, **options) -> model``, a no-op
+    when its options are left at their defaults."""
+
+    name: str
+    fn: TransformFn
+    description: str
+    options: tuple[str, ...]
+
+
+TRANSFORMS: Registry[Transform] = Registry("architecture transform")
+
+
+def architecture(name: str, description: str, options: tuple[str, ...]) -> Callable[[TransformFn], TransformFn]:
+    """Decorator registering a model transform whose ``options`` every strategy accepts."""
+    def register(fn: TransformFn) -> TransformFn:
+        TRANSFORMS.add(name, Transform(name, fn, description, options))
+        return fn
+    return register
+
+
+def transform_option_names() -> tuple[str, ...]:
+    """The options of every registered architecture transform, in registration order."""
+    return tuple(o for t in TRANSFORMS.values() for o in t.options)
+
+
 def strategy(name: str, description: str, options: tuple[str, ...] = (), transform: TransformFn | None = None,
              transform_options: tuple[str, ...] = ()) -> Callable[[StrategyFn], StrategyFn]:
     """Decorator registering a plan function as strategy ``name``."""
@@ -65,20 +95,31 @@ def split_options(method: str, options: dict[str, Any]) -> tuple[dict[str, Any],
     """(plan options, transform options) of ``method``; None values count as not given."""
     st = get_strategy(method)
     given = {k: v for k, v in options.items() if v is not None}
-    extra = sorted(set(given) - set(st.options) - set(st.transform_options))
+    shaping = st.transform_options + transform_option_names()
+    extra = sorted(set(given) - set(st.options) - set(shaping))
     if extra:
         accepted = st.options + st.transform_options
         raise BadOption(f"option --{extra[0].replace('_', '-')} does not apply to method {method!r}",
-                        f"{method} takes: {', '.join('--' + o.replace('_', '-') for o in accepted) or 'no options'}")
-    return ({k: v for k, v in given.items() if k in st.options},
-            {k: v for k, v in given.items() if k in st.transform_options})
+                        f"{method} takes: {', '.join('--' + o.replace('_', '-') for o in accepted) or 'no options'}"
+                        f"; every method takes: {', '.join(transform_option_names())}")
+    return ({k: v for k, v in given.items() if k in st.options}, {k: v for k, v in given.items() if k in shaping})
+
+
+def changes_architecture(method: str, options: dict[str, Any]) -> bool:
+    """Whether ``method`` with ``options`` transforms the model before tracing."""
+    return get_strategy(method).transform is not None or bool(split_options(method, options)[1])
 
 
 def transform_model(model: nn.Module, method: str, **options: Any) -> nn.Module:
-    """Apply ``method``'s architecture transform (if any) to ``model``; returns the model."""
+    """Apply the registered architecture transforms (``TRANSFORMS``, with their options) and then
+    ``method``'s own transform (if any) to ``model``; returns the model."""
     st = get_strategy(method)
     _, topts = split_options(method, options)
-    return st.transform(model, **topts) if st.transform is not None else model
+    for t in TRANSFORMS.values():
+        model = t.fn(model, **{k: v for k, v in topts.items() if k in t.options})
+    if st.transform is None:
+        return model
+    return st.transform(model, **{k: v for k, v in topts.items() if k in st.transform_options})
 
 
 def make_plan(graph: LayerGraph, method: str, **options: Any) -> Plan:

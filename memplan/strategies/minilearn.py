@@ -6,7 +6,8 @@ The device stores, per training sample, the int8 output of the frozen layers (th
 flash; it prunes the output filters of the retrained convs by their L1 / L2 norm (the next
 layer's input channels shrink with them), dequantises one batch at a time and retrains the
 layers after the cut in fp32 (stage II), then requantises the convs and fine-tunes the fully
-connected head alone (stage III).
+connected head alone (stage III). ``stage`` chooses which one the plan (and the profile's
+per-layer costs and totals) is: ``"retrain"`` (stage II, default) or ``"finetune"`` (stage III).
 
 Options: ``cut`` = number of last conv layers retrained (default 1). The paper keeps "the
 first convolution layer(s)" frozen and calls the split a hyperparameter; the authors' code
@@ -29,7 +30,8 @@ are exact, the RAM ones follow the profile's accounting mode):
   optimizer state + saved activations (incl. that batch); the frozen int8 prefix stays in
   flash and does not run (Figure 5 part b);
 * ``finetune_ram_bytes``: stage III, the same sums over the fully connected head only
-  (Figure 5 part c).
+  (Figure 5 part c);
+* ``stage`` and ``ram_bytes``: the profiled stage and its RAM (one of the two above).
 
 Published vs ours (``memplan reproduce``, keys ``minilearn.``):
 
@@ -78,6 +80,8 @@ from .base import lastk, positive, strategy
 DEFAULT_SAMPLES = 600
 DEFAULT_BITS = 8
 NORMS = ("l1", "l2")
+#: the trained stages: II retrains the layers after the cut, III fine-tunes the FC head alone
+STAGES = ("retrain", "finetune")
 #: kinds a pruned channel passes through unchanged on its way to the next conv / linear
 CHANNEL_WISE = ACTIVATIONS | {"maxpool", "avgpool", "adaptive_avgpool", "adaptive_maxpool", "dropout", "identity"}
 #: view calls that flatten (C, ...) channel-major in front of a linear layer
@@ -112,6 +116,13 @@ def head_start(graph: LayerGraph) -> int:
     last_conv = _convs(graph)[-1].index
     return min((n.index for n in graph.param_nodes() if n.kind == "linear" and n.index > last_conv),
                default=graph.classifier.index)
+
+
+def stage_start(graph: LayerGraph, cut: int, stage: str) -> int:
+    """Index of the first node trained in ``stage``: the cut (stage II) or the FC head (stage III)."""
+    if stage not in STAGES:
+        raise BadOption(f"unknown minilearn stage {stage!r}", f"choose one of: {', '.join(STAGES)}")
+    return cut_start(graph, cut) if stage == "retrain" else head_start(graph)
 
 
 # --------------------------------------------------------------------------- pruning transform
@@ -227,10 +238,12 @@ def layers_from(graph: LayerGraph, start: int) -> int:
 
 
 @strategy("minilearn", "retrain the last --cut conv layers + FC head in fp32 from int8 features cached in flash, "
-          "with L1/L2 filter pruning (-o prune=0.5)", ("cut", "samples", "bits"),
-          transform=prune_filters, transform_options=("cut", "prune", "prune_norm"))
-def minilearn(graph: LayerGraph, cut: int = 1, samples: int = DEFAULT_SAMPLES, bits: int = DEFAULT_BITS) -> Plan:
-    plan = lastk(graph, layers=layers_from(graph, cut_start(graph, cut)))
+          "with L1/L2 filter pruning (-o prune=0.5); -o stage=finetune: stage III, the FC head alone",
+          ("cut", "samples", "bits", "stage"), transform=prune_filters, transform_options=("cut", "prune", "prune_norm"))
+def minilearn(graph: LayerGraph, cut: int = 1, samples: int = DEFAULT_SAMPLES, bits: int = DEFAULT_BITS,
+              stage: str = "retrain") -> Plan:
+    plan = lastk(graph, layers=layers_from(graph, stage_start(graph, cut, stage)))
     plan.method = "minilearn"
-    plan.options = {"cut": cut, "samples": positive("samples", samples), "bits": positive("bits", bits, 32)}
+    plan.options = {"cut": cut, "samples": positive("samples", samples), "bits": positive("bits", bits, 32),
+                    "stage": stage}
     return plan

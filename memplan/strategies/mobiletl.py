@@ -14,6 +14,13 @@ inverted-residual blocks with shift-only internal norms and sign-approximated ac
 = MobileTL-proj-bn), ``"expand"`` (-exp-bn: the norm after the 1x1 expansion conv), ``"dw"``
 (-dw-bn: the norm after the depthwise conv), ``"all"`` (-all-bn) and ``"none"`` (-all-bn-shift).
 In the -exp-bn / -dw-bn variants the other norms, the last one included, train the shift only.
+
+Model patches (the paper's Table 5): with ``lite=true`` (an option of every method,
+``memplan.strategies.architecture``; ``lite_blocks=K`` puts them in the K trained blocks) the
+lite residual branches inside the K blocks train fully (norms in train mode) and the rules
+above apply to the blocks' own layers; ``train_main=false`` freezes those (the patches, the
+feature mix and the classifier still train; activations stay sign-approximated, since the
+gradient passes through them to the patches below).
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from __future__ import annotations
 from ..errors import BadOption
 from ..graph import LayerGraph, Node
 from ..graph.kinds import NORM_KINDS
+from ..nn.transforms import is_lite
 from ..plan import Plan, Train
+from .architecture import flag
 from .base import DEFAULT_K, full_train, lastk_start, strategy
 
 #: activation kinds whose backward MobileTL approximates by a sign (ReLU6, h-swish)
@@ -56,9 +65,10 @@ def full_norms_of(graph: LayerGraph, norms: list[Node], which: str) -> list[Node
 
 
 @strategy("mobiletl", "top K blocks train with shift-only internal norms (frozen scale and statistics), the "
-          "block's last norm fully, sign-approximated ReLU6 / h-swish backward; feature mix and classifier train",
-          ("blocks", "full_norms"))
-def mobiletl(graph: LayerGraph, blocks: int | None = None, full_norms: str = "last") -> Plan:
+          "block's last norm fully, sign-approximated ReLU6 / h-swish backward; feature mix and classifier train; "
+          "lite branches in the blocks train fully (train_main=false: only they do)",
+          ("blocks", "full_norms", "train_main"))
+def mobiletl(graph: LayerGraph, blocks: int | None = None, full_norms: str = "last", train_main: bool = True) -> Plan:
     if blocks is None:
         if not graph.blocks:
             raise BadOption("no blocks found in this model", "name the blocks with --block-names (module qualnames)")
@@ -71,12 +81,16 @@ def mobiletl(graph: LayerGraph, blocks: int | None = None, full_norms: str = "la
     norm_train = {n.name for n in tail if n.kind in NORM_KINDS}
     approx: set[str] = set()
     for block in graph.blocks[-blocks:]:
-        inside = [n for n in graph.nodes if n.block == block]
+        inside = [n for n in graph.nodes if n.block == block and not is_lite(n.name)]
         norms = [n for n in inside if n.kind in NORM_KINDS and n.params]
         full = {n.name for n in full_norms_of(graph, norms, full_norms)}
         for n in norms:
             if n.name not in full:
                 train[n.name] = Train(0.0, "bias" in n.params)
+                norm_train.discard(n.name)
+        if not flag("train_main", train_main):
+            for n in inside:
+                train.pop(n.name, None)
                 norm_train.discard(n.name)
         approx |= {n.name for n in inside if n.kind in APPROX_KINDS}
     return Plan("mobiletl", train, norm_train, approx)

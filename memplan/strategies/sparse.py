@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import BadOption, SchemeError
 from ..graph import LayerGraph
 from ..io import read_json
-from ..plan import Plan, Scheme, is_backward_config, scheme_from_dict, scheme_to_plan
+from ..plan import Plan, scheme_to_plan
 from .base import strategy
 
-SchemeSource = str | os.PathLike | dict[str, Any] | Scheme
+if TYPE_CHECKING:
+    from ..plan import Scheme
+
+SchemeSource = Union[str, os.PathLike, dict[str, Any], "Scheme"]
 
 
 def resolve_scheme(graph: LayerGraph, scheme: SchemeSource) -> Scheme:
     """A :class:`Scheme` from a file path, a dict or a Scheme. Files and dicts may hold memplan's
     scheme JSON or tiny-training's ``backward_config`` (told apart by their keys)."""
+    from ..plan import Scheme, is_backward_config, scheme_from_dict  # pydantic only where a scheme is read
+
     if isinstance(scheme, Scheme):
         return scheme
     source = "scheme"

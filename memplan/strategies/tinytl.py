@@ -7,30 +7,21 @@
 * ``tinytl-lb``: ``tinytl-l`` plus every bias and norm shift of the backbone.
 
 The ``-l`` variants add the branches first (``memplan.nn.transforms.add_lite_residual``) with the
-transform options ``lite_kernel`` (5), ``lite_groups`` (2), ``lite_downsample`` (2) and
-``lite_norm`` ("batch" / "group"; default: the kind the block uses). TinyTL's own setting also
+transform options ``lite_kernel`` (5), ``lite_groups`` (2), ``lite_downsample`` (2),
+``lite_norm`` ("batch" / "group"; default: the kind the block uses) and ``lite_blocks``
+(``memplan.strategies.architecture``). TinyTL's own setting also
 swaps every BatchNorm for GroupNorm: ``--norm group``.
 """
 
 from __future__ import annotations
 
-import torch.nn as nn
-
 from ..errors import BadOption
 from ..graph import LayerGraph
 from ..graph.kinds import NORM_KINDS
 from ..plan import Plan, Train
-from ..nn.transforms import add_lite_residual, is_lite
+from ..nn.transforms import is_lite
+from .architecture import LITE_OPTIONS, lite_transform
 from .base import bias, full_train, strategy
-
-LITE_OPTIONS = ("lite_kernel", "lite_groups", "lite_downsample", "lite_norm")
-
-
-def lite_transform(model: nn.Module, lite_kernel: int = 5, lite_groups: int = 2, lite_downsample: int = 2,
-                   lite_norm: str | None = None) -> nn.Module:
-    """``add_lite_residual`` under the strategies' option names."""
-    return add_lite_residual(model, kernel=lite_kernel, groups=lite_groups, downsample=lite_downsample,
-                             norm=lite_norm)
 
 
 def _lite_plan(graph: LayerGraph, method: str, biases: bool) -> Plan:
