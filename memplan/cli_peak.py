@@ -8,7 +8,6 @@ import sys
 from typing import List, Optional
 
 import typer
-from click.core import ParameterSource
 from rich.console import Console
 
 from .costs.records import Profile
@@ -30,7 +29,8 @@ def calibration_arg(text: str) -> str | None:
 
 def device_mode(ctx: typer.Context, mode: str, device: Optional[str]) -> str:
     """The mode of ``memplan profile``: ``--mode`` when given, else the device's default mode."""
-    if device is None or ctx.get_parameter_source("mode") not in (ParameterSource.DEFAULT, None):
+    source = ctx.get_parameter_source("mode")
+    if device is None or getattr(source, "name", "DEFAULT") != "DEFAULT":  # typer may bundle its own click
         return mode
     from .search.devices import load_device
 
