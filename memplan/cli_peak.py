@@ -74,5 +74,7 @@ def calibrate(
     console.print(f"{result.configs} kernel configurations, {result.measured} measured now "
                   f"({result.configs - result.measured} already calibrated) in {result.seconds:.1f} s; "
                   f"wrote {result.path}")
+    for what, why in result.skipped.items():
+        console.print(f"skipped {what}: {why}", markup=False)
     for label, why in result.failed.items():
         console.print(f"[yellow]could not run (no workspace counted): {label} ({why})[/]", markup=True)

@@ -139,7 +139,8 @@ def _peak_options(views: list, mode: Mode, schedule: str,
                   calibration: Calibration | str | None) -> tuple[PeakOptions, dict[str, Any]]:
     """The simulated step's options and ``Profile.workspace``."""
     if not mode.kernel_workspaces:
-        return PeakOptions(schedule), {"status": "not modelled", "source": f"mode {mode.name!r} does not run PyTorch kernels"}
+        return PeakOptions(schedule), {"status": "not modelled",
+                                       "source": f"mode {mode.name!r} does not run PyTorch kernels"}
     if calibration is None:
         return PeakOptions(schedule), {"status": "not modelled", "source": "no calibration requested"}
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)

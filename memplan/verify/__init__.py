@@ -11,9 +11,9 @@ unique storages, parameters and buffers excluded) and ``steps`` training steps o
 batch. ``ok`` holds when both measured saved-activation byte counts are within ``tolerance``
 bytes of their predictions (default 0: exact).
 
-The step peak is informational (allocator rounding, kernel workspaces and temporaries are not
-modelled; :mod:`.meter`): measured peak = bytes of the tensors resident when a step starts (parameters,
-buffers, optimizer state, the batch) + the growth during the step, which is on CUDA
+The step peak is informational (allocator rounding is not modelled; kernel workspaces are,
+once this machine is calibrated with ``memplan calibrate``; :mod:`.meter`): measured peak =
+bytes of the tensors resident when a step starts (parameters, buffers, optimizer state, the batch) + the growth during the step, which is on CUDA
 ``torch.cuda.max_memory_allocated`` minus the allocated bytes at the start, and on CPU the
 process's resident-set high-water mark (``VmHWM`` of ``/proc/self/status``, reset through
 ``/proc/self/clear_refs``) minus its resident set at the start. So that freed tensors leave

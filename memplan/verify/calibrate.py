@@ -18,7 +18,7 @@ so calibrating the whole zoo costs about one step per distinct configuration.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -39,6 +39,7 @@ class CalibrationRun:
     measured: int
     failed: dict[str, str]  # label -> why the op could not run
     seconds: float
+    skipped: dict[str, str] = field(default_factory=dict)  # "model method" -> why it has no plan
 
 
 # --------------------------------------------------------------------------- measuring
@@ -201,13 +202,22 @@ def calibrate(models: Sequence[str], methods: Sequence[str] | None = None, *, ba
     (default: the strategies ``memplan compare`` shows for the model), into this machine's
     calibration file. ``options``: strategy options (``blocks``, ``scheme``, ...)."""
     from ..api import capture_model, default_methods
+    from ..errors import MemplanError
     from ..strategies import get_strategy, make_plan
+
+    skipped: dict[str, str] = {}
+    for name in methods or ():
+        get_strategy(name)  # an unknown name is an error, not a skip
 
     def items() -> Iterable[tuple[LayerGraph, Plan]]:
         for model in models:
             for res in resolutions:
                 for batch in batches:
-                    cap = capture_model(model, batch=batch, resolution=res, classes=classes)
+                    try:
+                        cap = capture_model(model, batch=batch, resolution=res, classes=classes)
+                    except MemplanError as exc:  # e.g. a resolution a fixed-input model cannot take
+                        skipped[f"{model} batch {batch} resolution {res}"] = str(exc)
+                        continue
                     names = [(m, {}) for m in methods] if methods else default_methods(cap)
                     for name, opts in names:
                         this, st = cap, get_strategy(name)
@@ -217,9 +227,16 @@ def calibrate(models: Sequence[str], methods: Sequence[str] | None = None, *, ba
                                                  method_options=topts)
                         accepted = st.options
                         kw = {**opts, **{k: v for k, v in options.items() if k in accepted and v is not None}}
-                        yield this.graph, make_plan(this.graph, name, **kw)
+                        try:
+                            plan = make_plan(this.graph, name, **kw)
+                        except MemplanError as exc:  # e.g. a block strategy on a model without blocks
+                            skipped[f"{cap.name} {name}"] = str(exc)
+                            continue
+                        yield this.graph, plan
 
-    return calibrate_graphs(items(), backend, threads)
+    run = calibrate_graphs(items(), backend, threads)
+    run.skipped = skipped
+    return run
 
 
 def calibrate_graphs(items: Iterable[tuple[LayerGraph, Plan]], device: str = "cpu",
@@ -234,11 +251,13 @@ def calibrate_graphs(items: Iterable[tuple[LayerGraph, Plan]], device: str = "cp
         seen: set[str] = set()
         failed: dict[str, str] = {}
         measured = 0
-        for graph, plan in items:
-            views = grad_flow(graph, plan)
-            seen.update(k for k in (kernel_key(op) for op in views) if k is not None)
-            measured += calibrate_views(views, cal, device, failed)
-        path = cal.save() if save else cal.path
+        try:
+            for graph, plan in items:
+                views = grad_flow(graph, plan)
+                seen.update(k for k in (kernel_key(op) for op in views) if k is not None)
+                measured += calibrate_views(views, cal, device, failed)
+        finally:  # what was measured is kept, even when a later model fails or the run is interrupted
+            path = cal.save() if save and cal.entries else cal.path
     finally:
         torch.set_num_threads(old)
     return CalibrationRun(str(path), len(seen), measured, failed, time.perf_counter() - start)
