@@ -90,8 +90,8 @@ def _buffers(graph: LayerGraph) -> _Buffers:
             consumers.setdefault(src, []).append(n.index)
     b = _Buffers(list(range(len(graph.nodes))))
     for n in graph.nodes:
-        if n.out is None:
-            continue
+        if n.out is None or n.kind in ("param", "meta", "output") or n.out.storage in graph.param_storages:
+            continue  # weights (in flash or counted as trainable copies), shape queries, the graph's end
         tensor_in = [i for i in n.inputs if graph.nodes[i].out is not None]
         if n.kind in ALIAS_KINDS and tensor_in and n.kind not in ("input",):
             b.root[n.index] = b.root[tensor_in[0]]
@@ -318,7 +318,7 @@ def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, sche
         if views[node.index].req_out and node.kind not in ALIAS_KINDS:
             for s in node.inputs:
                 r = buf.root[s]
-                if views[r].req_out and r != buf.root[node.index]:
+                if r in buf.numel and views[r].req_out and r != buf.root[node.index]:
                     first_bwd[r] = max(first_bwd.get(r, -1), node.index)
     grad_at, release = [0] * n, [0] * n
     for r, i in first_bwd.items():
