@@ -335,7 +335,7 @@ def quiet_stderr() -> Iterator[None]:
 def measure_truth(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Estimate:
     """Independent measurements on ``model`` (already set up by ``apply_plain``)."""
     fwd, bwd = flop_counter_step(model, x, y, {aten.convolution_backward: conv_backward_flops})
-    static = sum(t.nbytes for t in [*model.parameters(), *model.buffers()]) + x.nbytes
+    static = sum(t.nbytes for t in [*model.parameters(), *model.buffers()]) + x.nbytes + y.nbytes  # the batch is held
     t = time.perf_counter()
     saved = saved_bytes(model, x, y, backward=True).bytes
     seconds = time.perf_counter() - t

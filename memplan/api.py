@@ -118,16 +118,19 @@ def capture_model(
 
 
 def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorch", optimizer: str = "sgd",
-                     frozen_bits: int = 32, check: bool = False, **options: Any) -> Profile:
+                     frozen_bits: int = 32, check: bool = False, schedule: str | None = None,
+                     calibration: Any = "cpu", **options: Any) -> Profile:
     """Profile one strategy on an already captured model. ``check=True`` adds ``Profile.check``:
     predicted saved bytes (``pytorch`` mode) against a meta run under saved_tensors_hooks
-    (:mod:`memplan.check`)."""
+    (:mod:`memplan.check`). ``schedule`` / ``calibration``: the simulated peak's training step
+    and kernel workspaces (:func:`memplan.costs.engine.compute`)."""
     OPTIMIZER_STATES.choose(optimizer)
     if frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
     acc = get_mode(mode)
     plan = make_plan(cap.graph, method, **options)
-    prof = compute(cap.graph, plan, acc, optimizer=optimizer, frozen_bits=frozen_bits,
+    prof = compute(cap.graph, plan, acc, optimizer=optimizer, frozen_bits=frozen_bits, schedule=schedule,
+                   calibration=calibration,
                    meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes})
     prof.extras.update(strategy_extras(cap.graph, plan, prof))
     if check:
@@ -151,6 +154,8 @@ def profile(
     norm: str | None = None,
     output: str | int | None = None,
     check: bool = False,
+    schedule: str | None = None,
+    calibration: Any = "cpu",
     **options: Any,
 ) -> Profile:
     """Memory and FLOPs of fine-tuning ``model`` with ``method``, layer by layer.
@@ -160,12 +165,15 @@ def profile(
     ``options``: strategy options, e.g. ``blocks=3`` for ``lastk``. ``output``: the key, field or
     index of the logits in a tuple / dict / namedtuple output (default: its first tensor).
     ``check=True``: compare the prediction with a meta run of the model (``Profile.check``).
+    ``schedule``: ``standard`` or ``tte`` (in-place update during backward; default: the mode's).
+    ``calibration``: kernel workspaces in the peak (``"cpu"`` / ``"cuda"``: this machine's
+    ``memplan calibrate`` file; a path; None: none). ``Profile.workspace`` says what was used.
     """
     cap = capture_model(model, batch=batch, resolution=resolution, classes=classes, input_shape=input_shape,
                         leaf_modules=leaf_modules, block_names=block_names, method=method, method_options=options,
                         norm=norm, output=output)
     return profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, check=check,
-                            **options)
+                            schedule=schedule, calibration=calibration, **options)
 
 
 def compare(

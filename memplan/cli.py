@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from . import api
+from . import api, cli_peak
 from .errors import MemplanError
 from .io import write_text
 from .render import export, tables
@@ -98,6 +98,7 @@ def _emit(text: str, target: str, console: Console) -> None:
 
 @app.command()
 def profile(
+    ctx: typer.Context,
     model: str = ModelArg,
     method: str = typer.Option("full", "--method", "-m", help="strategy (see `memplan methods`)"),
     blocks: Optional[int] = BlocksOpt, layers: Optional[int] = LayersOpt, scheme: Optional[str] = SchemeOpt,
@@ -114,14 +115,20 @@ def profile(
     input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt, output: Optional[str] = OutputOpt,
     check: bool = typer.Option(False, "--check", help="also run one forward + loss on meta tensors under "
                                "saved_tensors_hooks and compare with the prediction (exit 1 if they differ)"),
+    schedule: Optional[str] = cli_peak.ScheduleOpt, calibration: str = cli_peak.CalibrationOpt,
+    device: Optional[str] = cli_peak.DeviceOpt,
 ) -> None:
     """Memory and FLOPs of fine-tuning MODEL with one strategy."""
     quiet = json_out == "-" or csv_out == "-"
     console = _console(quiet)
     strategy_opts = _strategy_opts(blocks, layers, scheme, bits, samples, epochs, option)
     capture_opts = _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output)
+    mode = cli_peak.device_mode(ctx, mode, device)
     p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, check=check,
-                    **strategy_opts, **capture_opts)
+                    schedule=schedule, calibration=cli_peak.calibration_arg(calibration), **strategy_opts,
+                    **capture_opts)
+    if device:
+        cli_peak.add_fit(p, device)
     if json_out:
         _emit(export.to_json(p), json_out, console)
     if csv_out:
@@ -241,8 +248,10 @@ def search(
                                          '(1024-based), "0.1MB" or bytes'),
     profile: Optional[str] = typer.Option(None, "--profile", help="contribution profile JSON (default: the shipped one "
                                           "matching the model)"),
-    device: Optional[str] = typer.Option(None, "--device", help="device profile (budget = SRAM - reserve), e.g. stm32f746"),
-    mode: str = typer.Option("tinytraining", "--mode", help="accounting mode of the budget"),
+    device: Optional[str] = typer.Option(None, "--device", help="device profile, e.g. stm32f746: the budget is its memory "
+                                         "left to training in the mode (its default mode: mcu, the modelled peak)"),
+    mode: Optional[str] = typer.Option(None, "--mode", help="accounting mode of the budget (default: tinytraining, "
+                                       "or the device's mode)"),
     method: Optional[str] = typer.Option(None, "--method", help="exact | evolution | random (default: exact when "
                                          "memory is additive in the mode)"),
     generations: int = typer.Option(100, "--generations"), population: int = typer.Option(100, "--population"),
@@ -333,6 +342,9 @@ def reproduce(
         _emit(reproduction_json(rows), json_out, console)
     if not quiet:
         print_reproduction(rows, console)
+
+
+app.command(name="calibrate")(cli_peak.calibrate)
 
 
 @app.command()

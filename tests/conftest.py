@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -6,6 +9,9 @@ from hypothesis import HealthCheck, settings
 
 torch.set_num_threads(1)
 os.environ.setdefault("MEMPLAN_NUM_THREADS", "1")
+# kernel-workspace calibrations (memplan calibrate) of this test session only: never the user's cache
+os.environ["MEMPLAN_CACHE"] = tempfile.mkdtemp(prefix="memplan-test-cache-")
+atexit.register(shutil.rmtree, os.environ["MEMPLAN_CACHE"], True)
 
 # hypothesis profiles: `ci` (default) is reproducible and fixed-size; `pytest --hypothesis-profile long`
 # runs thousands of random examples (failures are kept in .hypothesis/ and replayed first)
@@ -41,3 +47,13 @@ def small_shape(name: str, batch: int = 2, resolution: int | None = None) -> tup
 @pytest.fixture(scope="session")
 def zoo_names() -> list[str]:
     return zoo.names()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` run only when the marker expression names them (``-m slow``)."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="long run: select it with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

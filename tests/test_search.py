@@ -310,19 +310,31 @@ def test_device_profiles():
     for name, (sram, flash) in expected.items():
         dev = load_device(name)
         assert (dev.sram_bytes, dev.flash_bytes) == (sram, flash)
-        assert 0 < dev.budget_bytes == sram - dev.reserve_bytes
+        assert 0 < dev.budget_bytes == sram - dev.runtime_bytes  # the device's own mode models the whole step
+        assert dev.budget_for("tinytraining") == sram - dev.reserve_bytes  # extra memory only: keep the reserve
+        assert dev.mode == ("mcu" if flash else "pytorch")
         assert any("reserve" in n for n in dev.notes) and any("Source" in n for n in dev.notes)
+        assert any("runtime_bytes" in n for n in dev.notes)
         raw = json.loads((DEVICES_DIR / f"{name}.json").read_text())
-        assert set(raw) == {"name", "description", "sram_bytes", "flash_bytes", "reserve_bytes", "notes"}
+        assert set(raw) == {"name", "description", "sram_bytes", "flash_bytes", "reserve_bytes", "mode",
+                            "runtime_bytes", "notes"}
     with pytest.raises(MemplanError, match="unknown device"):
         load_device("esp32-made-up")
 
 
 def test_device_sets_the_budget(mcunet):
+    """With a device the search budgets the device's mode (stm32f746: mcu, the modelled peak SRAM
+    of the Tiny Training Engine's step) against SRAM less the runtime; an explicit mode keeps its
+    own convention (tinytraining: SRAM less the reserve for the forward it does not count)."""
     _, profile, _, _, _ = mcunet
-    r = run_search(device="stm32f746", profile=profile, classes=10)
-    assert r.budget_bytes == load_device("stm32f746").budget_bytes and r.device.name == "stm32f746"
+    dev = load_device("stm32f746")
+    r = run_search(device="stm32f746", profile=profile, classes=10, generations=8, population=16)
+    assert r.mode == "mcu" and r.method == "evolution" and not r.additive
+    assert r.budget_bytes == dev.budget_bytes == dev.sram_bytes - dev.runtime_bytes and r.device.name == "stm32f746"
     assert r.memory_bytes <= r.budget_bytes
+    assert r.memory_bytes == r.breakdown["peak_bytes"]  # the candidate's quick peak is compute()'s
+    t = run_search(device="stm32f746", profile=profile, classes=10, mode="tinytraining")
+    assert t.budget_bytes == dev.sram_bytes - dev.reserve_bytes and t.memory_bytes <= t.budget_bytes
 
 
 def test_profile_file_round_trip(mcunet, tmp_path):

@@ -16,7 +16,9 @@ from ..nn.train import OPTIMIZER_STATES
 from ..plan import OpView, Plan, grad_flow, updated_weight_numel
 from .flops import Flops, flops_of
 from .observe import observe
+from .peak import PeakOptions, check_schedule
 from .records import CONVENTIONS, HIDDEN_KINDS, LayerCost, Profile, Saved, Totals
+from .workspace import Calibration, load_calibration, workspaces
 
 
 def _weight_bytes(numel: int, trained: int, itemsize: int, frozen_bits: int) -> int:
@@ -78,8 +80,16 @@ def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tup
 
 
 def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd", frozen_bits: int = 32,
-            meta: dict[str, Any] | None = None) -> Profile:
-    """Profile ``plan`` on ``graph`` under ``mode``. ``meta`` fills the descriptive fields."""
+            meta: dict[str, Any] | None = None, schedule: str | None = None,
+            calibration: Calibration | str | None = "cpu") -> Profile:
+    """Profile ``plan`` on ``graph`` under ``mode``. ``meta`` fills the descriptive fields.
+
+    ``schedule``: the training step of the simulated peak (``memplan.costs.peak.SCHEDULES``:
+    ``standard`` or ``tte``, updates applied in place during backward; None: the mode's default). ``calibration``: the
+    kernel workspaces added to the peak in modes that model eager PyTorch kernels: this
+    machine's calibration for a backend (``"cpu"`` / ``"cuda"``, :mod:`.workspace`), a file, a
+    :class:`Calibration`, or None for none; ``Profile.workspace`` says what was used."""
+    schedule = check_schedule(schedule or mode.default_schedule)
     views = grad_flow(graph, plan)
     totals = Totals()
     layers: list[LayerCost] = []
@@ -105,7 +115,8 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
         totals.add(lc)
         if op.node.kind not in HIDDEN_KINDS:
             layers.append(lc)
-    summary = mode.summarize(graph, views, saved_by_node, all_layers, totals)
+    peak, workspace = _peak_options(views, mode, schedule, calibration)
+    summary = mode.summarize(graph, views, saved_by_node, all_layers, totals, peak)
     totals.total_bytes, totals.peak_bytes = summary.total_bytes, summary.peak_bytes
     for lc, op in zip(all_layers, views):
         lc.total_bytes = lc.weight_bytes + lc.gradient_bytes + lc.optimizer_bytes + lc.saved_activation_bytes
@@ -117,11 +128,26 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
         input_shape=list(graph.input_shape), optimizer=optimizer, frozen_bits=frozen_bits,
         options=dict(plan.options), totals=totals, layers=layers,
         peak_layer=graph.nodes[summary.peak_index].name, peak_phase=summary.peak_phase, unknown_ops=unknown,
-        observed_ops=observed, capture=graph.capture,
+        observed_ops=observed, capture=graph.capture, schedule=schedule, workspace=workspace,
         conventions={**CONVENTIONS, "mode": mode.description, **(_observed_convention(mode) if observed or unknown
                                                                     else {})},
         extras={**meta, **summary.extras},
     )
+
+
+def _peak_options(views: list, mode: Mode, schedule: str,
+                  calibration: Calibration | str | None) -> tuple[PeakOptions, dict[str, Any]]:
+    """The simulated step's options and ``Profile.workspace``."""
+    if not mode.kernel_workspaces:
+        return PeakOptions(schedule), {"status": "not modelled",
+                                       "source": f"mode {mode.name!r} does not run PyTorch kernels"}
+    if calibration is None:
+        return PeakOptions(schedule), {"status": "not modelled", "source": "no calibration requested"}
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+    ws = workspaces(views, cal)
+    if ws.status == "missing":
+        return PeakOptions(schedule), ws.describe()
+    return PeakOptions(schedule, ws.forward, ws.backward), ws.describe()
 
 
 def _observed_convention(mode: Mode) -> dict[str, str]:

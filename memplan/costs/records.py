@@ -101,6 +101,10 @@ class Profile:
     observed_ops: dict[str, int] = field(default_factory=dict)  # ops costed by observation, by target
     capture: str = "symbolic"  # how the model was captured: "symbolic" (torch.fx) or "recorded" (eager on meta)
     check: dict[str, Any] | None = None  # memplan.check result when asked: predicted / observed bytes, differing
+    schedule: str = "standard"  # training step of the simulated peak: standard | tte (in-place update in backward)
+    # kernel workspaces in the peak: status calibrated | partial | missing | not modelled, source (machine),
+    # configs (distinct kernel configurations), missing (those without a calibration entry)
+    workspace: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)  # mode- / strategy-specific figures
     conventions: dict[str, str] = field(default_factory=dict)
 

@@ -44,6 +44,7 @@ the static part of ``peak_bytes``, and reported as ``extras["subchannel_copy_byt
 
 from __future__ import annotations
 
+from ..costs.peak import PeakOptions
 from ..costs.records import LayerCost, Saved, Summary, Totals
 from ..graph import LayerGraph, sub_channels
 from ..nn.choice import lean_class
@@ -64,8 +65,8 @@ class AppliedMode(Mode):
     description = "eager PyTorch 2.13 after memplan.apply_*: lean autograd ops where they save memory"
 
     def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
-                  node_costs: list[LayerCost], totals: Totals) -> Summary:
-        summary = super().summarize(graph, views, saved, node_costs, totals)
+                  node_costs: list[LayerCost], totals: Totals, peak: PeakOptions | None = None) -> Summary:
+        summary = super().summarize(graph, views, saved, node_costs, totals, peak)
         left: dict[str, int] = {}
         for op in views:
             if op.recorded and op.node.op != "call_module" and op.kind in LEAN_REPLACEABLE:

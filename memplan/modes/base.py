@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterable
 
-from ..costs.peak import simulate_peak
+from ..costs.peak import PeakOptions, simulate_peak
 from ..costs.records import LayerCost, Saved, Summary, Totals
 from ..graph import LayerGraph, TensorInfo
-from ..plan import OpView
+from ..plan import OpView, Plan
 from ..registry import Registry
 
 Rule = Callable[[OpView], Iterable[Saved]]
@@ -47,6 +47,14 @@ class Mode:
     description: str = ""
     #: plain PyTorch computes (and stores) the whole weight gradient even for a partial update
     partial_weight_grads: bool = True
+    #: the mode models eager PyTorch kernels, so measured kernel workspaces (``memplan calibrate``)
+    #: belong in its simulated peak
+    kernel_workspaces: bool = False
+    #: the training step the mode's peak assumes unless told (``memplan.costs.peak.SCHEDULES``)
+    default_schedule: str = "standard"
+    #: the mode counts only the *extra* memory of training (not the forward working memory), so a
+    #: device budget for it leaves a reserve for the forward (``memplan.search.devices``)
+    extra_only: bool = False
 
     def __init__(self, parent: "Mode | None" = None):
         self.parent = parent
@@ -68,14 +76,21 @@ class Mode:
         return list(rule(op)) if op.recorded else []
 
     def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
-                  node_costs: list[LayerCost], totals: Totals) -> Summary:
+                  node_costs: list[LayerCost], totals: Totals, peak: PeakOptions | None = None) -> Summary:
         """Total and peak bytes from the per-node costs (``node_costs[i]`` and ``saved[i]`` belong
         to node i). Default: total = weights + gradients + optimizer state + saved activations;
-        peak = the simulated training step of ``memplan.costs.peak``."""
+        peak = the simulated training step of ``memplan.costs.peak`` run as ``peak`` says
+        (schedule, kernel workspaces). Modes without a simulated step ignore ``peak``."""
         total = totals.weight_bytes + totals.gradient_bytes + totals.optimizer_bytes + totals.saved_activation_bytes
         static = totals.weight_bytes + totals.optimizer_bytes + graph.buffer_bytes
-        peak, index, phase, at = simulate_peak(graph, views, saved, [lc.gradient_bytes for lc in node_costs], static)
+        peak, index, phase, at = simulate_peak(graph, views, saved, [lc.gradient_bytes for lc in node_costs], static,
+                                               peak)
         return Summary(total, peak, index, phase, at)
+
+    def quick_total(self, graph: LayerGraph, plan: Plan) -> int | None:
+        """``total_bytes`` (= ``peak_bytes``) of ``plan`` without the full profile, for modes that can
+        (the search calls it per candidate); None: use ``memplan.costs.engine.compute``."""
+        return None
 
     def weight_fraction(self, fraction: float) -> float:
         """Fraction of a partially-updated weight whose gradient is computed and stored."""

@@ -19,6 +19,7 @@ class PyTorchMode(Mode):
     name = "pytorch"
     description = "eager PyTorch 2.13 autograd, requires_grad / train-eval flags set the plain way"
     partial_weight_grads = False
+    kernel_workspaces = True
 
 
 pytorch = register_mode(PyTorchMode())

@@ -48,7 +48,7 @@ class TinyTLMode(Mode):
         rule = self.find_rule(op.kind)
         return None if rule is None else list(rule(op))
 
-    def summarize(self, graph, views, saved, node_costs, totals) -> Summary:
+    def summarize(self, graph, views, saved, node_costs, totals, peak=None) -> Summary:
         """Walk the layers in forward order (see the module docstring); total = peak."""
         shortcut = shortcut_inputs(graph)
         kept = 0

@@ -95,6 +95,7 @@ class TinyTrainingMode(Mode):
     name = "tinytraining"
     description = ("the 256KB paper's analytic extra memory: 8-bit kept inputs and weight copies, 32-bit biases, "
                    "1-bit masks, summed (no peak); weight_bytes = updated copies + biases; KiB in extras")
+    extra_only = True
 
     def find_rule(self, kind: str) -> Rule | None:
         """Own rules (conv / linear / norms); any other kind that ``pytorch`` knows keeps nothing."""
@@ -103,7 +104,7 @@ class TinyTrainingMode(Mode):
         return _keeps_nothing if pytorch.find_rule(kind) is not None else None
 
     def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
-                  node_costs: list[LayerCost], totals: Totals) -> Summary:
+                  node_costs: list[LayerCost], totals: Totals, peak=None) -> Summary:
         """Weights = updated copies and biases; no gradients or optimizer state; total = peak = the
         sum, which builds up along the forward pass (``at``: running sum per node)."""
         bits = [layer_bits(op) for op in views]

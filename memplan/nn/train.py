@@ -4,6 +4,9 @@ contribution analysis runs, its linear probe and the digits pretraining).
 Optimizer names are those the profiler counts state for (:data:`OPTIMIZER_STATES`): ``sgd``
 (no momentum: no state, the 256KB paper's choice and the default), ``sgd-momentum`` (one state
 tensor per trainable element) and ``adam`` (two).
+
+:func:`step_in_backward` is the Tiny Training Engine's in-place update in PyTorch: each
+parameter is updated (and its gradient freed) as soon as backward has accumulated its gradient.
 """
 
 from __future__ import annotations
@@ -48,6 +51,62 @@ def make_optimizer(params: Iterable[Tensor] | Iterable[dict[str, Any]], name: st
     if momentum is None:
         momentum = MOMENTUM if name == "sgd-momentum" else 0.0
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+class InBackwardStep:
+    """The hooks installed by :func:`step_in_backward`; ``remove()`` restores ordinary training."""
+
+    def __init__(self, handles: list[Any], optimizers: dict[Tensor, torch.optim.Optimizer]):
+        self.handles = handles
+        self.optimizers = optimizers  # one per parameter, sharing the original group's settings
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def step_in_backward(params: Iterable[Tensor] | torch.nn.Module, optimizer: torch.optim.Optimizer) -> InBackwardStep:
+    """Apply ``optimizer``'s update to each parameter during backward, as soon as its gradient is
+    complete, then free that gradient: the 256KB paper's in-place update (Tiny Training Engine,
+    Sec. 2.3), with ``Tensor.register_post_accumulate_grad_hook``.
+
+    After the call a training step is ``loss.backward()`` alone: do not call ``optimizer.step()``
+    or ``zero_grad()`` (gradients are None after backward). Each parameter of ``params`` (a
+    module or tensors) that ``optimizer`` holds gets an optimizer of the same class over itself
+    alone, whose settings (``lr``, ``momentum``, ...) are copied from its group in ``optimizer``
+    before every update, so learning-rate schedulers on ``optimizer`` keep working. For SGD
+    without momentum (the paper's choice) the parameters equal those of an ordinary step;
+    optimizers whose update mixes parameters (LBFGS) are refused. The autograd engine runs a
+    parameter's accumulation as soon as its gradient is ready, before the next op's backward, so
+    only one op's parameter gradients are alive at a time (``memplan profile --schedule tte``).
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise BadOption("step_in_backward needs an optimizer that updates each parameter on its own (not LBFGS)")
+    tensors = list(params.parameters()) if isinstance(params, torch.nn.Module) else list(params)
+    wanted = {id(t) for t in tensors}
+    handles: list[Any] = []
+    optimizers: dict[Tensor, torch.optim.Optimizer] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in wanted or not p.requires_grad:
+                continue
+            settings = {k: v for k, v in group.items() if k != "params"}
+            own = type(optimizer)([{**settings, "params": [p]}])
+            optimizers[p] = own
+            handles.append(p.register_post_accumulate_grad_hook(_update(own, group)))
+    if not handles:
+        raise BadOption("nothing to train: the optimizer holds none of these parameters with requires_grad")
+    return InBackwardStep(handles, optimizers)
+
+
+def _update(own: torch.optim.Optimizer, group: dict[str, Any]) -> Callable[[Tensor], None]:
+    def hook(p: Tensor) -> None:
+        own.param_groups[0].update({k: v for k, v in group.items() if k != "params"})
+        own.step()
+        p.grad = None
+
+    return hook
 
 
 def fit(forward: Callable[..., Tensor], optimizer: torch.optim.Optimizer, x: Tensor | Inputs, y: Tensor, *,

@@ -35,16 +35,21 @@ def print_reproduction(rows: Sequence[Reproduction], console: Console) -> None:
     for col in ["figure", "source", "mode", "published", "ours", "error", "status", "note"]:
         table.add_column(col, justify="right" if col in ("published", "ours", "error") else "left",
                          overflow="fold", max_width=60 if col == "note" else None, no_wrap=col == "figure")
-    style = {"ok": "green", "close": "yellow", "differs": "red", "not modelled": "dim"}
+    style = {"ok": "green", "close": "yellow", "differs": "red", "not modelled": "dim", "in range": "cyan",
+             "outside range": "red"}
     for r in rows:
         ours = "" if r.ours is None else format_ours(r.ours)
+        if r.low is not None:
+            ours += f" [{format_ours(r.low)}-{format_ours(r.high)}]"
         err = "" if r.error is None else f"{100 * r.error:+.1f}%"
         table.add_row(r.key, r.source, r.mode, f"{r.published:g} {r.unit}", ours, err,
                       f"[{style[r.status]}]{r.status}[/]", "" if r.status == "ok" else r.note)
     console.print(table)
     counts = Counter(r.status for r in rows)
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()) + ". ok = within 1% or the printed precision; "
-                  "close = within 5%. MB = 1e6 B; the 256KB paper's kB = KiB.")
+                  "close = within 5% (measured figures: 10%); in range = the paper leaves a setting open and "
+                  "the published value lies in ours over the plausible settings [low-high]. MB = 1e6 B; the "
+                  "256KB paper's kB = KiB.")
 
 
 def print_verify(report: VerifyReport, console: Console) -> None:

@@ -34,6 +34,28 @@ def _cost_notes(profiles: Sequence[Profile], console: Console) -> None:
                       f"(inputs + outputs): {unknown}[/]")
 
 
+def _peak_notes(p: Profile, console: Console, binary: bool = False) -> None:
+    """How the peak was simulated (schedule, kernel workspaces) and, with a device, whether it fits."""
+    ws = p.workspace or {}
+    status = ws.get("status", "not modelled")
+    if status == "calibrated":
+        text = f"kernel workspaces: calibrated ({ws['source']}, {ws['configs']} kernel configurations)"
+    elif status in ("missing", "partial"):
+        text = (f"[yellow]kernel workspaces: {status} ({ws['missing']} of {ws['configs']} kernel configurations "
+                f"uncalibrated on this machine): the peak leaves their temporaries out; run `memplan calibrate "
+                f"{p.model}`[/]")
+    else:
+        text = f"kernel workspaces: not modelled ({ws.get('source', 'this mode runs no PyTorch kernels')})"
+    console.print(f"peak schedule: {p.schedule} · {text}")
+    dev = p.extras.get("device")
+    if dev:
+        margin = abs(dev["margin_bytes"])
+        verdict = (f"[green]fits[/] {dev['name']}: {fmt_bytes(margin, binary)} to spare" if dev["fits"] else
+                   f"[red]does not fit[/] {dev['name']} by {fmt_bytes(margin, binary)}")
+        console.print(f"{verdict} (peak {fmt_bytes(dev['peak_bytes'], binary)} of {fmt_bytes(dev['budget_bytes'], binary)}"
+                      f" = {dev['budget']})")
+
+
 def _tally(dicts: Iterable[dict[str, int]]) -> str:
     total: dict[str, int] = {}
     for d in dicts:
@@ -89,7 +111,9 @@ def print_profile(p: Profile, console: Console, per_layer: bool = False, binary:
         f"+{fmt_count(t.backward_other_flops)} other)"
     )
     for key, value in p.extras.items():
-        console.print(f"{key}: {value}")
+        if key != "device":
+            console.print(f"{key}: {value}")
+    _peak_notes(p, console, binary)
     _cost_notes([p], console)
     console.print("[dim]FLOPs = 2 x MACs of conv/linear/matmul; other = norms, activations, adds, pooling, loss. "
                   f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]")

@@ -37,7 +37,8 @@ Units (``unit``), with the value quoted exactly as printed:
 Figure modes (``mode``, :data:`FIGURE_MODES`): ``tinytl`` (TinyTL's profiler convention,
 accounting.md section 3), ``tinytraining`` (the 256KB paper's analytic convention, section
 4), ``pytorch`` (eager autograd, section 1), ``ideal`` (implementation-agnostic saved tensors
-/ FLOPs / sizes, sections 2 and 5), ``inference`` (plain network statistics: params, MACs,
+/ FLOPs / sizes, sections 2 and 5), ``mcu`` (the Tiny Training Engine's measured peak SRAM,
+``memplan.modes.mcu``; ``tinytraining_measured.json``), ``inference`` (plain network statistics: params, MACs,
 layer shapes), and ``measured`` (hardware measurements, only in ``not_modelled``).
 
 How to add a figure
@@ -70,7 +71,7 @@ from importlib import resources
 from typing import Any
 
 #: the data files, in report order
-PAPERS = ("tinytl", "mobiletl", "tinytraining", "minilearn", "cache_reuse")
+PAPERS = ("tinytl", "mobiletl", "tinytraining", "tinytraining_measured", "minilearn", "cache_reuse")
 
 UNIT_SCALE: dict[str, float] = {
     "bytes": 1.0,
@@ -89,7 +90,7 @@ UNIT_SCALE: dict[str, float] = {
 }
 
 #: the conventions a published figure may name (accounting modes plus ``inference`` and ``measured``)
-FIGURE_MODES: tuple[str, ...] = ("tinytl", "tinytraining", "pytorch", "ideal", "inference", "measured")
+FIGURE_MODES: tuple[str, ...] = ("tinytl", "tinytraining", "pytorch", "ideal", "mcu", "inference", "measured")
 
 
 #: figure options the capture reads -> ``memplan.api.capture_model`` keyword (None: not printed, default)

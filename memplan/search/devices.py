@@ -1,9 +1,16 @@
-"""Device profiles (package data ``memplan/data/profiles/devices/*.json``): memory of a target device and the reserve kept
-for its runtime, stack and forward buffers; the search budget is ``sram_bytes - reserve_bytes``.
+"""Device profiles (package data ``memplan/data/profiles/devices/*.json``): the memory of a target
+device, the accounting mode that models training on it, and what lies outside that mode's peak.
 
 Fields: ``name``, ``description``, ``sram_bytes`` (on-chip SRAM of a microcontroller, main memory of
-a Linux board), ``flash_bytes`` (null without on-board flash), ``reserve_bytes``, ``notes`` (sources
-and what the reserve covers). All sizes are integers in bytes.
+a Linux board), ``flash_bytes`` (null without on-board flash), ``mode`` (the accounting mode whose
+peak is the device's training memory: ``mcu`` for microcontrollers, ``pytorch`` for Linux boards),
+``runtime_bytes`` (memory that mode's peak leaves out: stack, runtime, OS; an assumption, stated in
+``notes``), ``reserve_bytes`` (for modes that count only the *extra* memory of training, such as
+``tinytraining``: runtime + the forward working memory those modes leave out), ``notes`` (sources
+and assumptions). All sizes are integers in bytes.
+
+Budget (:meth:`Device.budget_for`): ``sram_bytes - runtime_bytes`` for a mode whose peak is the
+whole step (``mcu``, ``pytorch``, ...), ``sram_bytes - reserve_bytes`` for an extra-only mode.
 """
 
 from __future__ import annotations
@@ -11,10 +18,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..costs.records import Profile
 from ..errors import BadOption
 from ..io import read_json, shipped, validated
+from ..modes import MODES, get_mode
 
 #: the shipped profiles (contribution profiles here, devices in ``devices/``); package data
 PROFILES_DIR = shipped("profiles")
@@ -29,18 +40,41 @@ class Device(BaseModel):
     sram_bytes: int = Field(gt=0)
     flash_bytes: int | None = Field(None, gt=0)
     reserve_bytes: int = Field(ge=0)
+    mode: str = "mcu"
+    runtime_bytes: int = Field(0, ge=0)
     notes: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _fits(self) -> "Device":
-        if self.reserve_bytes >= self.sram_bytes:
-            raise ValueError("reserve_bytes must be smaller than sram_bytes")
+        if self.reserve_bytes >= self.sram_bytes or self.runtime_bytes >= self.sram_bytes:
+            raise ValueError("reserve_bytes and runtime_bytes must be smaller than sram_bytes")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown accounting mode {self.mode!r}; known: {', '.join(MODES)}")
         return self
 
     @property
     def budget_bytes(self) -> int:
-        """Memory left to training: SRAM (main memory) less the reserve, bytes."""
-        return self.sram_bytes - self.reserve_bytes
+        """Memory left to training in the device's own mode, bytes (:meth:`budget_for`)."""
+        return self.budget_for(self.mode)
+
+    def budget_for(self, mode: str) -> int:
+        """Memory left to what ``mode`` counts: SRAM less the runtime for a whole-step mode, SRAM
+        less the reserve for an extra-only mode (``Mode.extra_only``), bytes."""
+        return self.sram_bytes - (self.reserve_bytes if get_mode(mode).extra_only else self.runtime_bytes)
+
+    def budget_text(self, mode: str) -> str:
+        if get_mode(mode).extra_only:
+            return f"SRAM {self.sram_bytes} B - reserve {self.reserve_bytes} B (mode {mode} counts extra memory only)"
+        return f"SRAM {self.sram_bytes} B - runtime {self.runtime_bytes} B (mode {mode} models the whole step)"
+
+
+def fit(p: Profile, dev: Device) -> dict[str, Any]:
+    """Whether ``p``'s peak fits ``dev`` in ``p``'s mode: budget, peak and margin (budget - peak;
+    negative: does not fit), all in bytes."""
+    budget = dev.budget_for(p.mode)
+    peak = p.totals.peak_bytes
+    return {"name": dev.name, "mode": p.mode, "budget_bytes": budget, "budget": dev.budget_text(p.mode),
+            "peak_bytes": peak, "margin_bytes": budget - peak, "fits": peak <= budget}
 
 
 def device_names(directory: str | os.PathLike = DEVICES_DIR) -> list[str]:

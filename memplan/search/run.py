@@ -118,12 +118,13 @@ def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES
                        f"(fingerprint {graph_fingerprint})", "measure one with memplan contrib and pass it as profile")
 
 
-def _budget(budget: str | int | float | None, device: str | os.PathLike | None) -> tuple[int, str, str, Device | None]:
+def _budget(budget: str | int | float | None, device: str | os.PathLike | None,
+            mode: str) -> tuple[int, str, str, Device | None]:
     if (budget is None) == (device is None):
         raise BadOption("give either a budget or a device", 'e.g. budget="100KB" or device="stm32f746"')
     if device is not None:
         dev = load_device(device)
-        return dev.budget_bytes, f"device {dev.name}", f"SRAM {dev.sram_bytes} B - reserve {dev.reserve_bytes} B", dev
+        return dev.budget_for(mode), f"device {dev.name}", dev.budget_text(mode), dev
     return parse_bytes(budget), str(budget), budget_convention(budget), None
 
 
@@ -134,7 +135,7 @@ def run_search(
     profile_path: str | os.PathLike | None = None,
     profile: ContribProfile | None = None,
     device: str | os.PathLike | None = None,
-    mode: str = "tinytraining",
+    mode: str | None = None,
     metric: str = "total",
     method: str | None = None,
     generations: int = 100,
@@ -156,10 +157,10 @@ def run_search(
 
     ``model``: zoo name, import spec or module (default: mcunet-5fps at 128 px). ``budget``:
     "100KB" (1000-based), "100KiB" (1024-based), "0.1MB", or bytes; or ``device``: a device
-    profile name / JSON path (budget = SRAM - reserve). Contribution profile: ``profile_path``,
+    profile name / JSON path (its budget for the mode, ``Device.budget_for``). Contribution profile: ``profile_path``,
     a ``profile`` dict, or the shipped profile whose fingerprint matches the model. ``mode`` /
-    ``metric``: memplan's accounting mode and which figure the budget bounds (``"total"``,
-    ``"peak"``). ``method``: exact | evolution | random (default: exact when memory is additive,
+    ``metric``: memplan's accounting mode (default: the device's, else ``tinytraining``) and which
+    figure the budget bounds (``"total"``, ``"peak"``). ``method``: exact | evolution | random (default: exact when memory is additive,
     else evolution). ``generations`` / ``population`` / ``seed``: the DEAP run (random search
     gets as many evaluations). ``ratios``, ``pw1_only``, ``max_weight_layers``: the space.
     ``classes`` / ``resolution`` / ``input_shape`` (per sample): the traced model (classes default
@@ -171,7 +172,9 @@ def run_search(
     for name, value in (("generations", generations), ("population", population)):
         if not isinstance(value, int) or value < 1:
             raise BadOption(f"{name} must be a positive integer, got {value!r}")
-    budget_bytes, budget_text, convention, dev = _budget(budget, device)
+    if mode is None:
+        mode = load_device(device).mode if device is not None and budget is None else "tinytraining"
+    budget_bytes, budget_text, convention, dev = _budget(budget, device, mode)
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()

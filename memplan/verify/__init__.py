@@ -11,17 +11,17 @@ unique storages, parameters and buffers excluded) and ``steps`` training steps o
 batch. ``ok`` holds when both measured saved-activation byte counts are within ``tolerance``
 bytes of their predictions (default 0: exact).
 
-The step peak is informational (allocator rounding, kernel workspaces and temporaries are not
-modelled; :mod:`.meter`): measured peak = bytes of the tensors resident when a step starts (parameters,
-buffers, optimizer state, the batch) + the growth during the step, which is on CUDA
-``torch.cuda.max_memory_allocated`` minus the allocated bytes at the start, and on CPU the
-process's resident-set high-water mark (``VmHWM`` of ``/proc/self/status``, reset through
-``/proc/self/clear_refs``) minus its resident set at the start. So that freed tensors leave
-the resident set, the CPU meter fixes glibc's mmap threshold at its initial 128 KiB for the
-rest of the process (glibc otherwise raises it as large blocks are freed and then keeps freed
-memory resident: ProxylessNAS-Mobile, bias, batch 8, 224 px measured 356 MB against 95 MB
-with the fixed threshold; predicted 76 MB) and trims the heap before each step. It is
-compared with memplan's ``peak_bytes``.
+The step peak is informational (allocator rounding is not modelled; kernel workspaces are, once
+this machine is calibrated with ``memplan calibrate``; :mod:`.meter`): measured peak = bytes of
+the tensors resident when a step starts (parameters, buffers, optimizer state, the batch) + the
+growth during the step, which is on CUDA ``torch.cuda.max_memory_allocated`` minus the
+allocated bytes at the start, and on CPU the process's resident-set high-water mark (``VmHWM``
+of ``/proc/self/status``, reset through ``/proc/self/clear_refs``) minus its resident set at
+the start. So that freed tensors leave the resident set, the CPU meter fixes glibc's mmap
+threshold at its initial 128 KiB for the rest of the process (glibc otherwise raises it as
+large blocks are freed and then keeps freed memory resident: ProxylessNAS-Mobile, bias, batch
+8, 224 px measured 356 MB against 95 MB with the fixed threshold; predicted 76 MB) and trims
+the heap before each step. It is compared with memplan's ``peak_bytes``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,80 @@
+"""Command-line pieces of the peak-memory features (kept out of ``memplan.cli``, which registers
+them): ``memplan calibrate``, and the ``--schedule`` / ``--calibration`` / ``--device`` options of
+``memplan profile``."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from .costs.records import Profile
+from .errors import MemplanError
+
+ScheduleOpt = typer.Option(None, "--schedule", help="training step of the simulated peak: standard (gradients kept "
+                           "until the optimizer step) or tte (the Tiny Training Engine: each update applied in place "
+                           "during backward); default: the mode's")
+CalibrationOpt = typer.Option("cpu", "--calibration", help="kernel workspaces in the peak: this machine's "
+                              "calibration for cpu or cuda (see memplan calibrate), a calibration JSON file, or none")
+DeviceOpt = typer.Option(None, "--device", help="device profile (e.g. stm32f746): say whether the peak fits it; "
+                         "the mode defaults to the device's")
+
+
+def calibration_arg(text: str) -> str | None:
+    """``--calibration``: ``none`` -> None, anything else as given."""
+    return None if text.strip().lower() == "none" else text
+
+
+def device_mode(ctx: typer.Context, mode: str, device: Optional[str]) -> str:
+    """The mode of ``memplan profile``: ``--mode`` when given, else the device's default mode."""
+    source = ctx.get_parameter_source("mode")
+    if device is None or getattr(source, "name", "DEFAULT") != "DEFAULT":  # typer may bundle its own click
+        return mode
+    from .search.devices import load_device
+
+    return load_device(device).mode
+
+
+def add_fit(p: Profile, device: str) -> dict:
+    """Put the fit of ``p`` on ``device`` into ``p.extras["device"]`` and return it."""
+    from .search.devices import fit, load_device
+
+    p.extras["device"] = fit(p, load_device(device))
+    return p.extras["device"]
+
+
+def calibrate(
+    models: List[str] = typer.Argument(..., help="zoo names, package.module:attr or file.py:attr (repeatable)"),
+    method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="strategy to calibrate (repeatable; "
+                                               "default: the strategies memplan compare shows)"),
+    batch: Optional[List[int]] = typer.Option(None, "--batch", "-b", help="batch size (repeatable; default 1)"),
+    resolution: Optional[List[int]] = typer.Option(None, "--resolution", "-r", help="input side in px (repeatable; "
+                                                   "default: the model's)"),
+    classes: Optional[int] = typer.Option(None, "--classes", "-c", help="classifier outputs"),
+    blocks: Optional[int] = typer.Option(None, "--blocks", "-k", help="blocks for lastk / mobiletl"),
+    scheme: Optional[str] = typer.Option(None, "--scheme", help="sparse-update scheme for the sparse strategy"),
+    backend: str = typer.Option("cpu", "--backend", help="cpu or cuda"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads to measure with (default: torch's); "
+                                          "profiles look up the workspaces of their own thread count"),
+) -> None:
+    """Measure this machine's kernel workspaces (each distinct kernel configuration of the models, run
+    once) into its calibration file; `memplan profile` then adds them to the peak."""
+    from .verify.calibrate import calibrate as run
+
+    for name, values in (("batch", batch), ("resolution", resolution)):
+        if any(v < 1 for v in values or ()):
+            raise MemplanError(f"--{name} must be a positive integer")
+    if threads is not None and threads < 1:
+        raise MemplanError("--threads must be a positive integer")
+    result = run(models, method, batches=tuple(batch or (1,)), resolutions=tuple(resolution or (None,)),
+                 classes=classes, backend=backend, threads=threads, blocks=blocks, scheme=scheme)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(f"{result.configs} kernel configurations, {result.measured} measured now "
+                  f"({result.configs - result.measured} already calibrated) in {result.seconds:.1f} s; "
+                  f"wrote {result.path}")
+    for what, why in result.skipped.items():
+        console.print(f"skipped {what}: {why}", markup=False)
+    for label, why in result.failed.items():
+        console.print(f"[yellow]could not run (no workspace counted): {label} ({why})[/]", markup=True)
