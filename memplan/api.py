@@ -118,14 +118,15 @@ def capture_model(
 
 
 def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorch", optimizer: str = "sgd",
-                     frozen_bits: int = 32, check: bool = False, **options: Any) -> Profile:
+                     frozen_bits: int = 32, check: bool = False, mode_options: dict[str, Any] | None = None,
+                     **options: Any) -> Profile:
     """Profile one strategy on an already captured model. ``check=True`` adds ``Profile.check``:
     predicted saved bytes (``pytorch`` mode) against a meta run under saved_tensors_hooks
-    (:mod:`memplan.check`)."""
+    (:mod:`memplan.check`). ``mode_options``: options of the mode (``Mode.configure``)."""
     OPTIMIZER_STATES.choose(optimizer)
     if frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
-    acc = get_mode(mode)
+    acc = get_mode(mode).configure(**(mode_options or {}))
     plan = make_plan(cap.graph, method, **options)
     prof = compute(cap.graph, plan, acc, optimizer=optimizer, frozen_bits=frozen_bits,
                    meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes})
@@ -151,6 +152,7 @@ def profile(
     norm: str | None = None,
     output: str | int | None = None,
     check: bool = False,
+    mode_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> Profile:
     """Memory and FLOPs of fine-tuning ``model`` with ``method``, layer by layer.
@@ -160,12 +162,13 @@ def profile(
     ``options``: strategy options, e.g. ``blocks=3`` for ``lastk``. ``output``: the key, field or
     index of the logits in a tuple / dict / namedtuple output (default: its first tensor).
     ``check=True``: compare the prediction with a meta run of the model (``Profile.check``).
+    ``mode_options``: options of the mode, e.g. ``{"state_bits": 32}`` for ``tinytraining``.
     """
     cap = capture_model(model, batch=batch, resolution=resolution, classes=classes, input_shape=input_shape,
                         leaf_modules=leaf_modules, block_names=block_names, method=method, method_options=options,
                         norm=norm, output=output)
     return profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, check=check,
-                            **options)
+                            mode_options=mode_options, **options)
 
 
 def compare(
@@ -175,6 +178,7 @@ def compare(
     mode: str = "pytorch",
     optimizer: str = "sgd",
     frozen_bits: int = 32,
+    mode_options: dict[str, Any] | None = None,
     **capture_options: Any,
 ) -> list[Profile]:
     """One profile per strategy. ``methods`` items are names or (name, options). The model is
@@ -187,7 +191,8 @@ def compare(
         this = cap
         if get_strategy(name).transform is not None:
             this = capture_model(model, method=name, method_options=opts, **capture_options)
-        out.append(profile_captured(this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **opts))
+        out.append(profile_captured(this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
+                                    mode_options=mode_options, **opts))
     return out
 
 

@@ -77,6 +77,15 @@ class Mode:
         peak, index, phase, at = simulate_peak(graph, views, saved, [lc.gradient_bytes for lc in node_costs], static)
         return Summary(total, peak, index, phase, at)
 
+    def configure(self, **options: object) -> "Mode":
+        """This mode with ``options`` set (a mode that takes options overrides this); the
+        registered instance is never changed."""
+        if options:
+            from ..errors import BadOption
+
+            raise BadOption(f"mode {self.name!r} takes no options (got {', '.join(sorted(options))})")
+        return self
+
     def weight_fraction(self, fraction: float) -> float:
         """Fraction of a partially-updated weight whose gradient is computed and stored."""
         if fraction <= 0:
