@@ -47,6 +47,8 @@ class Contributions:
     source: str
     model: str
     classes: int | None = None
+    run_shape: tuple[int, ...] | None = None  # per-sample input shape the profile's runs used
+    costing_resolution: int | None = None  # input side the profile's schemes are meant to be costed at
 
 
 def profile_hash(profile: ContribProfile) -> str:
@@ -58,7 +60,9 @@ def profile_hash(profile: ContribProfile) -> str:
 def contributions_of(profile: ContribProfile, source: str = "contribution profile") -> Contributions:
     classes = profile.dataset.get("classes")
     return Contributions(dict(profile.bias), {k: dict(v) for k, v in profile.weight.items()}, profile.fingerprint,
-                         profile_hash(profile), source, profile.model, classes if isinstance(classes, int) else None)
+                         profile_hash(profile), source, profile.model, classes if isinstance(classes, int) else None,
+                         tuple(profile.input_shape),
+                         profile.resolution.costing if profile.resolution is not None else None)
 
 
 def load_contributions(path: str | os.PathLike) -> Contributions:
