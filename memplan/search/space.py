@@ -51,9 +51,18 @@ class Contributions:
     costing_resolution: int | None = None  # input side the profile's schemes are meant to be costed at
 
 
+#: fields added to the profile later, left out of the hash while they hold the value older profiles imply
+_LATER_FIELDS = {"resolution": None, "evaluated_on": "test"}
+
+
 def profile_hash(profile: ContribProfile) -> str:
-    """16 hex digits of SHA-256 over the profile's canonical JSON (sorted keys, no spaces)."""
-    text = json.dumps(profile.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    """16 hex digits of SHA-256 over the profile's canonical JSON (sorted keys, no spaces); fields
+    added later are left out while they hold their implied value, so older hashes stay valid."""
+    data = profile.model_dump(mode="json")
+    for key, implied in _LATER_FIELDS.items():
+        if key in data and data[key] == implied:
+            del data[key]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
