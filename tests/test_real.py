@@ -252,7 +252,7 @@ def test_correlations_against_definitions():
 
 
 def test_validate_end_to_end_on_a_tiny_profile(tmp_path):
-    from memplan.search.validate import validate_profile
+    from memplan.search.validate import default_budgets, validate_profile
 
     npz = make_npz(tmp_path / "task.npz", n=30)
     prof = run_contrib("minilearn-cifar10", data=str(npz), out=tmp_path / "p.json", validation=4,
@@ -262,3 +262,5 @@ def test_validate_end_to_end_on_a_tiny_profile(tmp_path):
     assert -1 <= check.pearson <= 1 or np.isnan(check.pearson)
     assert {p.kind for p in check.points} <= {"random", "searched"}
     assert load_profile(tmp_path / "p.json").evaluated_on == "validation" and prof.protocol.seeds == (0,)
+    budgets = default_budgets(prof)
+    assert len(budgets) == 4 and budgets == sorted(budgets) and budgets[0] < budgets[-1]
