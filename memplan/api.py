@@ -119,15 +119,17 @@ def capture_model(
 
 def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorch", optimizer: str = "sgd",
                      frozen_bits: int = 32, check: bool = False, schedule: str | None = None,
-                     calibration: Any = "cpu", **options: Any) -> Profile:
+                     calibration: Any = "cpu", mode_options: dict[str, Any] | None = None,
+                     **options: Any) -> Profile:
     """Profile one strategy on an already captured model. ``check=True`` adds ``Profile.check``:
     predicted saved bytes (``pytorch`` mode) against a meta run under saved_tensors_hooks
     (:mod:`memplan.check`). ``schedule`` / ``calibration``: the simulated peak's training step
-    and kernel workspaces (:func:`memplan.costs.engine.compute`)."""
+    and kernel workspaces (:func:`memplan.costs.engine.compute`). ``mode_options``: options of
+    the mode (``Mode.configure``)."""
     OPTIMIZER_STATES.choose(optimizer)
     if frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
-    acc = get_mode(mode)
+    acc = get_mode(mode).configure(**(mode_options or {}))
     plan = make_plan(cap.graph, method, **options)
     prof = compute(cap.graph, plan, acc, optimizer=optimizer, frozen_bits=frozen_bits, schedule=schedule,
                    calibration=calibration,
@@ -156,6 +158,7 @@ def profile(
     check: bool = False,
     schedule: str | None = None,
     calibration: Any = "cpu",
+    mode_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> Profile:
     """Memory and FLOPs of fine-tuning ``model`` with ``method``, layer by layer.
@@ -168,12 +171,13 @@ def profile(
     ``schedule``: ``standard`` or ``tte`` (in-place update during backward; default: the mode's).
     ``calibration``: kernel workspaces in the peak (``"cpu"`` / ``"cuda"``: this machine's
     ``memplan calibrate`` file; a path; None: none). ``Profile.workspace`` says what was used.
+    ``mode_options``: options of the mode, e.g. ``{"state_bits": 32}`` for ``tinytraining``.
     """
     cap = capture_model(model, batch=batch, resolution=resolution, classes=classes, input_shape=input_shape,
                         leaf_modules=leaf_modules, block_names=block_names, method=method, method_options=options,
                         norm=norm, output=output)
     return profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, check=check,
-                            schedule=schedule, calibration=calibration, **options)
+                            schedule=schedule, calibration=calibration, mode_options=mode_options, **options)
 
 
 def compare(
@@ -183,6 +187,7 @@ def compare(
     mode: str = "pytorch",
     optimizer: str = "sgd",
     frozen_bits: int = 32,
+    mode_options: dict[str, Any] | None = None,
     **capture_options: Any,
 ) -> list[Profile]:
     """One profile per strategy. ``methods`` items are names or (name, options). The model is
@@ -195,7 +200,8 @@ def compare(
         this = cap
         if changes_architecture(name, opts):
             this = capture_model(model, method=name, method_options=opts, **capture_options)
-        out.append(profile_captured(this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, **opts))
+        out.append(profile_captured(this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
+                                    mode_options=mode_options, **opts))
     return out
 
 

@@ -14,6 +14,9 @@ import typer
 from rich.console import Console
 
 from . import api, cli_peak
+from .cli_contrib import app as contrib_app
+from .cli_contrib import floats as _floats
+from .cli_contrib import key_values
 from .errors import MemplanError
 from .io import write_text
 from .render import export, tables
@@ -21,6 +24,7 @@ from .strategies import STRATEGIES, TRANSFORMS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Memory / FLOP profiler and sparse-update planner for on-device transfer learning.")
+app.add_typer(contrib_app, name="contrib")
 
 ModelArg = typer.Argument(..., help="zoo name (see `memplan models`), package.module:attr or path/to/file.py:attr")
 BatchOpt = typer.Option(1, "--batch", "-b", help="batch size")
@@ -42,6 +46,8 @@ EpochsOpt = typer.Option(None, "--epochs", help="training epochs (cache-reuse)")
 OptionOpt = typer.Option(None, "--option", "-o", help="other strategy option as key=value (repeatable), e.g. -o lite_kernel=3")
 OutputOpt = typer.Option(None, "--output", help="the key / field / index of the logits when the model returns a tuple, "
                          "dict or namedtuple (default: its first tensor)")
+ModeOptionOpt = typer.Option(None, "--mode-option", "-O", help="accounting-mode option as key=value (repeatable), e.g. "
+                             "-O state_bits=32 -O grad_accumulation=true for tinytraining")
 NormOpt = typer.Option(None, "--norm", help="replace the model's norm layers: 'group' (GroupNorm, 8 channels per group) as TinyTL does")
 
 
@@ -105,7 +111,7 @@ def profile(
     bits: Optional[int] = BitsCacheOpt, samples: Optional[int] = SamplesOpt, epochs: Optional[int] = EpochsOpt,
     option: Optional[List[str]] = OptionOpt, norm: Optional[str] = NormOpt,
     batch: int = BatchOpt, resolution: Optional[int] = ResOpt, classes: Optional[int] = ClassesOpt,
-    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt,
+    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt, mode_option: Optional[List[str]] = ModeOptionOpt,
     per_layer: bool = typer.Option(False, "--per-layer", help="print the per-layer table (and, for sparse / "
                                    "tinytraining, the cost of updating each conv: the 256KB paper's Figure 11a)"),
     plot: Optional[str] = typer.Option(None, "--plot", help="draw the per-conv update costs (Figure 11a) to PATH"),
@@ -125,8 +131,8 @@ def profile(
     capture_opts = _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output)
     mode = cli_peak.device_mode(ctx, mode, device)
     p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, check=check,
-                    schedule=schedule, calibration=cli_peak.calibration_arg(calibration), **strategy_opts,
-                    **capture_opts)
+                    schedule=schedule, calibration=cli_peak.calibration_arg(calibration),
+                    mode_options=key_values(mode_option, "--mode-option"), **strategy_opts, **capture_opts)
     if device:
         cli_peak.add_fit(p, device)
     if json_out:
@@ -175,72 +181,6 @@ def verify(
         raise typer.Exit(EXIT_MISMATCH)
 
 
-def _positive_int(name: str, value: int) -> None:
-    if value < 1:
-        raise MemplanError(f"--{name} must be a positive integer, got {value}")
-
-
-def _floats(text: Optional[str], name: str) -> Optional[list[float]]:
-    if text is None:
-        return None
-    try:
-        return [float(eval_fraction(t)) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated numbers, e.g. 0.125,0.25,0.5,1") from None
-
-
-def eval_fraction(text: str) -> float:
-    """'1/8' or '0.125' -> 0.125."""
-    num, slash, den = text.strip().partition("/")
-    return float(num) / float(den) if slash else float(num)
-
-
-def _ints(text: Optional[str], name: str) -> Optional[list[int]]:
-    if text is None:
-        return None
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated integers, e.g. 0,1,2") from None
-
-
-@app.command()
-def contrib(
-    model: str = ModelArg,
-    weights: Optional[str] = typer.Option(None, "--weights", help="local state_dict (.pt), loaded with weights_only=True"),
-    data: str = typer.Option("digits", "--data", help="digits (built-in MNIST 5k transfer benchmark), an image folder, "
-                             "an .npz with x_train,y_train,x_test,y_test, or module:factory"),
-    out: Optional[str] = typer.Option(None, "--out", help="contribution profile JSON (a .runs.jsonl checkpoint lives beside it)"),
-    workers: int = typer.Option(1, "--workers", "-j", help="parallel runs (local process pool)"),
-    executor: str = typer.Option("process", "--executor", help="process | ray"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (with --executor ray)"),
-    no_cache: bool = typer.Option(False, "--no-cache", help="recompute the frozen prefix in every run (no feature cache)"),
-    bits: Optional[int] = typer.Option(None, "--bits", help="quantise cached features to BITS (default: fp32, exact)"),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated seeds per run, e.g. 0,1,2"),
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="epochs per run"),
-    ratios: Optional[str] = typer.Option(None, "--ratios", help="weight ratios, e.g. 1/8,1/4,1/2,1"),
-    lr_bias: Optional[float] = typer.Option(None, "--lr-bias", help="learning rate of bias runs"),
-    lr_weight: Optional[float] = typer.Option(None, "--lr-weight", help="learning rate of weight runs"),
-    resolution: Optional[int] = ResOpt,
-    plot: Optional[str] = typer.Option(None, "--plot", help="draw Figure 5 (bias curve, per-layer Δacc per ratio) to PATH"),
-) -> None:
-    """Contribution analysis: real fine-tuning runs measuring Δacc per bias depth and per
-    layer x channel ratio (the 256KB paper's Figure 5). Resumable: rerun to continue."""
-    from .contrib.analysis import run_contrib
-    from .render.figures import plot_contrib
-
-    console = _console()
-    _positive_int("workers", workers)
-    prof = run_contrib(model, weights, data, out, workers=workers, executor=executor, address=address,
-                       cache=not no_cache, bits=bits, seeds=_ints(seeds, "seeds"), epochs=epochs,
-                       ratios=_floats(ratios, "ratios"), lr_bias=lr_bias, lr_weight=lr_weight, resolution=resolution,
-                       progress=sys.stderr.isatty())
-    console.print(f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured"
-                  + (f"; wrote {out}" if out else ""))
-    if plot:
-        console.print(f"wrote {plot_contrib(prof, plot)}")
-
-
 @app.command()
 def search(
     model: Optional[str] = typer.Argument(None, help="model (default: mcunet-5fps at 128 px with its shipped profile)"),
@@ -252,6 +192,7 @@ def search(
                                          "left to training in the mode (its default mode: mcu, the modelled peak)"),
     mode: Optional[str] = typer.Option(None, "--mode", help="accounting mode of the budget (default: tinytraining, "
                                        "or the device's mode)"),
+    optimizer: str = OptimOpt, mode_option: Optional[List[str]] = ModeOptionOpt,
     method: Optional[str] = typer.Option(None, "--method", help="exact | evolution | random (default: exact when "
                                          "memory is additive in the mode)"),
     generations: int = typer.Option(100, "--generations"), population: int = typer.Option(100, "--population"),
@@ -274,7 +215,8 @@ def search(
     result = run_search(model, budget, profile_path=profile, device=device, mode=mode, method=method,
                         generations=generations, population=population, seed=seed, out=out, curves=plot is not None,
                         pw1_only=pw1_only, max_weight_layers=max_weight_layers, classes=classes,
-                        resolution=resolution, command="memplan " + " ".join(sys.argv[1:]), **extra)
+                        resolution=resolution, command="memplan " + " ".join(sys.argv[1:]), optimizer=optimizer,
+                        mode_options=key_values(mode_option, "--mode-option"), **extra)
     console = _console()
     print_search(result, console)
     if plot:
@@ -298,7 +240,7 @@ def compare(
                                           "e.g. full,bias,lastk:3,mobiletl:3 (default: full,last,norm,bias,lastk:3)"),
     norm: Optional[str] = NormOpt,
     batch: int = BatchOpt, resolution: Optional[int] = ResOpt, classes: Optional[int] = ClassesOpt,
-    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt,
+    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt, mode_option: Optional[List[str]] = ModeOptionOpt,
     json_out: Optional[str] = typer.Option(None, "--json", help="write all profiles as JSON to PATH ('-' = stdout)"),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="write one totals row per strategy as CSV to PATH"),
     leaf: Optional[List[str]] = LeafOpt, block_names: Optional[str] = BlocksNamesOpt,
@@ -316,6 +258,7 @@ def compare(
                 raise MemplanError(f"cannot read {tok!r} in --methods", "write a method, or method:K for K blocks")
             items.append((name, {"blocks": int(k)} if k else {}))
     profiles = api.compare(model, items, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
+                           mode_options=key_values(mode_option, "--mode-option"),
                            **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output))
     if json_out:
         _emit(export.many_to_json(profiles), json_out, console)

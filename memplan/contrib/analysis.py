@@ -1,10 +1,12 @@
 """``run_contrib``: contribution analysis end to end, resumable.
 
 1. model (zoo name, ``module:attr`` or ``file.py:attr``) with its classifier sized for the
-   data; backbone weights from ``weights`` (a local state_dict, ``weights_only=True``), or
-   for ``data="digits"`` without weights a cached pretraining on digits 0-4;
+   data and its backbone weights, and the task with a validation split carved from the
+   training data (:mod:`memplan.contrib.setup`);
 2. a linear probe trains the classifier from zero on frozen features; every run starts
-   from that head;
+   from that head. The probe and every run train on the training split and are measured on
+   the validation split; the test split is never given to them (it is kept for the final
+   evaluations of :mod:`memplan.contrib.final`);
 3. the grid (:mod:`memplan.contrib.protocol`) runs on the chosen executor, each finished run
    appended to the JSONL checkpoint ``<out stem>.runs.jsonl`` (flushed and fsynced) beside
    ``out``, the probe head saved as ``<out stem>.head.pt``; rerunning the same call skips
@@ -23,27 +25,18 @@ import torch
 from pydantic import ValidationError
 
 from ..errors import BadOption, MemplanError
-from ..graph import capture, conv_table, trace
+from ..graph import conv_table
 from ..io import validation_error
-from ..models import resolve, zoo
 from ..plan import fingerprint
 from ..units import ratio_label
-from .checkpoint import Checkpoint, data_digest, state_digest
-from .data import Data, fit_to, load_data
+from .checkpoint import Checkpoint
+from .data import DEFAULT_VALIDATION, Data, Validation
 from .executors import default_threads, execute, num_threads
-from .profile import ContribProfile, assemble
+from .profile import ContribProfile, Resolution, assemble
 from .protocol import Protocol, grid
-from .runner import Context, linear_probe
-from .weights import load_weights, pretrain_digits, save_state
-
-DIGITS_RESOLUTION = 32  # px: MNIST is 28 x 28; small keeps the full grid within minutes on 2 cores
-DIGITS_TRAIN_PER_CLASS = 100  # transfer-task training images per digit (test: 250 per digit)
-
-
-def default_cache_dir() -> Path:
-    """``$MEMPLAN_CACHE`` or ``~/.cache/memplan`` (digits pretraining checkpoints)."""
-    return Path(os.environ.get("MEMPLAN_CACHE") or Path.home() / ".cache" / "memplan")
-
+from .runner import Context, linear_probe, resolve_device
+from .setup import DIGITS_RESOLUTION, DIGITS_TRAIN_PER_CLASS, build_setup, default_cache_dir  # noqa: F401 (re-exported)
+from .weights import save_state
 
 def _protocol(options: dict[str, Any]) -> Protocol:
     try:
@@ -53,29 +46,6 @@ def _protocol(options: dict[str, Any]) -> Protocol:
         raise BadOption(f"bad contribution option {'protocol' if where == '(top level)' else where}: {msg}") from None
 
 
-def _model_and_data(model: str, data: str, resolution: int | None, train_per_class: int | None):
-    """(spec name, model, Data): zoo models get the data resized to their input; others keep the
-    data's own shape (or C x r x r with ``resolution``)."""
-    zoo_entry = None
-    if isinstance(model, str) and ":" not in model:
-        try:
-            zoo_entry = zoo.get_entry(model)
-        except KeyError:
-            zoo_entry = None  # resolve() below raises the one-line error
-    if zoo_entry is not None:
-        res = resolution or (DIGITS_RESOLUTION if data == "digits" else zoo_entry.resolution)
-        shape = tuple(zoo_entry.input_shape(res))
-        task = load_data(data, shape, train_per_class)
-    else:
-        task = load_data(data, None, train_per_class)
-        if resolution is not None:
-            shape = (task.x_train.shape[1], resolution, resolution)
-            task.x_train, task.x_test = fit_to(task.x_train, shape), fit_to(task.x_test, shape)
-    torch.manual_seed(0)
-    spec = resolve(model, task.classes, meta=False)
-    return spec.name, spec.model, task
-
-
 def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_layers: int, cache: bool) -> str:
     p = protocol
     ks = "all k = 1..L" if p.bias_ks is None else f"k in {list(p.bias_ks)} and those the weight runs need"
@@ -83,10 +53,13 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
     ratios = ", ".join(ratio_label(r) for r in p.ratios)
     cache_text = ("feature cache of the frozen prefix " + ("exact fp32" if p.bits is None else f"quantised to {p.bits} bits")
                   if cache else "no feature cache (every step runs the whole model)")
+    where = (f"the validation split ({data.x_val.shape[0]} images carved from the training data; the "
+             f"{data.x_test.shape[0]} test images are left for final evaluations)" if data.x_val is not None
+             else f"the test split ({data.x_test.shape[0]} images)")
     return (
         f"Contribution analysis (Lin et al., NeurIPS 2022, Sec. 2.2 / Fig. 5) of {name} "
         f"(L = {n_layers} convs) at input {'x'.join(map(str, shape))} on {data.name} "
-        f"({data.x_train.shape[0]} train / {data.x_test.shape[0]} test images, {data.classes} classes). "
+        f"({data.x_train.shape[0]} train images, {data.classes} classes); accuracies on {where}. "
         f"Linear probe first: classifier from zero, {p.probe_epochs} epochs SGD momentum 0.9 lr {p.probe_lr}, "
         f"cosine decay; every run starts from that head. Runs: classifier only (k = 0); biases of the last "
         f"k convs ({ks}; a conv's bias is the BN shift after it, norms in eval mode) + classifier; weight "
@@ -133,9 +106,13 @@ def run_contrib(
     weight_layers: int | None = None,
     select: str | None = None,
     resolution: int | None = None,
+    costing_resolution: int | None = None,
     train_per_class: int | None = None,
+    validation: Validation | None = DEFAULT_VALIDATION,
+    test_per_class: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     threads: int | None = None,
+    device: str = "cpu",
     progress: bool = False,
 ) -> ContribProfile:
     """Measure the contribution profile of ``model`` on ``data`` (see the module docstring).
@@ -143,11 +120,19 @@ def run_contrib(
     Options left as None take the :class:`~memplan.contrib.protocol.Protocol` defaults.
     ``out``: the profile JSON (with the checkpoint and head beside it); None keeps nothing
     on disk and cannot resume. ``train_per_class`` keeps that many training images per class
-    (digits: 100 unless given). ``threads``: intra-op threads per worker (default: the
-    available cores / workers, or ``$MEMPLAN_NUM_THREADS``).
+    (digits: 100 unless given); ``validation``: images per class (int) or fraction (float) of the
+    training data carved out as the validation split every accuracy is measured on (None: the
+    test split, the pre-issue-13 protocol); ``test_per_class`` limits the test split (kept for
+    final evaluations, never seen by a run). ``resolution``: input side of the runs (default: the
+    zoo's, 32 for digits); ``costing_resolution``: the side the schemes will be costed at (default:
+    the run resolution), recorded so that ``memplan search`` can warn when they differ.
+    ``threads``: intra-op threads per worker (default: the available cores / workers, or
+    ``$MEMPLAN_NUM_THREADS``). ``device``: torch device of the probe and the runs (``cpu``,
+    ``cuda``, ``auto``); not part of the checkpoint's identity.
     """
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise BadOption(f"threads must be a positive integer, got {threads!r}")
+    device = resolve_device(device)
     protocol = _protocol(dict(seeds=None if seeds is None else tuple(seeds), epochs=epochs, batch_size=batch_size,
                               lr_classifier=lr_classifier, lr_bias=lr_bias, lr_weight=lr_weight, momentum=momentum,
                               probe_epochs=probe_epochs, probe_lr=probe_lr,
@@ -156,41 +141,28 @@ def run_contrib(
                               select=select, bits=bits))
     with num_threads(threads or default_threads(1)):  # pretraining and the probe run here, before any worker
         return _measure(model, weights, data, out, protocol, workers=workers, executor=executor, address=address,
-                        cache=cache, resolution=resolution, train_per_class=train_per_class, cache_dir=cache_dir,
-                        threads=threads or default_threads(workers), progress=progress)
+                        cache=cache, resolution=resolution, costing_resolution=costing_resolution,
+                        split=dict(train_per_class=train_per_class, validation=validation,
+                                   test_per_class=test_per_class), cache_dir=cache_dir,
+                        threads=threads or default_threads(workers), device=device, progress=progress)
 
 
 def _measure(model: str, weights: str | os.PathLike | None, data: str, out: str | os.PathLike | None,
              protocol: Protocol, *, workers: int, executor: str, address: str | None, cache: bool,
-             resolution: int | None, train_per_class: int | None, cache_dir: str | os.PathLike | None,
-             threads: int, progress: bool) -> ContribProfile:
+             resolution: int | None, costing_resolution: int | None, split: dict[str, Any],
+             cache_dir: str | os.PathLike | None, threads: int, device: str, progress: bool) -> ContribProfile:
     t_start = time.perf_counter()
-    if train_per_class is not None and train_per_class < 1:
-        raise BadOption(f"train_per_class must be a positive integer, got {train_per_class}")
-    if data == "digits" and train_per_class is None:
-        train_per_class = DIGITS_TRAIN_PER_CLASS
-    name, net, task = _model_and_data(model, data, resolution, train_per_class)
-    shape = tuple(task.x_train.shape[1:])
-    gm = trace(net, name=name)
-    graph = capture(net, (1, *shape), gm=gm, name=name)
-    classes = graph.classes
-    if classes != task.classes:
-        raise MemplanError(f"{name} outputs {classes} classes; {data} has {task.classes}",
-                           "give a model factory that accepts num_classes")
-    head = graph.classifier.name
-    if weights is not None:
-        digest = load_weights(net, weights, head)
-        source: dict[str, Any] = {"source": str(weights), "sha256": digest}
-    elif data == "digits":
-        key = f"{fingerprint(graph)}-{'x'.join(map(str, shape))}"
-        source = {"source": "digits pretraining", **pretrain_digits(net, shape, key, Path(cache_dir or default_cache_dir()))}
-    else:
-        source = {"source": "as built (no weights given)"}
+    if costing_resolution is not None and (not isinstance(costing_resolution, int) or costing_resolution < 1):
+        raise BadOption(f"costing_resolution must be a positive integer, got {costing_resolution!r}")
+    setup = build_setup(model, weights, data, resolution=resolution, cache_dir=cache_dir, **split)
+    name, net, task, graph, head, shape = setup.name, setup.net, setup.task, setup.graph, setup.head, setup.shape
+    source = setup.weights
+    seen = task.validation_task() if task.x_val is not None else task  # what the runs train and measure on
     layers = conv_table(graph)
     specs = grid(layers, protocol)
-    identity = {"model": name, "fingerprint": fingerprint(graph), "input_shape": list(shape),
-                "backbone": state_digest(net, head), "data": {**task.summary(), "digest": data_digest(task)},
-                "protocol": protocol.model_dump(mode="json")}
+    identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json")}
+    runs_res = shape[-1]
+    resolution_record = Resolution(runs=runs_res, costing=costing_resolution or runs_res)
 
     finished: dict[str, dict[str, Any]] = {}
     ckpt = head_path = None
@@ -207,12 +179,12 @@ def _measure(model: str, weights: str | os.PathLike | None, data: str, out: str 
         net.get_submodule(head).load_state_dict(stored["head"])
         probe_acc = float(stored["accuracy"])
     else:
-        probe_acc = linear_probe(net, head, task, protocol)
+        probe_acc = linear_probe(net, head, seen, protocol, device)
         if ckpt is not None:
             save_state(head_path, {"head": net.get_submodule(head).state_dict(), "accuracy": torch.tensor(probe_acc)})
             ckpt.start()
     todo = [s for s in specs if s.id not in finished]
-    ctx = Context(name, net, task, protocol, cache, threads)
+    ctx = Context(name, net, seen, protocol, cache, threads, device)
     bar, bar_task = _progress(progress, len(specs), len(specs) - len(todo))
     t_grid = time.perf_counter()
     with bar:
@@ -225,11 +197,12 @@ def _measure(model: str, weights: str | os.PathLike | None, data: str, out: str 
     wall = time.perf_counter() - t_start
     profile = assemble(
         specs, finished, layers, model=name, fingerprint=fingerprint(graph), input_shape=list(shape),
-        weights=source, dataset={**task.summary(), "digest": identity["data"]["digest"]}, protocol=protocol,
+        weights=source, dataset=setup.dataset, protocol=protocol, resolution=resolution_record,
+        evaluated_on="validation" if task.x_val is not None else "test",
         description=describe(name, shape, task, protocol, len(layers), cache), probe_accuracy=probe_acc,
         timing={"wall_s": round(wall, 2), "grid_wall_s": round(time.perf_counter() - t_grid, 2),
                 "runs_executed": len(todo), "runs_resumed": len(specs) - len(todo), "workers": workers,
-                "threads_per_worker": threads, "executor": executor, "cache": cache,
+                "threads_per_worker": threads, "executor": executor, "cache": cache, "device": device,
                 "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2),
                 "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2)})
     if out is not None:

@@ -76,6 +76,7 @@ def state_digest(model: torch.nn.Module, skip: str) -> str:
 
 def data_digest(data: Data) -> str:
     h = hashlib.sha256()
-    for t in (data.x_train, data.y_train, data.x_test, data.y_test):
-        h.update(t.contiguous().numpy().tobytes())
+    for t in (data.x_train, data.y_train, data.x_test, data.y_test, data.x_val, data.y_val):
+        if t is not None:
+            h.update(t.contiguous().numpy().tobytes())
     return h.hexdigest()[:16]

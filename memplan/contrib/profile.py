@@ -37,7 +37,7 @@ class RunRecord(BaseModel):
     conv_index: int | None = None
     ratio: float | None = None
     seeds: list[int]
-    accuracy: list[float] = Field(description="test accuracy per seed, %")
+    accuracy: list[float] = Field(description="accuracy per seed on the profile's evaluated_on split, %")
     accuracy_mean: float
     accuracy_std: float
     reference: str | None = Field(description="id of the run Δacc is measured against")
@@ -61,6 +61,16 @@ class Noise(BaseModel):
     seeds: int
 
 
+class Resolution(BaseModel):
+    """Input side (px) of the runs and of the memory costing of the schemes searched from them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runs: int = Field(description="input side the contribution runs trained and evaluated at")
+    costing: int = Field(description="input side the schemes are costed at (memplan search); equal to runs "
+                                     "unless the runs were made smaller for speed")
+
+
 class ContribProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -72,7 +82,7 @@ class ContribProfile(BaseModel):
     dataset: dict[str, Any]
     protocol: Protocol
     description: str = Field(description="how the numbers were measured, in words")
-    probe_accuracy: float = Field(description="linear-probe test accuracy every run starts from, %")
+    probe_accuracy: float = Field(description="accuracy (evaluated_on split) of the linear probe every run starts from, %")
     layers: list[ConvLayer]
     bias: dict[int, float] = Field(description="k -> Δacc_b[:k], mean over seeds")
     bias_std: dict[int, float]
@@ -81,6 +91,19 @@ class ContribProfile(BaseModel):
     noise: Noise
     runs: list[RunRecord]
     timing: dict[str, Any] = Field(description="wall seconds and how the runs were executed")
+    resolution: Resolution | None = Field(None, description="run and costing resolution (None: profiles before "
+                                                            "issue 13; the runs used input_shape)")
+    evaluated_on: Literal["validation", "test"] = Field(
+        "test", description="the split every accuracy of the runs was measured on: a validation split carved from "
+                            "the training data, or (profiles before issue 13) the test split")
+
+    @property
+    def run_resolution(self) -> int:
+        return self.resolution.runs if self.resolution is not None else self.input_shape[-1]
+
+    @property
+    def costing_resolution(self) -> int:
+        return self.resolution.costing if self.resolution is not None else self.input_shape[-1]
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically."""

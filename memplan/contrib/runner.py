@@ -25,8 +25,10 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..apply import apply_plan
-from ..graph import ConvLayer, capture, conv_table, trace
+from ..errors import BadOption
+from ..graph import ConvLayer, LayerGraph, capture, conv_table, trace
 from ..nn.train import fit, make_optimizer
+from ..plan import Plan
 from . import cache as fcache
 from .data import Data
 from .protocol import Protocol, RunSpec, run_plan, split_layer
@@ -42,6 +44,18 @@ class Context:
     protocol: Protocol
     cache: bool = True
     threads: int = 1
+    device: str = "cpu"  # torch device of the runs ("cuda" where a GPU exists)
+
+
+def resolve_device(name: str) -> str:
+    """``cpu``, ``cuda`` (refused in one line where no GPU is visible) or ``auto`` (cuda when present)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise BadOption(f"unknown device {name!r}", "choose cpu, cuda or auto")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise BadOption(f"--device {name}: no CUDA device is visible to torch {torch.__version__}", "use --device cpu")
+    return name
 
 
 def accuracy(forward: Callable[..., Tensor], inputs: Callable[[Tensor | None], list[Tensor]], y: Tensor) -> float:
@@ -90,9 +104,12 @@ class Worker:
         torch.set_num_threads(ctx.threads)
         self.ctx = ctx
         self.model = ctx.model.eval().to(memory_format=torch.channels_last)
-        self.x_train, self.x_test = channels_last(ctx.data.x_train), channels_last(ctx.data.x_test)
         self.gm = trace(self.model, name=ctx.model_name)
         self.graph = capture(self.model, (1, *ctx.data.x_train.shape[1:]), gm=self.gm, name=ctx.model_name)
+        dev = torch.device(ctx.device)
+        self.model.to(dev)
+        self.x_train, self.x_test = channels_last(ctx.data.x_train.to(dev)), channels_last(ctx.data.x_test.to(dev))
+        self.y_train, self.y_test = ctx.data.y_train.to(dev), ctx.data.y_test.to(dev)
         self.layers: list[ConvLayer] = conv_table(self.graph)
         self.classifier = self.graph.classifier.name
         self.split: Split | None = None
@@ -111,14 +128,27 @@ class Worker:
 
     def execute(self, spec: RunSpec) -> dict:
         """Train and evaluate ``spec`` for every seed; returns its record."""
-        ctx, proto, y_train, y_test = self.ctx, self.ctx.protocol, self.ctx.data.y_train, self.ctx.data.y_test
+        proto = self.ctx.protocol
+        record = self.train_plan(lambda graph: run_plan(spec, graph, self.ctx.model_name, proto),
+                                 split_layer(spec, self.layers, self.graph))
+        return {"id": spec.id, **spec.to_dict(), **record}
+
+    def train_plan(self, make: Callable[[LayerGraph], Plan], split_at: str | None,
+                   protocol: Protocol | None = None) -> dict:
+        """Train ``make(graph)``'s plan on a fresh copy of the model for every seed and evaluate it on
+        the context's evaluation split. ``split_at``: the first layer whose input depends on a
+        trainable parameter (the frozen prefix before it is cached; None: no cache). ``protocol``
+        overrides the context's (learning rates, epochs, seeds). Returns accuracies (%) per seed,
+        trainable parameter count and seconds."""
+        ctx, proto = self.ctx, protocol or self.ctx.protocol
+        y_train, y_test = self.y_train, self.y_test
         cpu0 = time.process_time()
         model, graph = copy.deepcopy((self.model, self.graph))  # the graph must describe the copy
-        apply_plan(model, run_plan(spec, graph, ctx.model_name, proto), graph)
+        apply_plan(model, make(graph), graph)
         train_flags = [(m, m.training) for m in model.modules()]  # apply_plan's train / eval flags
         cache_s, cache_bytes = 0.0, 0
-        if ctx.cache:
-            split = self.features(split_layer(spec, self.layers, self.graph))
+        if ctx.cache and split_at is not None:
+            split = self.features(split_at)
             forward: Callable[..., Tensor] = fcache.submodel(model, split.suffix)
             train_in = lambda idx: [channels_last(t) for t in split.train.batch(idx)]  # noqa: E731
             test_in = lambda idx: [channels_last(t) for t in split.test.batch(idx)]  # noqa: E731
@@ -130,11 +160,14 @@ class Worker:
         groups = param_groups(model, self.classifier, proto)
         params = [p for g in groups for p in g["params"]]
         initial = [p.detach().clone() for p in params]
+        buffers = [(b, b.detach().clone()) for b in model.buffers()]  # norm statistics of train-mode norms
         accs, train_s, eval_s = [], 0.0, 0.0
         for seed in proto.seeds:
             with torch.no_grad():
                 for p, p0 in zip(params, initial):
                     p.copy_(p0)
+                for b, b0 in buffers:
+                    b.copy_(b0)
             for m, flag in train_flags:
                 m.training = flag
             t0 = time.perf_counter()
@@ -146,17 +179,29 @@ class Worker:
             accs.append(accuracy(forward, test_in, y_test))
             eval_s += time.perf_counter() - t1
             train_s += t1 - t0
-        return {"id": spec.id, **spec.to_dict(), "seeds": list(proto.seeds), "accuracy": accs,
-                "trainable_params": sum(p.numel() for p in params), "train_s": round(train_s, 4),
-                "eval_s": round(eval_s, 4), "cache_s": round(cache_s, 4), "cache_bytes": cache_bytes,
-                "cpu_s": round(time.process_time() - cpu0, 4)}
+        return {"seeds": list(proto.seeds), "accuracy": accs, "trainable_params": sum(p.numel() for p in params),
+                "train_s": round(train_s, 4), "eval_s": round(eval_s, 4), "cache_s": round(cache_s, 4),
+                "cache_bytes": cache_bytes, "cpu_s": round(time.process_time() - cpu0, 4)}
 
 
-def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protocol) -> float:
+def first_trained(graph: LayerGraph, plan: Plan) -> str | None:
+    """Module name of the first node (forward order) with a trainable parameter under ``plan``:
+    where the frozen prefix of a feature cache ends (None: nothing trains)."""
+    for node in graph.nodes:
+        if node.params and plan.of(node).any and node.layer:
+            return node.layer
+    return None
+
+
+def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protocol, device: str = "cpu") -> float:
     """Train ``model``'s classifier from zero on frozen features (SGD, momentum 0.9, cosine decay
-    over ``probe_epochs``, seed 0); returns its test accuracy (%). The features at the
-    classifier's input are computed once."""
-    model.eval()
+    over ``probe_epochs``, seed 0); returns its accuracy (%) on ``data``'s evaluation split
+    (``x_test``). The features at the classifier's input are computed once, on ``device``; the
+    model is left on the CPU."""
+    dev = torch.device(device)
+    data = Data(data.name, data.description, data.x_train.to(dev), data.y_train.to(dev), data.x_test.to(dev),
+                data.y_test.to(dev), data.classes)
+    model.eval().to(dev)
     head = model.get_submodule(classifier)
     with torch.no_grad():
         for p in head.parameters():
@@ -173,4 +218,6 @@ def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protoc
         epochs=protocol.probe_epochs, batch_size=protocol.batch_size, seed=0, cosine=True)
     for p in params:
         p.requires_grad_(False)
-    return accuracy(suffix, te.batch, data.y_test)
+    acc = accuracy(suffix, te.batch, data.y_test)
+    model.to("cpu")
+    return acc

@@ -92,6 +92,15 @@ class Mode:
         (the search calls it per candidate); None: use ``memplan.costs.engine.compute``."""
         return None
 
+    def configure(self, **options: object) -> "Mode":
+        """This mode with ``options`` set (a mode that takes options overrides this); the
+        registered instance is never changed."""
+        if options:
+            from ..errors import BadOption
+
+            raise BadOption(f"mode {self.name!r} takes no options (got {', '.join(sorted(options))})")
+        return self
+
     def weight_fraction(self, fraction: float) -> float:
         """Fraction of a partially-updated weight whose gradient is computed and stored."""
         if fraction <= 0:

@@ -130,3 +130,57 @@ def _figure11b(ax: Any, result: SearchResult) -> None:
     ax.set_title(f"scheme: last {scheme.bias_update} biases, {len(ratio)} weights "
                  f"({result.memory_bytes} B of {result.budget_bytes} B)")
     ax.legend(loc="upper left")
+
+
+def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
+    """The 256KB paper's Figure 5(c) from ``memplan.search.validate.AdditivityCheck``: real test-accuracy
+    gain over classifier-only (y) against summed Δacc (x), one point per trained scheme (colour:
+    budget; star: the searched optimum), with a least-squares line and the correlations."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    budgets = sorted({p.budget_bytes for p in check.points})
+    cmap = plt.get_cmap("viridis")
+    for i, b in enumerate(budgets):
+        colour = cmap(i / max(1, len(budgets) - 1))
+        for kind, marker, size in (("random", "o", 30), ("searched", "*", 120)):
+            pts = [p for p in check.points if p.budget_bytes == b and p.kind == kind]
+            if pts:
+                ax.scatter([p.summed_delta_acc for p in pts], [p.gain for p in pts], marker=marker, s=size,
+                           color=colour, label=f"{b / 1000:g} kB" if kind == "random" else None, zorder=3)
+    xs = [p.summed_delta_acc for p in check.points]
+    ys = [p.gain for p in check.points]
+    if len(set(xs)) > 1:
+        import numpy as np
+
+        slope, icpt = np.polyfit(xs, ys, 1)
+        grid = np.linspace(min(xs), max(xs), 2)
+        ax.plot(grid, slope * grid + icpt, color="grey", lw=0.8)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xlabel("summed Δacc of the scheme (contribution profile, points)")
+    ax.set_ylabel("real test-accuracy gain over classifier only (points)")
+    ax.set_title(f"{check.model}: additivity (Fig. 5c), Pearson {check.pearson:+.2f} "
+                 f"[{check.pearson_ci[0]:+.2f}, {check.pearson_ci[1]:+.2f}], Spearman {check.spearman:+.2f}",
+                 fontsize=9)
+    ax.legend(title="budget (★ searched)", fontsize=8)
+    fig.tight_layout()
+    return _save(plt, fig, path, dpi=120)
+
+
+def plot_accuracy_memory(rows: list[dict[str, Any]], path: str | os.PathLike, *, title: str, xlabel: str,
+                         ylabel: str) -> Path:
+    """The 256KB paper's Figure 9: accuracy (``accuracy_mean`` ± ``accuracy_std``) against memory
+    (``memory_bytes``, log axis, kB) per ``method`` (rows of one method joined in memory order)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    styles = ["*-", "o-", "s-", "D", "^", "v-", "x-"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    for method, style in zip(methods, styles * 2):
+        pts = sorted((r["memory_bytes"] / 1000, r["accuracy_mean"], r.get("accuracy_std", 0.0)) for r in rows
+                     if r["method"] == method)
+        xs, ys, es = zip(*pts)
+        ax.errorbar(xs, ys, yerr=es, fmt=style, capsize=2, label=method, ms=10 if "*" in style else 5)
+    ax.set_xscale("log")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return _save(plt, fig, path, dpi=120)

@@ -91,6 +91,8 @@ def print_search(result: SearchResult, console: Console) -> None:
     console.print(f"[bold]{r.model}[/] · input {'x'.join(map(str, r.input_shape))} · mode [bold]{r.mode}[/] "
                   f"({r.metric}) · budget {r.budget_bytes} B = {fmt_bytes(r.budget_bytes)} "
                   f"= {fmt_bytes(r.budget_bytes, binary=True)}{dev} · read as {r.budget_convention}")
+    for warning in getattr(r, "warnings", ()):
+        console.print(f"warning: {warning}", style="yellow", markup=False)
     console.print(f"profile {r.profile_path or '(given)'} · hash {r.profile_hash} · space: {r.space_size['convs']} convs, "
                   f"{r.space_size['bias_depths']} bias depths, {r.space_size['weight_options']} weight options "
                   f"on {r.space_size['weight_layers']} layers")

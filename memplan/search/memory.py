@@ -35,10 +35,10 @@ class MemoryModel:
     """``compute()`` of candidates in one mode (cached); ``measure`` returns the chosen metric."""
 
     def __init__(self, space: SearchSpace, mode: str = "tinytraining", metric: str = "total", *,
-                 optimizer: str = "sgd", frozen_bits: int = 32):
+                 optimizer: str = "sgd", frozen_bits: int = 32, mode_options: dict | None = None):
         METRICS.choose(metric)
         self.space = space
-        self.mode = get_mode(mode)
+        self.mode = get_mode(mode).configure(**(mode_options or {}))
         self.metric = metric
         self.optimizer = optimizer
         self.frozen_bits = frozen_bits

