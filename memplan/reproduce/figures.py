@@ -102,6 +102,16 @@ EVALUATOR_OPTIONS: dict[str, str] = {
     "block": "the figure is of one block: sums over that block's layers",
     "include_classifier": "false: parameters without the classifier",
     "other_ops": "true: FLOPs count every op (norms, activations, adds, pooling, loss), not only conv / linear",
+    "plan": "measured SRAM figures: the update (full, or a scheme) whose training step is simulated",
+    "scheme": "measured SRAM figures: the sparse-update scheme (layers, ratios, bias depth)",
+    "schemes": "measured SRAM figures: the unstated schemes the range runs over",
+    "schedule": "measured SRAM figures: tte (in-place update with reordering) or standard",
+    "settings": "measured SRAM figures: the mcu mode's settings (patches, accumulation, ...)",
+    "arena_only": "measured SRAM figures: trainable weights live outside the arena (TinyEngine's PEAK_MEM)",
+    "numerator": "measured ratios: the figure whose value is divided",
+    "denominator": "measured ratios: the figure it is divided by",
+    "reference": "measured SRAM figures: the figure whose setting this one repeats",
+    "tolerance": "measured SRAM figures: the agreement the paper's reading allows",
 }
 #: figure options that describe the figure without changing what memplan builds, and why
 DESCRIPTIVE_OPTIONS: dict[str, str] = {
