@@ -18,7 +18,7 @@ equal or higher memory* (the issue's acceptance test) and the best baseline *wit
 memory, with the verdicts.
 
 Run: python benchmarks/real_fig9.py [--profile P] [--budgets 40KB,100KB,250KB] [--seeds 0,1]
-[--json out.json] [--plot out.png]   (results: benchmarks/real_fig9_results/)
+[--json out.json] [--plot out.png]   (results: benchmarks/real_results/)
 """
 
 from __future__ import annotations

@@ -452,7 +452,7 @@ def _check_pair(base: nn.Module, graph, shape, method: str, name: str = "", *, r
     import torch.nn.functional as F
 
     import memplan
-    from memplan.costs import compute
+    from memplan.costs.engine import compute
     from memplan.apply import apply_plain
     from memplan.verify.measure import model_modules, saved_bytes
     from memplan.modes import get_mode

@@ -420,3 +420,24 @@ def test_optimizer_state_and_gradients_match_the_prediction():
         make_optimizer(model.parameters(), "rmsprop")
     with pytest.raises(BadOption, match="nothing to train"):
         make_optimizer([nn.Parameter(torch.zeros(1), requires_grad=False)])
+
+
+def test_fit_is_seeded_and_independent_of_what_ran_before():
+    """Dropout draws come from ``seed`` inside fit, and the caller's generator is left as it was."""
+    import torch.nn as nn
+
+    from memplan.nn.train import fit
+
+    def run(burn: int) -> tuple[list[float], torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+        torch.rand(burn)  # other work consumed the global generator
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.arange(60.0).reshape(10, 6) / 60, torch.arange(10) % 3
+        state = torch.random.get_rng_state()
+        losses = fit(model, opt, x, y, epochs=2, batch_size=4, seed=3)
+        assert torch.equal(torch.random.get_rng_state(), state)
+        return losses, model[2].weight.detach().clone()
+
+    (l1, w1), (l2, w2) = run(1), run(1000)
+    assert l1 == l2 and torch.equal(w1, w2)

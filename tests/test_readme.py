@@ -106,3 +106,12 @@ def test_readme_block_runs(block, workdir):
     done = subprocess.run([*RUNNERS[block.language], block.code], cwd=workdir, env=env, capture_output=True,
                           text=True, timeout=TIMEOUT)
     assert done.returncode == 0, f"{block.id} exited {done.returncode}\n{block.code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    """.ci/run's command line is the Quick start's "Run the whole test suite" block, byte for byte."""
+    text = README.read_text(encoding="utf-8")
+    suite = text.split("Run the whole test suite:", 1)[1]
+    command = next(b for b in read_blocks(suite)).code.strip().splitlines()[-1]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert command == ci and "pytest" in ci and "requirements-corpus.txt" in ci

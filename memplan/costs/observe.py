@@ -73,7 +73,7 @@ def _extent(info: TensorInfo) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(info.shape, strides)) if all(info.shape) else 0
 
 
-class _Replay:
+class Replay:
     """One node's call rebuilt on fresh tensors."""
 
     def __init__(self, op: OpView, device: str):
@@ -141,7 +141,7 @@ def flop_counter():
 
 
 def _replay(op: OpView, device: str) -> Observed:
-    rp = _Replay(op, device)
+    rp = Replay(op, device)
     packed: list[torch.Tensor] = []
     counter = flop_counter()
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t,

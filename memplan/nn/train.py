@@ -121,7 +121,9 @@ def fit(forward: Callable[..., Tensor], optimizer: torch.optim.Optimizer, x: Ten
     sample indices returning the forward's arguments (e.g. cached features). ``cosine``: every
     learning rate decays to 0 along a cosine over all steps (so the end point does not depend on
     where an epoch happens to stop). Train / eval flags are left as they are (``apply_*`` set
-    them per norm layer); gradients are released (set to None) before each step.
+    them per norm layer); gradients are released (set to None) before each step. Stochastic layers
+    (dropout, drop-connect) draw from torch's global generator seeded with ``seed`` inside the
+    call and restored after it, so a run does not depend on what ran before it in the process.
     """
     if (steps is None) == (epochs is None) or (epochs is not None and batch_size is None):
         raise ValueError("give either steps, or epochs and batch_size")
@@ -131,14 +133,16 @@ def fit(forward: Callable[..., Tensor], optimizer: torch.optim.Optimizer, x: Ten
     batches = [None] * steps if steps is not None else _shuffled(n, epochs, batch_size, seed)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total) if cosine else None
     losses = []
-    for idx in batches:
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(forward(*inputs(idx)), y if idx is None else y[idx])
-        loss.backward()
-        optimizer.step()
-        if schedule is not None:
-            schedule.step()
-        losses.append(loss.item())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for idx in batches:
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(forward(*inputs(idx)), y if idx is None else y[idx])
+            loss.backward()
+            optimizer.step()
+            if schedule is not None:
+                schedule.step()
+            losses.append(loss.item())
     return losses
 
 

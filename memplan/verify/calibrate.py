@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ..costs.observe import _Replay, _flat
+from ..costs.observe import Replay
 from ..costs.workspace import Calibration, empty_calibration, kernel_key, kernel_label
-from ..graph import LayerGraph
+from ..graph import LayerGraph, flatten
 from ..graph.kinds import NORM_KINDS
 from ..plan import OpView, Plan, grad_flow
 
@@ -54,7 +54,7 @@ def _prepare(op: OpView, device: torch.device) -> tuple[list[torch.Tensor], Call
         x = torch.zeros(x_info.shape, dtype=x_info.dtype, device=device).requires_grad_(op.req_in[0])
         target = torch.zeros(t.shape, dtype=t.dtype, device=device)
         return [x], lambda: torch.nn.functional.cross_entropy(x, target)
-    rp = _Replay(op, device.type)
+    rp = Replay(op, device.type)
     if op.node.module is not None:
         op.node.module.train(op.norm_train if op.node.kind in NORM_KINDS else True)
     return [*rp.inputs, *rp.params.values()], rp.run
@@ -75,7 +75,7 @@ def _run_one(op: OpView, device: torch.device, region: Callable[[str], Any]) -> 
     with torch.enable_grad():
         with region("f"):
             out = run()
-        roots = [t for t in _flat(out) if t.requires_grad and t.grad_fn is not None]
+        roots = [t for t in flatten(out) if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None]
         wrt = [t for t in tensors if t.requires_grad]
         if not roots or not wrt:
             return None
