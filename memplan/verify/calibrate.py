@@ -23,11 +23,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from ..api import capture_model, default_methods
 from ..costs.observe import Replay
 from ..costs.workspace import Calibration, empty_calibration, kernel_key, kernel_label
 from ..graph import LayerGraph, flatten
 from ..graph.kinds import NORM_KINDS
+from ..errors import MemplanError, ModelNotFound
 from ..plan import OpView, Plan, grad_flow
+from ..strategies import get_strategy, make_plan
 
 
 @dataclass
@@ -201,9 +204,6 @@ def calibrate(models: Sequence[str], methods: Sequence[str] | None = None, *, ba
     """``memplan calibrate``: the kernel workspaces of every model x batch x resolution x strategy
     (default: the strategies ``memplan compare`` shows for the model), into this machine's
     calibration file. ``options``: strategy options (``blocks``, ``scheme``, ...)."""
-    from ..api import capture_model, default_methods
-    from ..errors import MemplanError
-    from ..strategies import get_strategy, make_plan
 
     skipped: dict[str, str] = {}
     for name in methods or ():
@@ -215,6 +215,8 @@ def calibrate(models: Sequence[str], methods: Sequence[str] | None = None, *, ba
                 for batch in batches:
                     try:
                         cap = capture_model(model, batch=batch, resolution=res, classes=classes)
+                    except ModelNotFound:
+                        raise  # a model that does not exist is an error, not a skip
                     except MemplanError as exc:  # e.g. a resolution a fixed-input model cannot take
                         skipped[f"{model} batch {batch} resolution {res}"] = str(exc)
                         continue
