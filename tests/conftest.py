@@ -24,16 +24,6 @@ settings.load_profile("ci")
 from memplan.models import zoo  # noqa: E402
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slow`` run only when selected (``pytest -m slow``, which CI runs once after
-    the default suite); by default they are skipped with that hint."""
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow check: select it with -m slow (CI runs it once)")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
-
 #: small per-model test resolutions: the cost rules do not depend on the size, so keep runs fast
 SMALL = 32
 
