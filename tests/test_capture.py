@@ -284,3 +284,51 @@ def test_check_on_third_party_patterns_and_cli(capsys):
     p = memplan.profile(model, "bias", batch=2, input_shape=(3, 32, 32), check=True)
     assert p.check["predicted"] == p.check["observed"] == p.totals.saved_activation_bytes
     assert p.check["differing"] == []
+
+
+class Sliced(nn.Module):
+    """Once-for-all supernet style: the active sub-network reads slices of larger parameters
+    (``F.batch_norm`` on ``bn.weight[:c]``, a classifier ``F.linear`` on ``fc.weight[:, :c].contiguous()``)."""
+
+    def __init__(self, active: int):
+        super().__init__()
+        self.active = active
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        c = self.active
+        x = F.conv2d(x, self.conv.weight[:c], self.conv.bias[:c], padding=1)
+        x = F.batch_norm(x, self.bn.running_mean[:c], self.bn.running_var[:c], self.bn.weight[:c], self.bn.bias[:c],
+                         self.training, 0.1, self.bn.eps)
+        x = F.relu(x).mean((2, 3))
+        return F.linear(x, self.fc.weight[:, :c].contiguous(), self.fc.bias)
+
+
+@pytest.mark.parametrize("method,opts", BASIC)
+@pytest.mark.parametrize("active", [8, 6])
+def test_parameters_read_through_slices_train_and_cost_exactly(method, opts, active):
+    torch.manual_seed(0)
+    model = Sliced(active)
+    graph, prof = _exact(model, (2, 3, 8, 8), method, opts, output=None)
+    # the F.linear owns the bias it reads directly; its weight slice is read from parameter node fc.weight
+    assert [n.name for n in graph.classifier_layers] == ["fc", "fc.weight"]
+    fwd, bwd = measure_flops(model, (2, 3, 8, 8), classes=5)
+    t = prof.totals
+    assert t.forward_flops == fwd and t.backward_grad_input_flops + t.backward_grad_weight_flops == bwd
+    x = torch.randn(2, 3, 8, 8)
+    ref = model.eval()(x)
+    applied = memplan.apply_strategy(copy.deepcopy(model), method, input_shape=(2, 3, 8, 8), **opts)
+    assert torch.equal(applied.eval()(x), ref)
+    trained = {n for n, p in applied.named_parameters() if p.requires_grad}
+    expected = {"last": {"fc.weight", "fc.bias"}, "norm": {"fc.weight", "fc.bias", "bn.weight", "bn.bias"},
+                "bias": {"fc.weight", "fc.bias", "bn.bias", "conv.bias"}}  # full, lastk --layers 2 (from conv): all
+    assert trained == expected.get(method, set(dict(model.named_parameters())))
+
+
+def test_paper_convention_refuses_parameters_it_has_no_rule_for():
+    last = memplan.profile(Sliced(6), "last", mode="tinytraining", batch=2, input_shape=(3, 8, 8))
+    assert last.extras["tinytraining"]["activation_bits"] == 2 * 6 * 8  # the classifier input, 8-bit
+    with pytest.raises(memplan.MemplanError, match="no rule for training parameter .conv.bias."):
+        memplan.profile(Sliced(6), "bias", mode="tinytraining", batch=2, input_shape=(3, 8, 8))

@@ -366,6 +366,20 @@ def test_bad_weights_give_one_line_errors(tmp_path):
     assert prof.weights["sha256"] and len(prof.runs) == 1 + 4 + 4 * 2
 
 
+def test_classifier_read_through_a_slice_is_a_one_line_error(tmp_path):
+    from .test_capture import Sliced
+
+    class SlicedHead(Sliced):  # the classifier weight is a slice, as in OFA's DynamicLinear
+        def forward(self, x):
+            x = super().forward(x)
+            return x[:, :3]
+
+    npz = make_npz(tmp_path / "task.npz")
+    with pytest.raises(MemplanError) as e:
+        run_contrib(SlicedHead(6), data=str(npz), **TINY)
+    assert "reads its weight through a computed op" in _one_line(e)
+
+
 def test_bad_data_give_one_line_errors(tmp_path):
     cases = {
         str(tmp_path / "nope.npz"): "no such file",

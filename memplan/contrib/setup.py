@@ -115,6 +115,9 @@ def build_setup(model: str | nn.Module, weights: str | os.PathLike | None, data:
         raise MemplanError(f"{name} outputs {graph.classes} classes; {data} has {task.classes}",
                            "give a model factory that accepts num_classes")
     head = graph.classifier.name
+    if graph.classifier_layers != [graph.classifier]:
+        raise MemplanError(f"{name}'s classifier {head!r} reads its weight through a computed op (a slice or copy)",
+                           "contribution analysis re-trains a classifier layer that owns its weight and bias")
     if weights is not None:
         path, label = _weights_path(model, weights)
         source: dict[str, Any] = {"source": label, "sha256": load_weights(net, path, head)}

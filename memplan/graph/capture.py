@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from ..errors import MemplanError, TraceFailure
 from .blocks import _assign_blocks, find_blocks
-from .kinds import FUNCTIONAL_LAYERS, function_name, node_kind
+from .kinds import FUNCTIONAL_LAYERS, function_name
 from .layout import _MetaRunner, _pad_mode, flatten
 from .model import LayerGraph, Node, Param, TensorInfo, role
 from .record import record
@@ -227,7 +227,7 @@ def _build(gm: fx.GraphModule, runner: "_MetaRunner", model: nn.Module, input_sh
     nodes: list[Node] = []
     out_path = ""
     for fxn in gm.graph.nodes:
-        kind, target, mod = node_kind(gm, fxn)
+        kind, target, mod = runner.kinds[fxn]
         value = runner.env.get(fxn)
         if fxn.op == "output":
             value, out_path = select_output(runner.env[fxn.args[0]] if isinstance(fxn.args[0], fx.Node)

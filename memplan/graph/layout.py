@@ -231,6 +231,7 @@ class _MetaRunner(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule):
         super().__init__(gm, garbage_collect_values=False)
         self._meta_cache: dict[str, dict[str, torch.Tensor]] = {}
+        self.kinds = {n: node_kind(gm, n) for n in gm.graph.nodes}  # (kind, target, module) per node
 
     def call_module(self, target, args, kwargs):
         mod = self.fetch_attr(target)
@@ -263,7 +264,7 @@ class _MetaRunner(fx.Interpreter):
             out = self._on_cpu(n)
         if not isinstance(out, torch.Tensor):
             return out
-        kind, _, mod = node_kind(self.module, n)
+        kind, _, mod = self.kinds[n]
         inputs = flatten([self.env.get(a) for a in n.all_input_nodes])
         if kind in ELEMENTWISE:
             if isinstance(mod, LIKE_INPUT_MODULES) or n.target in LIKE_INPUT_FUNCTIONS:

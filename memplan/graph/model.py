@@ -145,12 +145,36 @@ class LayerGraph:
 
     @property
     def classifier(self) -> Node:
-        """The last linear layer in forward order (the last conv for fully convolutional nets)."""
+        """The last linear layer in forward order (the last conv for fully convolutional nets)
+        whose weight is a parameter: its own, or one it reads through views and slices (a
+        once-for-all supernet's ``F.linear(x, self.weight[:out, :in])``)."""
         for kinds in (("linear",), ("conv",)):
             for n in reversed(self.nodes):
-                if n.kind in kinds and n.params:
+                if n.kind in kinds and (n.params or self.sources(n, "weight")):
                     return n
         raise MemplanError("model has no linear or conv layer to use as classifier")
+
+    @property
+    def classifier_layers(self) -> list[Node]:
+        """What a plan trains to train the classifier (:meth:`param_layers`)."""
+        return self.param_layers(self.classifier)
+
+    def param_layers(self, node: Node) -> list[Node]:
+        """What a plan trains to train ``node``'s weight and bias: ``node`` for those it owns,
+        the ``param`` nodes it reads the others from (:meth:`sources`)."""
+        own = [node] if node.params else []
+        return own + [s for p in ("weight", "bias") if p not in node.uses for s in self.sources(node, p)]
+
+    def sources(self, node: Node, operand: str) -> list[Node]:
+        """The ``param`` node operand ``operand`` of a functional layer reads through views,
+        slices and copies (``[]`` for a module's own parameters or a computed tensor)."""
+        i = node.attrs.get("operands", {}).get(operand)
+        if i is None:
+            return []
+        src = self.nodes[node.inputs[i]]
+        while src.kind in ("view", "getitem", "identity") and len(src.inputs) == 1:
+            src = self.nodes[src.inputs[0]]
+        return [src] if src.kind == "param" else []
 
     @property
     def classes(self) -> int:

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import TraceFailure
 from .layout import flatten
 from .leafcalls import opaque_calls
-from .trace import LeafTracer, user_frame
+from .trace import GraphModule, LeafTracer, user_frame
 
 #: Tensor dunder methods and the operator fx records for them (reflected ones swap operands)
 _DUNDERS: dict[str, tuple[Any, bool]] = {
@@ -189,4 +189,4 @@ def record(model: nn.Module, x: torch.Tensor, leaf_modules: Iterable[str | type]
         for h in hooks:
             h.remove()
     rec.graph.output(rec.arg(out))
-    return fx.GraphModule(model, rec.graph, type(model).__name__)
+    return GraphModule(model, rec.graph, type(model).__name__)

@@ -16,6 +16,11 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+try:  # generates the forward code at its first call, not at construction (capture never calls it)
+    from torch.fx._lazy_graph_module import _LazyGraphModule as GraphModule
+except ImportError:  # pragma: no cover - older / newer torch without it
+    GraphModule = fx.GraphModule
+
 from ..errors import MemplanError, TraceFailure
 from .kinds import module_kind
 from .leafcalls import opaque_calls
@@ -133,4 +138,4 @@ def trace(model: nn.Module, leaf_modules: Iterable[str | type] = (), name: str =
         ) from None
     if concrete:
         _drop_specialised(graph)
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+    return GraphModule(tracer.root, graph, type(model).__name__)

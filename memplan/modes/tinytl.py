@@ -102,8 +102,8 @@ def shortcut_inputs(graph: LayerGraph) -> dict[str, int]:
 
 def _backward(op: OpView) -> bool:
     """TinyTL's ``require_backward``: does anything besides the classifier train?"""
-    head = op.graph.classifier.name
-    return any(t.any for name, t in op.plan.train.items() if name != head)
+    head = {n.name for n in op.graph.classifier_layers}
+    return any(t.any for name, t in op.plan.train.items() if name not in head)
 
 
 @rule("conv", "linear")

@@ -16,7 +16,10 @@ peaked: the total is a plain sum over layers.
   channels and copies the whole weight, as the authors' code does;
 * a norm whose scale trains (outside the paper's scheme space) is charged like a per-channel
   weight: its input at 8 bits and C x 8 bits. Batch statistics cost nothing here;
-* every other op keeps nothing.
+* every other op keeps nothing;
+* a parameter no conv / linear / norm layer owns (read through a slice or copy, as once-for-all
+  supernets do) has no rule: a plan training one is a one-line error, except the classifier's
+  (not counted anyway, ``fc_bits = 0``; its input is, as for any classifier).
 
 The paper assumes batch 1; inputs and masks scale with the traced batch. In the profile,
 ``saved_activation_bytes`` holds the inputs and masks, ``weight_bytes`` the updated weight copies
@@ -83,10 +86,16 @@ class Bits:
 def layer_bits(op: OpView) -> Bits:
     """What updating this op costs under the 256KB paper's convention (module docstring)."""
     node, t = op.node, op.train
+    if node is op.graph.classifier:
+        return Bits(input=node.in_tensors[0].numel * ACTIVATION_BITS if op.recorded and op.weight_grad else 0)
     if not op.recorded or not node.params or not t.any:
         return Bits()
-    if node is op.graph.classifier:
-        return Bits(input=node.in_tensors[0].numel * ACTIVATION_BITS if t.weight else 0)
+    if node.kind == "param":  # a parameter read by a computed op (a weight slice, a scale)
+        if node in op.graph.classifier_layers:
+            return Bits()
+        raise BadOption(f"the 256KB paper's convention has no rule for training parameter {node.name!r}: "
+                        "it is read through a computed op (a slice or copy), not by a conv, linear or norm layer of its own",
+                        "profile this model in mode pytorch, applied or ideal")
     x, out = node.in_tensors[0], node.out
     inp = weight = 0
     if t.weight:

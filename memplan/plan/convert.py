@@ -38,9 +38,9 @@ NORM_MODES: dict[str, tuple[bool, bool, bool]] = {
 def fingerprint(graph: LayerGraph) -> str:
     """16 hex digits of SHA-256 over [(name, kind, weight shape)] of the conv / linear / norm layers,
     classifier excluded (so schemes transfer across head sizes)."""
-    head = graph.classifier
+    head = set(graph.classifier_layers)
     rows = [(n.name, n.kind, list(n.params["weight"].shape) if "weight" in n.params else None)
-            for n in graph.param_nodes() if n is not head]
+            for n in graph.param_nodes() if n not in head]
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 
@@ -82,8 +82,7 @@ def scheme_to_plan(graph: LayerGraph, scheme: Any, method: str = "sparse") -> Pl
         if stats:
             norm_train.add(node.name)
     approx = {_layer(graph, name, ACTIVATIONS, "activation_approx").name for name in scheme.activation_approx}
-    head = graph.classifier
-    train[head.name] = Train(1.0, "bias" in head.params)
+    train.update({n.name: Train(float("weight" in n.params), "bias" in n.params) for n in graph.classifier_layers})
     return Plan(method, train, norm_train, approx)
 
 

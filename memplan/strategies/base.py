@@ -136,6 +136,12 @@ def full_train(node: Node) -> Train:
     return Train(1.0 if "weight" in roles else 0.0, "bias" in roles)
 
 
+def train_classifier(graph: LayerGraph, train: dict[str, Train]) -> dict[str, Train]:
+    """``train`` with the whole classifier training (``LayerGraph.classifier_layers``)."""
+    train.update({n.name: full_train(n) for n in graph.classifier_layers})
+    return train
+
+
 def _norms(graph: LayerGraph) -> list[Node]:
     return [n for n in graph.nodes if n.kind in NORM_KINDS]
 
@@ -147,24 +153,19 @@ def full(graph: LayerGraph) -> Plan:
 
 @strategy("last", "classifier only; everything else frozen, norms in eval mode")
 def last(graph: LayerGraph) -> Plan:
-    head = graph.classifier
-    return Plan("last", {head.name: full_train(head)})
+    return Plan("last", train_classifier(graph, {}))
 
 
 @strategy("norm", "norm scale and shift + classifier; norms use batch statistics")
 def norm(graph: LayerGraph) -> Plan:
-    head = graph.classifier
-    train = {n.name: full_train(n) for n in _norms(graph) if n.params}
-    train[head.name] = full_train(head)
-    return Plan("norm", train, {n.name for n in _norms(graph)})
+    train = {p.name: full_train(p) for n in _norms(graph) for p in graph.param_layers(n)}
+    return Plan("norm", train_classifier(graph, train), {n.name for n in _norms(graph)})
 
 
 @strategy("bias", "every bias and norm shift + classifier; norms in eval mode (frozen statistics)")
 def bias(graph: LayerGraph) -> Plan:
     train = {n.name: Train(0.0, True) for n in graph.param_nodes() if any(role(p) == "bias" for p in n.params)}
-    head = graph.classifier
-    train[head.name] = full_train(head)
-    return Plan("bias", train)
+    return Plan("bias", train_classifier(graph, train))
 
 
 #: K of ``lastk`` / ``mobiletl`` when neither --blocks nor --layers is given: the last 3 blocks
@@ -186,7 +187,7 @@ def lastk_start(graph: LayerGraph, blocks: int | None = None, layers: int | None
         if not 1 <= blocks <= len(graph.blocks):
             raise BadOption(f"--blocks {blocks} is out of range", f"the model has {len(graph.blocks)} blocks")
         return graph.block_range(graph.blocks[-blocks])[0]
-    layer_nodes = [n for n in graph.param_nodes() if n.kind in ("conv", "linear")]
+    layer_nodes = [n for n in graph.nodes if n.kind in ("conv", "linear") and graph.param_layers(n)]
     if not 1 <= layers <= len(layer_nodes):
         raise BadOption(f"--layers {layers} is out of range", f"the model has {len(layer_nodes)} conv / linear layers")
     return layer_nodes[-layers].index
@@ -196,5 +197,6 @@ def lastk_start(graph: LayerGraph, blocks: int | None = None, layers: int | None
           ("blocks", "layers"))
 def lastk(graph: LayerGraph, blocks: int | None = None, layers: int | None = None) -> Plan:
     start = lastk_start(graph, blocks, layers)
-    tail = [n for n in graph.param_nodes() if n.index >= start]
-    return Plan("lastk", {n.name: full_train(n) for n in tail}, {n.name for n in tail if n.kind in NORM_KINDS})
+    tail = graph.nodes[start:]
+    train = {p.name: full_train(p) for n in tail for p in graph.param_layers(n)}
+    return Plan("lastk", train, {n.name for n in tail if n.kind in NORM_KINDS and n.params})

@@ -21,7 +21,7 @@ from ..graph.kinds import NORM_KINDS
 from ..plan import Plan, Train
 from ..nn.transforms import is_lite
 from .architecture import LITE_OPTIONS, lite_transform
-from .base import bias, full_train, strategy
+from .base import bias, full_train, strategy, train_classifier
 
 
 def _lite_plan(graph: LayerGraph, method: str, biases: bool) -> Plan:
@@ -31,9 +31,7 @@ def _lite_plan(graph: LayerGraph, method: str, biases: bool) -> Plan:
                         "profile it through memplan.profile / the CLI, which add the branches first")
     train = {n.name: Train(0.0, True) for n in graph.param_nodes() if biases and "bias" in n.params}
     train.update({n.name: full_train(n) for n in lite})
-    head = graph.classifier
-    train[head.name] = full_train(head)
-    return Plan(method, train, {n.name for n in lite if n.kind in NORM_KINDS})
+    return Plan(method, train_classifier(graph, train), {n.name for n in lite if n.kind in NORM_KINDS})
 
 
 @strategy("tinytl-b", "TinyTL-B: every bias and norm shift + classifier; norms in eval mode (frozen statistics)")
