@@ -122,8 +122,9 @@ def fit(forward: Callable[..., Tensor], optimizer: torch.optim.Optimizer, x: Ten
     learning rate decays to 0 along a cosine over all steps (so the end point does not depend on
     where an epoch happens to stop). Train / eval flags are left as they are (``apply_*`` set
     them per norm layer); gradients are released (set to None) before each step. Stochastic layers
-    (dropout, drop-connect) draw from torch's global generator seeded with ``seed`` inside the
-    call and restored after it, so a run does not depend on what ran before it in the process.
+    (dropout, drop-connect) draw from torch's global generators (CPU, and the CUDA device of ``y``)
+    seeded with ``seed`` inside the call and restored after it, so a run does not depend on what
+    ran before it in the process.
     """
     if (steps is None) == (epochs is None) or (epochs is not None and batch_size is None):
         raise ValueError("give either steps, or epochs and batch_size")
@@ -133,7 +134,8 @@ def fit(forward: Callable[..., Tensor], optimizer: torch.optim.Optimizer, x: Ten
     batches = [None] * steps if steps is not None else _shuffled(n, epochs, batch_size, seed)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total) if cosine else None
     losses = []
-    with torch.random.fork_rng(devices=[]):
+    cuda = [y.device.index if y.device.index is not None else torch.cuda.current_device()] if y.is_cuda else []
+    with torch.random.fork_rng(devices=cuda):  # the CPU generator and that of the CUDA device trained on
         torch.manual_seed(seed)
         for idx in batches:
             optimizer.zero_grad(set_to_none=True)
