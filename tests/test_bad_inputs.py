@@ -135,9 +135,12 @@ def test_every_bad_input_is_one_line_exit_2_no_traceback_no_output(files, capsys
 
 def test_ctrl_c_during_contrib_exits_130_without_partial_profile(tmp_path):
     out = tmp_path / "p.json"
+    # SIGINT handled the default way in the child, as in a terminal: a CI job started in the
+    # background (``cmd &``, nohup) inherits an ignored SIGINT, and Python keeps it ignored
     proc = subprocess.Popen([sys.executable, "-m", "memplan", "contrib", "minilearn-cifar10", "--data", "digits",
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MEMPLAN_NUM_THREADS": "1"})
+                            env={**os.environ, "MEMPLAN_NUM_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(6)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
