@@ -60,7 +60,7 @@ def _empty(shape: Sequence[int], like: torch.Tensor, channels_last: bool) -> tor
     return torch.empty(tuple(shape), dtype=like.dtype, device="meta", memory_format=fmt)
 
 
-def _norm_output(x: torch.Tensor, kind: str) -> torch.Tensor:
+def norm_output(x: torch.Tensor, kind: str) -> torch.Tensor:
     """A norm's output without running its meta kernel (BatchNorm's would import
     torch._dynamo, about a second on first use): group norm takes the input's suggested memory
     format; batch norm is channels-last for a channels-last input that is not also contiguous;
@@ -158,7 +158,7 @@ def _module_output(mod: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     out as on CPU; None where no shortcut applies (the meta kernel runs)."""
     kind = module_kind(mod)
     if kind in NORM_KINDS:
-        return _norm_output(x, kind)
+        return norm_output(x, kind)
     if kind in ACTIVATIONS:
         # in place, the input itself; else TensorIterator's fast path (run_node corrects the exceptions)
         return x if getattr(mod, "inplace", False) else _fast_elementwise(x.shape, [x])

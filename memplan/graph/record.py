@@ -24,13 +24,16 @@ from typing import Any, Iterable
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceFailure
-from .layout import flatten
+from .layout import flatten, norm_output
 from .leafcalls import opaque_calls
 from .trace import GraphModule, LeafTracer, user_frame
 
+#: batch norm calls whose output the recorder lays out itself (memplan.graph.layout.norm_output)
+_BATCH_NORMS = frozenset({F.batch_norm, torch.batch_norm})
 #: Tensor dunder methods and the operator fx records for them (reflected ones swap operands)
 _DUNDERS: dict[str, tuple[Any, bool]] = {
     **{f"__{n.rstrip('_')}__": (getattr(operator, n), False) for n in
@@ -107,7 +110,10 @@ class _Recorder(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name == "__iter__" and not self.depth and self.stack:  # iteration over a tensor: unbind(0)
             return iter(self.record("unbind", (args[0],), {}, args[0].unbind(0), op="call_method"))
-        out = func(*args, **kwargs)
+        if func in _BATCH_NORMS:  # the output as on CPU, without the slow Python meta kernel (about 20 ms a call)
+            out = norm_output(args[0] if args else kwargs["input"], "batchnorm")
+        else:
+            out = func(*args, **kwargs)
         if self.depth or not self.stack:
             return out
         mutates = name.endswith("_") and not name.endswith("__") or name in ("__setitem__",) or name.startswith("__i")
