@@ -332,3 +332,22 @@ def test_paper_convention_refuses_parameters_it_has_no_rule_for():
     assert last.extras["tinytraining"]["activation_bits"] == 2 * 6 * 8  # the classifier input, 8-bit
     with pytest.raises(memplan.MemplanError, match="no rule for training parameter .conv.bias."):
         memplan.profile(Sliced(6), "bias", mode="tinytraining", batch=2, input_shape=(3, 8, 8))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("call", [((2, 3), True), ((2, 3), False), ((-1, -2), True), (3, True), ((1,), False),
+                                  (None, False)])
+def test_mean_laid_out_as_its_kernel_lays_it_out(channels_last, call):
+    """The capture's own ``mean`` output (it skips the meta kernel) has the shape and strides of
+    the meta kernel's and of the CPU kernel's."""
+    from memplan.graph.layout import mean_output
+
+    x = torch.randn(2, 8, 4, 4)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    dim, keepdim = call
+    meta = torch.empty_strided(x.shape, x.stride(), device="meta")
+    args = (meta,) if dim is None else (meta, dim, keepdim)
+    ours = mean_output(args, {})
+    for ref in (x.mean() if dim is None else x.mean(dim, keepdim), meta.mean(*args[1:])):
+        assert (ours.shape, ours.stride(), ours.dtype) == (ref.shape, ref.stride(), ref.dtype)

@@ -71,6 +71,23 @@ def norm_output(x: torch.Tensor, kind: str) -> torch.Tensor:
     return _empty(x.shape, x, last)
 
 
+def mean_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``x.mean(dim, keepdim)`` of a floating tensor: a new contiguous tensor, whatever the input's
+    layout (as on CPU), without its Python meta kernel (which imports torch._dynamo: seconds of a
+    cold start); None for any other form of the call."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or len(args) > 3 or set(kwargs) - {"dim", "keepdim"}:
+        return None
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    dims = tuple(range(x.dim())) if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+    if not dims or not isinstance(keepdim, bool) or not all(isinstance(d, int) and -x.dim() <= d < x.dim() for d in dims):
+        return None
+    dims = tuple(d % x.dim() for d in dims)
+    shape = [1 if i in dims else s for i, s in enumerate(x.shape) if keepdim or i not in dims]
+    return torch.empty(shape, dtype=x.dtype, device="meta")
+
+
 def _fast_elementwise(out_shape: Sequence[int], ts: list[torch.Tensor]) -> torch.Tensor | None:
     """TensorIterator's fast path: same-shaped inputs that are all contiguous (or all
     channels-last) give a new output with the standard strides of that format; None otherwise."""
@@ -253,7 +270,13 @@ class _MetaRunner(fx.Interpreter):
             out = _binary_output(args, kwargs)
         elif target is F.interpolate:
             out = _interpolate_output(args, kwargs)
+        elif target is torch.mean:
+            out = mean_output(args, kwargs)
         return out if out is not None else super().call_function(target, args, kwargs)
+
+    def call_method(self, target, args, kwargs):
+        out = mean_output(args, kwargs) if target == "mean" else None
+        return out if out is not None else super().call_method(target, args, kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
         try:
