@@ -31,7 +31,7 @@ from ..plan import fingerprint
 from ..units import ratio_label
 from .checkpoint import Checkpoint
 from .data import DEFAULT_VALIDATION, Data, Validation
-from .executors import default_threads, execute, num_threads
+from .executors import EXECUTORS, default_threads, execute, num_threads
 from .profile import ContribProfile, Resolution, assemble
 from .protocol import Protocol, grid
 from .runner import Context, linear_probe, resolve_device
@@ -133,6 +133,7 @@ def run_contrib(
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise BadOption(f"threads must be a positive integer, got {threads!r}")
     device = resolve_device(device)
+    EXECUTORS.choose(executor)  # an unknown executor fails before any work
     protocol = _protocol(dict(seeds=None if seeds is None else tuple(seeds), epochs=epochs, batch_size=batch_size,
                               lr_classifier=lr_classifier, lr_bias=lr_bias, lr_weight=lr_weight, momentum=momentum,
                               probe_epochs=probe_epochs, probe_lr=probe_lr,

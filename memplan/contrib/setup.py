@@ -27,7 +27,7 @@ from ..models import resolve, zoo
 from ..plan import fingerprint
 from .checkpoint import data_digest, state_digest
 from .data import DEFAULT_VALIDATION, Data, Validation, fit_to, load_data
-from .weights import load_weights, pretrain_digits
+from .weights import load_weights, pretrain_digits, read_state_dict
 
 DIGITS_RESOLUTION = 32  # px: MNIST is 28 x 28; small keeps the full grid within minutes on 2 cores
 DIGITS_TRAIN_PER_CLASS = 100  # transfer-task training images per digit
@@ -94,6 +94,9 @@ def build_setup(model: str | nn.Module, weights: str | os.PathLike | None, data:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise BadOption(f"{what} must be a positive integer, got {v}")
     split = dict(validation=validation, train_per_class=train_per_class, test_per_class=test_per_class)
+    if weights is not None:  # a bad file fails before the data and the model are prepared
+        path, label = _weights_path(model, weights)
+        state = read_state_dict(path)
     entry = _zoo_entry(model)
     if entry is not None:
         res = resolution or (DIGITS_RESOLUTION if data == "digits" else entry.resolution)
@@ -119,8 +122,7 @@ def build_setup(model: str | nn.Module, weights: str | os.PathLike | None, data:
         raise MemplanError(f"{name}'s classifier {head!r} reads its weight through a computed op (a slice or copy)",
                            "contribution analysis re-trains a classifier layer that owns its weight and bias")
     if weights is not None:
-        path, label = _weights_path(model, weights)
-        source: dict[str, Any] = {"source": label, "sha256": load_weights(net, path, head)}
+        source: dict[str, Any] = {"source": label, "sha256": load_weights(net, path, head, state)}
     elif data == "digits":
         key = f"{fingerprint(graph)}-{'x'.join(map(str, shape))}"
         source = {"source": "digits pretraining", **pretrain_digits(net, shape, key, Path(cache_dir or default_cache_dir()))}

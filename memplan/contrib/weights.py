@@ -55,9 +55,11 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return obj
 
 
-def load_weights(model: nn.Module, path: str | os.PathLike, classifier: str) -> str:
-    """Load ``path`` into ``model`` except the ``classifier`` module's tensors; returns a SHA-256 prefix of the file."""
-    state = read_state_dict(path)
+def load_weights(model: nn.Module, path: str | os.PathLike, classifier: str,
+                 state: dict[str, torch.Tensor] | None = None) -> str:
+    """Load ``path`` (or ``state``, already read from it) into ``model`` except the ``classifier``
+    module's tensors; returns a SHA-256 prefix of the file."""
+    state = read_state_dict(path) if state is None else state
     own = model.state_dict()
     head = classifier + "."
     missing = [k for k in own if k not in state and not k.startswith(head)]
