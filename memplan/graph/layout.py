@@ -9,7 +9,7 @@ which skip slow meta kernels) differ from CPU.
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -60,7 +60,7 @@ def _empty(shape: Sequence[int], like: torch.Tensor, channels_last: bool) -> tor
     return torch.empty(tuple(shape), dtype=like.dtype, device="meta", memory_format=fmt)
 
 
-def norm_output(x: torch.Tensor, kind: str) -> torch.Tensor:
+def _norm_output(x: torch.Tensor, kind: str) -> torch.Tensor:
     """A norm's output without running its meta kernel (BatchNorm's would import
     torch._dynamo, about a second on first use): group norm takes the input's suggested memory
     format; batch norm is channels-last for a channels-last input that is not also contiguous;
@@ -169,13 +169,35 @@ def _interpolate_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Te
     return _empty((*x.shape[:2], *size), x, _channels_last(x))
 
 
+
+def _batch_norm_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    x = args[0] if args else kwargs.get("input")
+    return _norm_output(x, "batchnorm") if isinstance(x, torch.Tensor) else None
+
+
+#: calls whose output the capture lays out itself, as on CPU (both capture paths: the meta
+#: runner and the recorder): their meta kernels are Python references, slow, and the first one
+#: in a process imports torch._dynamo. Each returns None where it does not apply.
+FUNCTION_OUTPUTS: dict[Any, Callable[[Sequence[Any], dict[str, Any]], torch.Tensor | None]] = {
+    **{f: _binary_output for f in BINARY_FUNCTIONS}, F.interpolate: _interpolate_output,
+    torch.mean: mean_output, torch.Tensor.mean: mean_output,
+    F.batch_norm: _batch_norm_output, torch.batch_norm: _batch_norm_output,
+}
+
+
+def function_output(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The output of ``func(*args, **kwargs)`` laid out by :data:`FUNCTION_OUTPUTS` (None: run the kernel)."""
+    shortcut = FUNCTION_OUTPUTS.get(func)
+    return None if shortcut is None else shortcut(args, kwargs)
+
+
 def _module_output(mod: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """The output of a one-input module computed without its meta kernel (torch's Python meta
     kernels import torch._dynamo / sympy on first use: about a second of every cold start), laid
     out as on CPU; None where no shortcut applies (the meta kernel runs)."""
     kind = module_kind(mod)
     if kind in NORM_KINDS:
-        return norm_output(x, kind)
+        return _norm_output(x, kind)
     if kind in ACTIVATIONS:
         # in place, the input itself; else TensorIterator's fast path (run_node corrects the exceptions)
         return x if getattr(mod, "inplace", False) else _fast_elementwise(x.shape, [x])
@@ -265,17 +287,11 @@ class _MetaRunner(fx.Interpreter):
         return torch.func.functional_call(mod, self._meta_cache[target], args, kwargs)
 
     def call_function(self, target, args, kwargs):
-        out = None
-        if target in BINARY_FUNCTIONS:
-            out = _binary_output(args, kwargs)
-        elif target is F.interpolate:
-            out = _interpolate_output(args, kwargs)
-        elif target is torch.mean:
-            out = mean_output(args, kwargs)
+        out = function_output(target, args, kwargs)
         return out if out is not None else super().call_function(target, args, kwargs)
 
     def call_method(self, target, args, kwargs):
-        out = mean_output(args, kwargs) if target == "mean" else None
+        out = function_output(getattr(torch.Tensor, target, None), args, kwargs)
         return out if out is not None else super().call_method(target, args, kwargs)
 
     def run_node(self, n: fx.Node) -> Any:

@@ -24,17 +24,13 @@ from typing import Any, Iterable
 import torch
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceFailure
-from .layout import flatten, mean_output, norm_output
+from .layout import flatten, function_output
 from .leafcalls import opaque_calls
 from .trace import GraphModule, LeafTracer, user_frame
 
-#: batch norm calls whose output the recorder lays out itself (memplan.graph.layout.norm_output)
-_BATCH_NORMS = frozenset({F.batch_norm, torch.batch_norm})
-_MEANS = frozenset({torch.mean, torch.Tensor.mean})
 #: Tensor dunder methods and the operator fx records for them (reflected ones swap operands)
 _DUNDERS: dict[str, tuple[Any, bool]] = {
     **{f"__{n.rstrip('_')}__": (getattr(operator, n), False) for n in
@@ -111,11 +107,7 @@ class _Recorder(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name == "__iter__" and not self.depth and self.stack:  # iteration over a tensor: unbind(0)
             return iter(self.record("unbind", (args[0],), {}, args[0].unbind(0), op="call_method"))
-        out = None
-        if func in _BATCH_NORMS:  # the output as on CPU, without the slow Python meta kernel (about 20 ms a call)
-            out = norm_output(args[0] if args else kwargs["input"], "batchnorm")
-        elif func in _MEANS:
-            out = mean_output(args, kwargs)
+        out = function_output(func, args, kwargs)  # laid out as on CPU, without the slow Python meta kernel
         if out is None:
             out = func(*args, **kwargs)
         if self.depth or not self.stack:
