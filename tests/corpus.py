@@ -142,22 +142,21 @@ def _geffnet() -> list[Entry]:
 
 
 # ----------------------------------------------------------------------------- efficientnet_pytorch / lite
-def _efficientnet_pytorch() -> list[Entry]:
-    mod = _import("efficientnet_pytorch", "efficientnet_pytorch")
+def _from_name(family: str, names: list[str]) -> list[Entry]:
+    """``EfficientNet.from_name(name)`` of package ``family`` (efficientnet_pytorch and its lite fork)."""
+    mod = _import(family, family)
     if mod is None:
         return []
-    return [Entry("efficientnet_pytorch", f"efficientnet-b{i}",
-                  lambda i=i: mod.EfficientNet.from_name(f"efficientnet-b{i}", num_classes=CLASSES))
-            for i in range(4)]
+    return [Entry(family, name, lambda name=name: mod.EfficientNet.from_name(name, num_classes=CLASSES))
+            for name in names]
+
+
+def _efficientnet_pytorch() -> list[Entry]:
+    return _from_name("efficientnet_pytorch", [f"efficientnet-b{i}" for i in range(4)])
 
 
 def _efficientnet_lite() -> list[Entry]:
-    mod = _import("efficientnet_lite_pytorch", "efficientnet_lite_pytorch")
-    if mod is None:
-        return []
-    return [Entry("efficientnet_lite_pytorch", f"efficientnet-lite{i}",
-                  lambda i=i: mod.EfficientNet.from_name(f"efficientnet-lite{i}", num_classes=CLASSES))
-            for i in range(5)]
+    return _from_name("efficientnet_lite_pytorch", [f"efficientnet-lite{i}" for i in range(5)])
 
 
 # ----------------------------------------------------------------------------- ofa
