@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 
 import torch.nn as nn
 
-from .check import check as self_check
+from .check import CHECK_BATCH, check as self_check
 from .costs.engine import compute
 from .costs.extras import strategy_extras
 from .costs.records import Profile
@@ -122,7 +122,8 @@ def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorc
                      calibration: Any = "cpu", mode_options: dict[str, Any] | None = None,
                      **options: Any) -> Profile:
     """Profile one strategy on an already captured model. ``check=True`` adds ``Profile.check``:
-    predicted saved bytes (``pytorch`` mode) against a meta run under saved_tensors_hooks
+    predicted saved bytes (``pytorch`` mode) against a real CPU run of ``cap.model`` at the graph's
+    batch under saved_tensors_hooks
     (:mod:`memplan.check`). ``schedule`` / ``calibration``: the simulated peak's training step
     and kernel workspaces (:func:`memplan.costs.engine.compute`). ``mode_options``: options of
     the mode (``Mode.configure``)."""
@@ -167,7 +168,8 @@ def profile(
     or an ``nn.Module``. ``mode``: accounting convention (``memplan.modes.MODES``).
     ``options``: strategy options, e.g. ``blocks=3`` for ``lastk``. ``output``: the key, field or
     index of the logits in a tuple / dict / namedtuple output (default: its first tensor).
-    ``check=True``: compare the prediction with a meta run of the model (``Profile.check``).
+    ``check=True``: compare the prediction with one real CPU forward + loss of the model at batch
+    ``min(batch, memplan.check.CHECK_BATCH)`` under saved_tensors_hooks (``Profile.check``).
     ``schedule``: ``standard`` or ``tte`` (in-place update during backward; default: the mode's).
     ``calibration``: kernel workspaces in the peak (``"cpu"`` / ``"cuda"``: this machine's
     ``memplan calibrate`` file; a path; None: none). ``Profile.workspace`` says what was used.
@@ -176,8 +178,24 @@ def profile(
     cap = capture_model(model, batch=batch, resolution=resolution, classes=classes, input_shape=input_shape,
                         leaf_modules=leaf_modules, block_names=block_names, method=method, method_options=options,
                         norm=norm, output=output)
-    return profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, check=check,
-                            schedule=schedule, calibration=calibration, mode_options=mode_options, **options)
+    prof = profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, schedule=schedule,
+                            calibration=calibration, mode_options=mode_options, **options)
+    if check:
+        small = cap
+        if isinstance(model, str) or cap.graph.batch > CHECK_BATCH:  # a real model at a small batch
+            if isinstance(model, str):
+                built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm,
+                                    meta=False)
+                real = transform_model(built.model, method, **options)
+            else:
+                built, real = None, cap.model  # already transformed
+            shape = (min(batch, CHECK_BATCH), *cap.graph.input_shape[1:])
+            blocks = block_names if block_names is not None else (built.block_names if built else None)
+            graph = capture(real, shape, leaf_modules=leaf_modules, name=cap.name, output=output,
+                            block_names=list(blocks) if blocks is not None else None)
+            small = Captured(graph, cap.name, cap.resolution, graph.classes, real)
+        prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **options)))
+    return prof
 
 
 def compare(

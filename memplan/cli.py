@@ -119,8 +119,8 @@ def profile(
     csv_out: Optional[str] = typer.Option(None, "--csv", help="write the per-layer table as CSV to PATH ('-' = stdout)"),
     leaf: Optional[List[str]] = LeafOpt, block_names: Optional[str] = BlocksNamesOpt,
     input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt, output: Optional[str] = OutputOpt,
-    check: bool = typer.Option(False, "--check", help="also run one forward + loss on meta tensors under "
-                               "saved_tensors_hooks and compare with the prediction (exit 1 if they differ)"),
+    check: bool = typer.Option(False, "--check", help="also run one real CPU forward + loss of the model at batch "
+                               "<= 2 under saved_tensors_hooks and compare with the prediction (exit 1 if they differ)"),
     schedule: Optional[str] = cli_peak.ScheduleOpt, calibration: str = cli_peak.CalibrationOpt,
     device: Optional[str] = cli_peak.DeviceOpt,
 ) -> None:

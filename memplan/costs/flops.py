@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..graph.attention import sdpa_backend
 from ..graph.kinds import ELEMENTWISE_FLOPS
 from ..plan import OpView
 from ..registry import Registry
@@ -82,6 +83,27 @@ def linear(op: OpView, wf: float) -> Flops:
 def matmul(op: OpView, wf: float) -> Flops:
     macs = _out_numel(op) * op.node.in_tensors[0].shape[-1]
     return Flops(macs=macs, forward=2 * macs, grad_input=2 * macs * sum(op.req_in))
+
+
+@flop_rule("sdpa")
+def sdpa(op: OpView, wf: float) -> Flops:
+    """F.scaled_dot_product_attention: forward QK^T and PV (2 matmuls). Backward as the CPU kernel
+    runs it (``memplan.graph.attention.sdpa_backend``): the flash kernel recomputes QK^T and
+    computes dV, dP, dQ and dK whenever it runs (5 matmuls, torch's ``sdpa_backward_flop``); the
+    math kernel runs each matmul's gradient for the operands that need one."""
+    q, k, v = (op.operand(n) for n in ("query", "key", "value"))
+    lead = q.numel // (q.shape[-2] * q.shape[-1])
+    qk = lead * q.shape[-2] * k.shape[-2] * q.shape[-1]  # MACs of Q K^T
+    pv = lead * q.shape[-2] * k.shape[-2] * v.shape[-1]  # MACs of P V
+    rq, rk, rv, rm = (op.operand_grad(n) for n in ("query", "key", "value", "attn_mask"))
+    if not (rq or rk or rv or rm):
+        back = 0
+    elif sdpa_backend(op) == "flash":
+        back = 2 * (3 * qk + 2 * pv)
+    else:
+        scores = rq or rk or rm
+        back = 2 * (qk * (rq + rk) + pv * (scores + rv))
+    return Flops(macs=qk + pv, forward=2 * (qk + pv), grad_input=back)
 
 
 @flop_rule("batchnorm", "groupnorm", "layernorm")

@@ -3,7 +3,7 @@
 For a node that no rule covers (an unknown function, method or module, a custom autograd
 Function, a script function, a stochastic op), its captured call is replayed on meta tensors of
 the captured shapes and strides, with ``requires_grad`` set as the plan sets it, under
-``torch.autograd.graph.saved_tensors_hooks``: what the hooks receive is exactly what eager
+``torch.autograd.graph.saved_tensors_hooks`` (:class:`memplan.graph.saved.SavedObserver`): what the hooks receive is exactly what eager
 autograd keeps (for a custom Function, its ``ctx.save_for_backward``). Saved tensors that are the
 node's inputs or output refer to those storages (shared with other ops, counted once); anything
 else is private to the node. FLOPs come from ``FlopCounterMode`` on the same replay (conv /
@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..graph import LayerGraph, TensorInfo, flatten, role
+from ..graph.saved import SavedObserver, storage_key
 from ..plan import OpView
 from .records import Saved
 
@@ -142,32 +143,25 @@ def flop_counter():
 
 def _replay(op: OpView, device: str) -> Observed:
     rp = Replay(op, device)
-    packed: list[torch.Tensor] = []
     counter = flop_counter()
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t,
-                                                                         lambda t: t), CpuLike(), counter:
+    own = [*rp.params.values(), *getattr(rp, "buffers", {}).values()]
+    with torch.enable_grad(), SavedObserver(exclude=own) as seen, CpuLike(), counter:
         out = rp.run()
     forward = counter.get_total_flops()
     outs = [t for t in flatten(out) if isinstance(t, torch.Tensor)]
     node, graph = op.node, op.graph
     known: dict[int, int] = {}
     for t, info in zip(rp.inputs, node.in_tensors):
-        known.setdefault(t.untyped_storage()._cdata, info.storage)
+        known.setdefault(storage_key(t), info.storage)
     for t, info in zip(outs, node.outs):
-        known.setdefault(t.untyped_storage()._cdata, info.storage)
-    own = {p.untyped_storage()._cdata for p in [*rp.params.values(), *getattr(rp, "buffers", {}).values()]}
+        known.setdefault(storage_key(t), info.storage)
     saved: list[Saved] = []
-    seen: set[int] = set()
-    for t in packed:
-        key = t.untyped_storage()._cdata
-        if key in own or key in seen:
-            continue
-        seen.add(key)
-        if key in known:
-            sid = known[key]
+    for r in seen.records:
+        if r.key in known:
+            sid = known[r.key]
             saved.append(Saved(graph.storages[sid], sid, "observed"))
         else:
-            saved.append(Saved(t.untyped_storage().nbytes(), None, f"observed {tuple(t.shape)}"))
+            saved.append(Saved(r.nbytes, None, f"observed {r.shape}"))
     flops = {"input": 0, "weight": 0, "bias": 0}
     roots = [t for t in outs if t.requires_grad and t.grad_fn is not None]
     if roots:

@@ -66,6 +66,9 @@ def _functional_attrs(kind: str, args: dict[str, Any]) -> dict[str, Any]:
         attrs["running_stats"] = args.get("running_mean") is not None
     elif kind == "groupnorm":
         attrs["num_groups"] = args["num_groups"]
+    elif kind == "sdpa":
+        attrs.update({k: args.get(k, d) for k, d in (("dropout_p", 0.0), ("is_causal", False), ("scale", None),
+                                                      ("enable_gqa", False))})
     elif kind == "layernorm":
         shape = args["normalized_shape"]
         attrs["normalized_shape"] = tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)
@@ -278,6 +281,8 @@ def _build(gm: fx.GraphModule, runner: "_MetaRunner", model: nn.Module, input_sh
                     for lst in (inputs, in_tensors, in_fx):
                         lst.insert(0, lst.pop(i))
                 attrs["operands"] = {k: in_fx.index(v) for k, v in args.items() if isinstance(v, fx.Node) and v in in_fx}
+                if lkind == "sdpa" and "query" in attrs["operands"]:  # its "input" (grad_input) is the query
+                    attrs["operands"]["input"] = attrs["operands"]["query"]
                 for pname in ("weight", "bias"):
                     qual = _param_source(args.get(pname), gm)
                     if qual is not None:

@@ -17,8 +17,10 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention import SDPA_ARGS
+
 #: kinds whose forward is multiply-accumulate work: FLOPs = 2 x MACs
-MAC_KINDS = frozenset({"conv", "linear", "matmul"})
+MAC_KINDS = frozenset({"conv", "linear", "matmul", "sdpa"})
 #: norm kinds (scale = ``weight``, shift = ``bias``)
 NORM_KINDS = frozenset({"batchnorm", "groupnorm", "layernorm"})
 #: activations whose gradient is a 0/1 mask of the input (1 bit suffices)
@@ -120,6 +122,7 @@ FUNCTIONAL_LAYERS: dict[object, tuple[str, tuple[str, ...]]] = {
                                  "eps")),
     F.layer_norm: ("layernorm", ("input", "normalized_shape", "weight", "bias", "eps")),
     F.group_norm: ("groupnorm", ("input", "num_groups", "weight", "bias", "eps")),
+    F.scaled_dot_product_attention: ("sdpa", SDPA_ARGS),
 }
 FUNCTION_KINDS.update({f: kind for f, (kind, _) in FUNCTIONAL_LAYERS.items()})
 

@@ -16,6 +16,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention import sdpa_output
 from .conv import conv_padding
 from .kinds import ACTIVATIONS, NORM_KINDS, PAD_MODES, module_kind, node_kind
 
@@ -182,6 +183,7 @@ FUNCTION_OUTPUTS: dict[Any, Callable[[Sequence[Any], dict[str, Any]], torch.Tens
     **{f: _binary_output for f in BINARY_FUNCTIONS}, F.interpolate: _interpolate_output,
     torch.mean: mean_output, torch.Tensor.mean: mean_output,
     F.batch_norm: _batch_norm_output, torch.batch_norm: _batch_norm_output,
+    F.scaled_dot_product_attention: sdpa_output,  # the meta kernel is the math one; CPU may run flash
 }
 
 

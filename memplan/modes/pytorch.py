@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import TensorInfo, conv_padding
+from ..graph.attention import sdpa_backend
 from ..plan import OpView
 from .base import Mode, Saved, private, register_mode, tensor
 
@@ -213,6 +214,46 @@ def matmul(op: OpView):
         yield keep_b
     if op.req_in[1]:
         yield keep_a
+
+
+@rule("sdpa")
+def sdpa(op: OpView):
+    """F.scaled_dot_product_attention, as the CPU kernel torch picks
+    (:func:`memplan.graph.attention.sdpa_backend`).
+    Flash: query, key, value, the output, the float mask (a boolean one converted to a new
+    float tensor) and the float32 logsumexp (batch x heads x L). Math: the composite's matmuls,
+    softmax and dropout: q x sqrt(scale) and (k x sqrt(scale))^T (new tensors, kept for each
+    other's gradient), the softmax output when the scores need a gradient, the dropout mask and
+    the dropped-out weights, and ``value`` (merged to 3 dims for bmm: a view, or a copy)."""
+    q, k, v, m = (op.operand(n) for n in ("query", "key", "value", "attn_mask"))
+    rq, rk, rv, rm = (op.operand_grad(n) for n in ("query", "key", "value", "attn_mask"))
+    if sdpa_backend(op) == "flash":
+        for t, what in ((q, "query"), (k, "key"), (v, "value")):
+            yield tensor(op, t, what)
+        if m is not None:
+            yield tensor(op, m, "mask") if m.dtype.is_floating_point else private(m.numel * q.itemsize, "float mask")
+        yield tensor(op, op.node.out, "output")
+        yield private(q.numel // q.shape[-1] * (8 if q.dtype == torch.float64 else 4), "logsumexp")
+        return
+    batch = tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+    lead = 1
+    for s in batch:
+        lead *= s
+    L, S = q.shape[-2], k.shape[-2]
+    scores = lead * L * S * q.itemsize
+    if rq:
+        yield private(lead * S * k.shape[-1] * k.itemsize, "scaled key (transposed)")
+    if rk:
+        yield private(lead * L * q.shape[-1] * q.itemsize, "scaled query")
+    grad_scores = rq or rk or rm
+    dropout = op.node.attrs["dropout_p"] > 0
+    if grad_scores:
+        yield private(scores, "softmax output")
+        if dropout:
+            yield private(scores, "dropout mask")
+        yield reshaped(op, _expanded(v, batch), len(batch), "value") if len(v.shape) > 2 else tensor(op, v, "value")
+    if rv and (dropout or not grad_scores):
+        yield private(scores, "attention weights")
 
 
 @rule("cross_entropy")

@@ -68,7 +68,7 @@ def print_check(p: Profile, console: Console, binary: bool = False) -> None:
     """The self-check: predicted vs observed saved bytes, and the modules where they differ."""
     c = p.check
     verdict = "[green]agree[/]" if c["predicted"] == c["observed"] and not c["differing"] else "[red]DIFFER[/]"
-    console.print(f"check (pytorch mode vs a meta run under saved_tensors_hooks): predicted "
+    console.print(f"check (pytorch mode vs a real CPU run at batch {c.get('batch', '?')} under saved_tensors_hooks): predicted "
                   f"{fmt_bytes(c['predicted'], binary)} ({c['predicted']:,} B), observed "
                   f"{fmt_bytes(c['observed'], binary)} ({c['observed']:,} B): {verdict}")
     if c["differing"]:
@@ -78,6 +78,12 @@ def print_check(p: Profile, console: Console, binary: bool = False) -> None:
         for row in c["differing"]:
             table.add_row(row["module"] or "(model forward, loss)", f"{row['predicted']:,}", f"{row['observed']:,}")
         console.print(table)
+        for row in c["differing"][:8]:  # what each side saved there: the node and the call
+            console.print(f"{row['module'] or '(model forward, loss)'}:", markup=False)
+            for item in row.get("predicted_items", []):
+                console.print(f"  predicted  {item}", markup=False)
+            for item in row.get("observed_items", []):
+                console.print(f"  observed   {item}", markup=False)
 
 
 def method_label(p: Profile) -> str:

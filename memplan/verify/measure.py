@@ -2,7 +2,7 @@
 
 ``saved_bytes`` runs one real forward + loss under ``torch.autograd.graph.saved_tensors_hooks``
 and sums the unique storages of the tensors autograd keeps, excluding the model's own
-parameters and buffers; ``step_peak_bytes`` replays torch.profiler's allocation records of one
+parameters and buffers (:class:`memplan.graph.saved.SavedObserver`); ``step_peak_bytes`` replays torch.profiler's allocation records of one
 step. Nothing here uses memplan's cost model.
 """
 
@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..graph import LayerGraph, select_output
+from ..graph.saved import SavedObserver
 
 
 @dataclass
@@ -34,26 +35,11 @@ def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward: bo
                 output: str | int | None = None) -> SavedMeasurement:
     """Bytes autograd saves during forward + cross-entropy loss (unique storages). The loss takes
     the model's output, or the first tensor / the ``output`` entry of a tuple, dict or namedtuple."""
-    own = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
-    kept: list[torch.Tensor] = []
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        kept.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedObserver(exclude=[*model.parameters(), *model.buffers()]) as seen:
         loss = F.cross_entropy(select_output(model(x), output, type(model).__name__)[0], y)
-    seen: set[int] = set()
-    total = 0
-    rows = []
-    for t in kept:
-        ptr = t.untyped_storage().data_ptr()
-        nbytes = t.untyped_storage().nbytes()
-        if ptr in own or (ptr in seen and nbytes > 0):
-            continue
-        seen.add(ptr)
-        total += nbytes
-        rows.append((tuple(t.shape), str(t.dtype).removeprefix("torch."), nbytes))
+    rows = [(r.shape, str(r.dtype).removeprefix("torch."), r.nbytes) for r in seen.records]
+    total = seen.total
+    del seen
     if backward and loss.requires_grad:
         loss.backward()
     return SavedMeasurement(total, rows)
