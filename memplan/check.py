@@ -8,7 +8,7 @@ plan's train / eval flags (``memplan.apply_plain`` semantics) on detached views 
 buffers, so the model itself is not changed; parameters still on the meta device (a zoo model
 built without weights) get seeded random values. Every saved storage is attributed to the
 innermost module running and the torch call packing it, and counted once (unique storages,
-parameters and buffers excluded), as the prediction is. The result lists the modules where
+parameters, buffers and the graph's constants excluded), as the prediction is. The result lists the modules where
 prediction and observation differ, with the nodes predicted there and what each saved, and
 what was observed. This checks the ``pytorch`` mode's prediction (what eager PyTorch saves).
 """
@@ -130,7 +130,9 @@ def observed_by_module(model: nn.Module, graph: LayerGraph, plan: Plan) -> dict[
     y = torch.zeros((graph.batch,), dtype=torch.int64)
     hooks = [nn.modules.module.register_module_forward_pre_hook(pre),
              nn.modules.module.register_module_forward_hook(post)]
-    observer = SavedObserver(exclude=state.values(), where=lambda: (stack[-1], calls.current))
+    gm = getattr(graph, "gm", None)  # tensors the model reads from outside itself: constants, as in the graph
+    consts = [t for n, t in gm.named_buffers() if n.startswith(("_memplan_constant", "_tensor_constant"))] if gm else []
+    observer = SavedObserver(exclude=[*state.values(), *consts], where=lambda: (stack[-1], calls.current))
     try:
         with train_mode(model):
             for qual, flag in norm_flags.items():

@@ -3,7 +3,8 @@
 For a node that no rule covers (an unknown function, method or module, a custom autograd
 Function, a script function, a stochastic op), its captured call is replayed on meta tensors of
 the captured shapes and strides, with ``requires_grad`` set as the plan sets it, under
-``torch.autograd.graph.saved_tensors_hooks`` (:class:`memplan.graph.saved.SavedObserver`): what the hooks receive is exactly what eager
+``torch.autograd.graph.saved_tensors_hooks`` (:class:`memplan.graph.saved.SavedObserver`): what the
+hooks receive is exactly what eager
 autograd keeps (for a custom Function, its ``ctx.save_for_backward``). Saved tensors that are the
 node's inputs or output refer to those storages (shared with other ops, counted once); anything
 else is private to the node. FLOPs come from ``FlopCounterMode`` on the same replay (conv /
@@ -134,11 +135,32 @@ def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _paddi
     return fwd * int(bool(output_mask[0])) + fwd * int(bool(output_mask[1]))
 
 
+def flash_cpu_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of ``aten._scaled_dot_product_flash_attention_for_cpu`` (torch 2.13's FlopCounterMode
+    has no formula for it and counts 0): torch's own SDPA formula, QK^T and PV."""
+    from torch.utils.flop_counter import sdpa_flop_count  # noqa: PLC0415
+
+    return sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+def flash_cpu_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of its backward: torch's SDPA backward formula (5 matmuls: QK^T recomputed, dV, dP, dQ, dK)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count  # noqa: PLC0415
+
+    return sdpa_backward_flop_count(grad_shape, q_shape, k_shape, v_shape)
+
+
+#: formulas FlopCounterMode lacks or gets wrong on the CPU
+FLOP_FORMULAS = {torch.ops.aten.convolution_backward: conv_backward_flops,
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: flash_cpu_flops,
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: flash_cpu_backward_flops}
+
+
 def flop_counter():
-    """``FlopCounterMode`` with the group-aware convolution backward."""
+    """``FlopCounterMode`` with the group-aware convolution backward and the CPU flash attention kernels."""
     from torch.utils.flop_counter import FlopCounterMode  # noqa: PLC0415  (heavy: only when counting)
 
-    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops})
+    return FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
 
 
 def _replay(op: OpView, device: str) -> Observed:

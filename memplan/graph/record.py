@@ -10,7 +10,10 @@ Recorded are:
   ``call_module`` nodes, found with global module forward hooks;
 * every other torch function and Tensor method (a ``TorchFunctionMode``) as ``call_function`` /
   ``call_method`` nodes, parameters and buffers as ``get_attr`` nodes;
-* custom autograd Functions and script functions as single call nodes (``memplan.leafcalls``).
+* custom autograd Functions and script functions as single call nodes (``memplan.leafcalls``);
+* a tensor the model reads from outside itself (a module-level cache filled by an earlier run, a
+  constant built once) as a constant of the graph (a ``get_attr`` of the GraphModule, as
+  ``torch.export`` lifts constants), so capture does not depend on what ran before it.
 
 The graph is specialised to the recorded input shape (control flow taken as it ran), which is
 what capture needs: one input shape at a time.
@@ -58,6 +61,7 @@ class _Recorder(TorchFunctionMode):
         self.alive: list[Any] = []  # keep recorded values alive: ids stay unique
         self.names = {id(m): q for q, m in model.named_modules()}
         self.attr_names: dict[int, str] = {}
+        self.constants: dict[str, torch.Tensor] = {}  # tensors the model reads from outside itself
         self.stack: list[tuple[str, str]] = []  # (qualname, class) of the module calls running
         self.entries: list[tuple[nn.Module, bool]] = []  # per running module call: is it a recorded leaf
         self.depth = 0  # > 0 while inside a leaf module or an opaque call
@@ -85,9 +89,9 @@ class _Recorder(TorchFunctionMode):
             node = self.nodes.get(id(value))
             if node is None:
                 qual = self.attr_names.get(id(value))
-                if qual is None:
-                    raise TraceFailure(f"cannot record {self.model_name}: a tensor of shape {tuple(value.shape)} "
-                                       "comes from outside the model's inputs, parameters and buffers")
+                if qual is None:  # read from outside the model (a module-level cache): a constant
+                    qual = f"_memplan_constant{len(self.constants)}"
+                    self.constants[qual] = value
                 node = self.nodes[id(value)] = self._node("get_attr", qual, (), {})
             return node
         if isinstance(value, (list, tuple)):
@@ -191,4 +195,10 @@ def record(model: nn.Module, x: torch.Tensor, leaf_modules: Iterable[str | type]
         for h in hooks:
             h.remove()
     rec.graph.output(rec.arg(out))
-    return GraphModule(model, rec.graph, type(model).__name__)
+    for qual, value in rec.constants.items():  # GraphModule copies get_attr targets from the root
+        setattr(model, qual, value)
+    try:
+        return GraphModule(model, rec.graph, type(model).__name__)
+    finally:
+        for qual in rec.constants:
+            delattr(model, qual)

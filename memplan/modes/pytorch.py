@@ -270,6 +270,19 @@ def pad(op: OpView):
         yield tensor(op, op.node.in_tensors[0], "input")
 
 
-@rule("add", "sub", "cat", "interpolate", "mean", "view", "identity", "getitem", "meta", "param", "input", "output")
+@rule("getitem")
+def getitem(op: OpView):
+    """Basic indexing (ints, slices) is a view and keeps nothing; advanced indexing by integer
+    tensors (``table[index]``: relative position biases) keeps the index tensors for the
+    gradient of the indexed tensor (a boolean mask is turned into new index tensors)."""
+    if op.req_in and op.req_in[0]:
+        for t in op.node.in_tensors[1:]:
+            if t.dtype == torch.bool:
+                yield private(t.numel * 8 * len(t.shape), "indices of a boolean mask (upper bound)")
+            elif not t.dtype.is_floating_point:
+                yield tensor(op, t, "index")
+
+
+@rule("add", "sub", "cat", "interpolate", "mean", "view", "identity", "meta", "param", "input", "output")
 def saves_nothing(op: OpView):
     return ()
