@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional
 
 import typer
 from rich.console import Console
 
 from . import api, cli_peak
-from .cli_contrib import app as contrib_app
-from .cli_contrib import floats as _floats
-from .cli_contrib import key_values
+from .cli_contrib import app as contrib_app, floats as _floats, key_values
 from .errors import MemplanError
 from .io import write_text
 from .render import export, tables
@@ -71,7 +68,7 @@ def _scalar(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def _shape(text: Optional[str]) -> Optional[tuple[int, ...]]:
+def _shape(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     try:
@@ -107,22 +104,22 @@ def profile(
     ctx: typer.Context,
     model: str = ModelArg,
     method: str = typer.Option("full", "--method", "-m", help="strategy (see `memplan methods`)"),
-    blocks: Optional[int] = BlocksOpt, layers: Optional[int] = LayersOpt, scheme: Optional[str] = SchemeOpt,
-    bits: Optional[int] = BitsCacheOpt, samples: Optional[int] = SamplesOpt, epochs: Optional[int] = EpochsOpt,
-    option: Optional[List[str]] = OptionOpt, norm: Optional[str] = NormOpt,
-    batch: int = BatchOpt, resolution: Optional[int] = ResOpt, classes: Optional[int] = ClassesOpt,
-    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt, mode_option: Optional[List[str]] = ModeOptionOpt,
+    blocks: int | None = BlocksOpt, layers: int | None = LayersOpt, scheme: str | None = SchemeOpt,
+    bits: int | None = BitsCacheOpt, samples: int | None = SamplesOpt, epochs: int | None = EpochsOpt,
+    option: list[str] | None = OptionOpt, norm: str | None = NormOpt,
+    batch: int = BatchOpt, resolution: int | None = ResOpt, classes: int | None = ClassesOpt,
+    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt, mode_option: list[str] | None = ModeOptionOpt,
     per_layer: bool = typer.Option(False, "--per-layer", help="print the per-layer table (and, for sparse / "
                                    "tinytraining, the cost of updating each conv: the 256KB paper's Figure 11a)"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="draw the per-conv update costs (Figure 11a) to PATH"),
-    json_out: Optional[str] = typer.Option(None, "--json", help="write the profile as JSON to PATH ('-' = stdout, JSON only)"),
-    csv_out: Optional[str] = typer.Option(None, "--csv", help="write the per-layer table as CSV to PATH ('-' = stdout)"),
-    leaf: Optional[List[str]] = LeafOpt, block_names: Optional[str] = BlocksNamesOpt,
-    input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt, output: Optional[str] = OutputOpt,
+    plot: str | None = typer.Option(None, "--plot", help="draw the per-conv update costs (Figure 11a) to PATH"),
+    json_out: str | None = typer.Option(None, "--json", help="write the profile as JSON to PATH ('-' = stdout, JSON only)"),
+    csv_out: str | None = typer.Option(None, "--csv", help="write the per-layer table as CSV to PATH ('-' = stdout)"),
+    leaf: list[str] | None = LeafOpt, block_names: str | None = BlocksNamesOpt,
+    input_shape: str | None = ShapeOpt, binary: bool = BinaryOpt, output: str | None = OutputOpt,
     check: bool = typer.Option(False, "--check", help="also run one forward + loss on meta tensors under "
                                "saved_tensors_hooks and compare with the prediction (exit 1 if they differ)"),
-    schedule: Optional[str] = cli_peak.ScheduleOpt, calibration: str = cli_peak.CalibrationOpt,
-    device: Optional[str] = cli_peak.DeviceOpt,
+    schedule: str | None = cli_peak.ScheduleOpt, calibration: str = cli_peak.CalibrationOpt,
+    device: str | None = cli_peak.DeviceOpt,
 ) -> None:
     """Memory and FLOPs of fine-tuning MODEL with one strategy."""
     quiet = json_out == "-" or csv_out == "-"
@@ -158,10 +155,10 @@ def profile(
 def verify(
     model: str = ModelArg,
     method: str = typer.Option("full", "--method", "-m", help="strategy (see `memplan methods`)"),
-    blocks: Optional[int] = BlocksOpt, layers: Optional[int] = LayersOpt, scheme: Optional[str] = SchemeOpt,
-    option: Optional[List[str]] = OptionOpt, norm: Optional[str] = NormOpt,
-    batch: int = typer.Option(2, "--batch", "-b", help="batch size"), resolution: Optional[int] = ResOpt,
-    classes: Optional[int] = ClassesOpt,
+    blocks: int | None = BlocksOpt, layers: int | None = LayersOpt, scheme: str | None = SchemeOpt,
+    option: list[str] | None = OptionOpt, norm: str | None = NormOpt,
+    batch: int = typer.Option(2, "--batch", "-b", help="batch size"), resolution: int | None = ResOpt,
+    classes: int | None = ClassesOpt,
     steps: int = typer.Option(2, "--steps", help="real training steps on random data"),
     optimizer: str = OptimOpt,
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda"),
@@ -183,26 +180,26 @@ def verify(
 
 @app.command()
 def search(
-    model: Optional[str] = typer.Argument(None, help="model (default: mcunet-5fps at 128 px with its shipped profile)"),
-    budget: Optional[str] = typer.Option(None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" '
+    model: str | None = typer.Argument(None, help="model (default: mcunet-5fps at 128 px with its shipped profile)"),
+    budget: str | None = typer.Option(None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" '
                                          '(1024-based), "0.1MB" or bytes'),
-    profile: Optional[str] = typer.Option(None, "--profile", help="contribution profile JSON (default: the shipped one "
+    profile: str | None = typer.Option(None, "--profile", help="contribution profile JSON (default: the shipped one "
                                           "matching the model)"),
-    device: Optional[str] = typer.Option(None, "--device", help="device profile, e.g. stm32f746: the budget is its memory "
+    device: str | None = typer.Option(None, "--device", help="device profile, e.g. stm32f746: the budget is its memory "
                                          "left to training in the mode (its default mode: mcu, the modelled peak)"),
-    mode: Optional[str] = typer.Option(None, "--mode", help="accounting mode of the budget (default: tinytraining, "
+    mode: str | None = typer.Option(None, "--mode", help="accounting mode of the budget (default: tinytraining, "
                                        "or the device's mode)"),
-    optimizer: str = OptimOpt, mode_option: Optional[List[str]] = ModeOptionOpt,
-    method: Optional[str] = typer.Option(None, "--method", help="exact | evolution | random (default: exact when "
+    optimizer: str = OptimOpt, mode_option: list[str] | None = ModeOptionOpt,
+    method: str | None = typer.Option(None, "--method", help="exact | evolution | random (default: exact when "
                                          "memory is additive in the mode)"),
     generations: int = typer.Option(100, "--generations"), population: int = typer.Option(100, "--population"),
     seed: int = typer.Option(0, "--seed"),
-    out: Optional[str] = typer.Option(None, "--out", help="write the scheme JSON"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="draw Figure 13 (evolution vs random) and 11b to PATH"),
-    ratios: Optional[str] = typer.Option(None, "--ratios", help="weight ratios of the space, e.g. 1/8,1/4,1/2,1"),
+    out: str | None = typer.Option(None, "--out", help="write the scheme JSON"),
+    plot: str | None = typer.Option(None, "--plot", help="draw Figure 13 (evolution vs random) and 11b to PATH"),
+    ratios: str | None = typer.Option(None, "--ratios", help="weight ratios of the space, e.g. 1/8,1/4,1/2,1"),
     pw1_only: bool = typer.Option(False, "--pw1-only", help="update weights of first pointwise convs only"),
-    max_weight_layers: Optional[int] = typer.Option(None, "--max-weight-layers", help="cap on weight-updated layers"),
-    classes: Optional[int] = ClassesOpt, resolution: Optional[int] = ResOpt,
+    max_weight_layers: int | None = typer.Option(None, "--max-weight-layers", help="cap on weight-updated layers"),
+    classes: int | None = ClassesOpt, resolution: int | None = ResOpt,
 ) -> None:
     """Search the sparse-update scheme with the largest summed Δacc under a memory budget."""
     from .render.figures import plot_search
@@ -236,15 +233,15 @@ def schema() -> None:
 @app.command()
 def compare(
     model: str = ModelArg,
-    methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated strategies, method:K sets --blocks K, "
+    methods: str | None = typer.Option(None, "--methods", help="comma-separated strategies, method:K sets --blocks K, "
                                           "e.g. full,bias,lastk:3,mobiletl:3 (default: full,last,norm,bias,lastk:3)"),
-    norm: Optional[str] = NormOpt,
-    batch: int = BatchOpt, resolution: Optional[int] = ResOpt, classes: Optional[int] = ClassesOpt,
-    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt, mode_option: Optional[List[str]] = ModeOptionOpt,
-    json_out: Optional[str] = typer.Option(None, "--json", help="write all profiles as JSON to PATH ('-' = stdout)"),
-    csv_out: Optional[str] = typer.Option(None, "--csv", help="write one totals row per strategy as CSV to PATH"),
-    leaf: Optional[List[str]] = LeafOpt, block_names: Optional[str] = BlocksNamesOpt,
-    input_shape: Optional[str] = ShapeOpt, binary: bool = BinaryOpt, output: Optional[str] = OutputOpt,
+    norm: str | None = NormOpt,
+    batch: int = BatchOpt, resolution: int | None = ResOpt, classes: int | None = ClassesOpt,
+    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt, mode_option: list[str] | None = ModeOptionOpt,
+    json_out: str | None = typer.Option(None, "--json", help="write all profiles as JSON to PATH ('-' = stdout)"),
+    csv_out: str | None = typer.Option(None, "--csv", help="write one totals row per strategy as CSV to PATH"),
+    leaf: list[str] | None = LeafOpt, block_names: str | None = BlocksNamesOpt,
+    input_shape: str | None = ShapeOpt, binary: bool = BinaryOpt, output: str | None = OutputOpt,
 ) -> None:
     """One row per strategy: trainable params, saved activations, weights, memory, FLOPs."""
     quiet = json_out == "-" or csv_out == "-"
@@ -270,8 +267,8 @@ def compare(
 
 @app.command()
 def reproduce(
-    only: Optional[str] = typer.Option(None, "--only", help="figure key prefix, e.g. tinytl.table2 or mobiletl"),
-    json_out: Optional[str] = typer.Option(None, "--json", help="write the rows as JSON to PATH ('-' = stdout)"),
+    only: str | None = typer.Option(None, "--only", help="figure key prefix, e.g. tinytl.table2 or mobiletl"),
+    json_out: str | None = typer.Option(None, "--json", help="write the rows as JSON to PATH ('-' = stdout)"),
     hide_not_modelled: bool = typer.Option(False, "--hide-not-modelled", help="omit figures memplan cannot model"),
 ) -> None:
     """Published figures of the seed papers next to memplan's values, with the mode used."""
@@ -302,7 +299,7 @@ def models() -> None:
     tables.print_models(api.describe_models(), _console())
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app and turn every failure into one line and an exit code."""
     command = typer.main.get_command(app)
     err = Console(stderr=True, highlight=False, soft_wrap=True)

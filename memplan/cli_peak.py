@@ -5,7 +5,6 @@ them): ``memplan calibrate``, and the ``--schedule`` / ``--calibration`` / ``--d
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -27,7 +26,7 @@ def calibration_arg(text: str) -> str | None:
     return None if text.strip().lower() == "none" else text
 
 
-def device_mode(ctx: typer.Context, mode: str, device: Optional[str]) -> str:
+def device_mode(ctx: typer.Context, mode: str, device: str | None) -> str:
     """The mode of ``memplan profile``: ``--mode`` when given, else the device's default mode."""
     source = ctx.get_parameter_source("mode")
     if device is None or getattr(source, "name", "DEFAULT") != "DEFAULT":  # typer may bundle its own click
@@ -46,17 +45,17 @@ def add_fit(p: Profile, device: str) -> dict:
 
 
 def calibrate(
-    models: List[str] = typer.Argument(..., help="zoo names, package.module:attr or file.py:attr (repeatable)"),
-    method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="strategy to calibrate (repeatable; "
+    models: list[str] = typer.Argument(..., help="zoo names, package.module:attr or file.py:attr (repeatable)"),
+    method: list[str] | None = typer.Option(None, "--method", "-m", help="strategy to calibrate (repeatable; "
                                                "default: the strategies memplan compare shows)"),
-    batch: Optional[List[int]] = typer.Option(None, "--batch", "-b", help="batch size (repeatable; default 1)"),
-    resolution: Optional[List[int]] = typer.Option(None, "--resolution", "-r", help="input side in px (repeatable; "
+    batch: list[int] | None = typer.Option(None, "--batch", "-b", help="batch size (repeatable; default 1)"),
+    resolution: list[int] | None = typer.Option(None, "--resolution", "-r", help="input side in px (repeatable; "
                                                    "default: the model's)"),
-    classes: Optional[int] = typer.Option(None, "--classes", "-c", help="classifier outputs"),
-    blocks: Optional[int] = typer.Option(None, "--blocks", "-k", help="blocks for lastk / mobiletl"),
-    scheme: Optional[str] = typer.Option(None, "--scheme", help="sparse-update scheme for the sparse strategy"),
+    classes: int | None = typer.Option(None, "--classes", "-c", help="classifier outputs"),
+    blocks: int | None = typer.Option(None, "--blocks", "-k", help="blocks for lastk / mobiletl"),
+    scheme: str | None = typer.Option(None, "--scheme", help="sparse-update scheme for the sparse strategy"),
     backend: str = typer.Option("cpu", "--backend", help="cpu or cuda"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads to measure with (default: torch's); "
+    threads: int | None = typer.Option(None, "--threads", help="torch threads to measure with (default: torch's); "
                                           "profiles look up the workspaces of their own thread count"),
 ) -> None:
     """Measure this machine's kernel workspaces (each distinct kernel configuration of the models, run

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from memplan.models import zoo
+from memplan.apply import apply_plain
 from memplan.costs.engine import compute
 from memplan.graph import capture
-from memplan.apply import apply_plain
-from memplan.verify.measure import saved_bytes
+from memplan.models import zoo
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
-
-from .conftest import small_shape
+from memplan.verify.measure import saved_bytes
 
 STRATEGIES = [("full", {}), ("last", {}), ("norm", {}), ("bias", {}), ("lastk", {"blocks": 2})]
 

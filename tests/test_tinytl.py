@@ -11,14 +11,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memplan
-from memplan.models import zoo
 from memplan.api import capture_model, profile_captured
+from memplan.apply import apply_plain
 from memplan.errors import BadOption
 from memplan.graph import capture, find_blocks
-from memplan.apply import apply_plain
+from memplan.models import zoo
+from memplan.nn.transforms import LiteResidual, add_lite_residual, group_count, is_lite, lite_kernel, swap_norm
 from memplan.reproduce.figures import by_key
 from memplan.strategies import make_plan
-from memplan.nn.transforms import LiteResidual, add_lite_residual, group_count, is_lite, lite_kernel, swap_norm
 
 from .helpers import predicted_and_measured
 

@@ -26,8 +26,8 @@ forward and backward. Allocator rounding is not modelled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import BadOption
 from ..graph import LayerGraph

@@ -52,8 +52,7 @@ from ..costs.records import LayerCost, Saved, Summary, Totals
 from ..graph import LayerGraph, Node
 from ..graph.kinds import ACTIVATIONS, FREE_KINDS, NORM_KINDS
 from ..plan import OpView, Plan, grad_flow
-from .base import register_mode
-from .base import Rule
+from .base import Rule, register_mode
 from .tinytraining import TinyTrainingMode, layer_bits, tinytraining
 
 #: kinds that write into their input's buffer (folded or fused on the device)
@@ -247,7 +246,7 @@ class _Layout:
     kbuf: int
 
 
-_LAYOUTS: "weakref.WeakKeyDictionary[LayerGraph, dict[McuSettings, _Layout]]" = weakref.WeakKeyDictionary()
+_LAYOUTS: weakref.WeakKeyDictionary[LayerGraph, dict[McuSettings, _Layout]] = weakref.WeakKeyDictionary()
 
 
 def _layout(graph: LayerGraph, settings: McuSettings) -> _Layout:

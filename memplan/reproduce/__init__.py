@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..api import Captured, capture_model, profile_captured
 from ..costs.records import Profile
@@ -30,8 +31,15 @@ from ..modes import MODES
 from ..registry import Registry
 from ..strategies import get_strategy, split_options
 from ..strategies.base import transform_option_names
-from .figures import (CAPTURE_OPTIONS, DESCRIPTIVE_OPTIONS, EVALUATOR_OPTIONS, FIGURES, NOT_MODELED, UNIT_SCALE,
-                      PublishedFigure)
+from .figures import (
+    CAPTURE_OPTIONS,
+    DESCRIPTIVE_OPTIONS,
+    EVALUATOR_OPTIONS,
+    FIGURES,
+    NOT_MODELED,
+    UNIT_SCALE,
+    PublishedFigure,
+)
 
 TOLERANCE_OK = 0.01
 TOLERANCE_CLOSE = 0.05
