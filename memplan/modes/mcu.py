@@ -48,6 +48,7 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..costs.peak import Step, simulate_step
 from ..costs.records import LayerCost, Saved, Summary, Totals
 from ..graph import LayerGraph, Node
 from ..graph.kinds import ACTIVATIONS, FREE_KINDS, NORM_KINDS
@@ -293,7 +294,8 @@ def _layout(graph: LayerGraph, settings: McuSettings) -> _Layout:
 
 
 def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, schedule: str) -> dict[str, Any]:
-    """Peak, where, phase, per-op bytes and a breakdown of one training step (module docstring)."""
+    """Peak, where, phase, per-op bytes and a breakdown of one training step (module docstring),
+    through the peak core :func:`memplan.costs.peak.simulate_step`."""
     n = len(graph.nodes)
     lay = _layout(graph, settings)
     buf = lay.buf
@@ -303,14 +305,11 @@ def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, sche
     static = trainable + lay.sbuf + lay.kbuf + elements * settings.accumulate_bytes
     kept = [b.input // 8 for b in bits]
     masks = [-(-b.mask // 8) for b in bits]
-    best = (0, 0, "forward", {})
-    at = [0] * n
+    kept_at = [0] * n  # forward: kept tensors so far (a kept input from after its op)
     held = 0
-    for i in range(n):  # forward: activations + kept tensors so far (a kept input from after its op)
+    for i in range(n):
         held += masks[i] + (kept[i - 1] if i else 0)
-        at[i] = static + lay.activations[i] + held
-        if at[i] > best[0]:
-            best = (at[i], i, "forward", {"activations": lay.activations[i], "kept_for_backward": held})
+        kept_at[i] = held
     held += kept[n - 1]
     first_bwd: dict[int, int] = {}  # gradient of buffer r: from the backward of its last consumer to r's
     for node in graph.nodes:
@@ -323,22 +322,19 @@ def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, sche
     for r, i in first_bwd.items():
         grad_at[i] += buf.numel[r] * GRAD_BYTES
         release[r] += buf.numel[r] * GRAD_BYTES
-    grads = pgrads = 0
-    for i in range(n - 1, -1, -1):
-        grads += grad_at[i]
-        if views[i].req_out:
-            if schedule == "tte":  # weight gradients fused into the in-place update; the bias gradient
-                pg = bits[i].bias // 32 * GRAD_BYTES
-            else:
-                pgrads += (bits[i].weight // 8 + bits[i].bias // 32) * GRAD_BYTES
-                pg = pgrads
-            total = static + grads + pg + held
-            at[i] = max(at[i], total)
-            if total > best[0]:
-                best = (total, i, "backward", {"gradients": grads, "param_grads": pg, "kept_for_backward": held})
-        held -= masks[i] + kept[i]
-        grads -= release[i]
-    peak, where, phase, parts = best
+    if schedule == "tte":  # weight gradients fused into the in-place update; the bias gradient
+        param_grads = [b.bias // 32 * GRAD_BYTES for b in bits]
+    else:
+        param_grads = [(b.weight // 8 + b.bias // 32) * GRAD_BYTES for b in bits]
+    step = Step([a + k for a, k in zip(lay.activations, kept_at)], held, [m + k for m, k in zip(masks, kept)],
+                grad_at, release, param_grads, [v.req_out for v in views], in_place_update=schedule == "tte")
+    result = simulate_step(step, static)
+    peak, where, phase, at = result.peak, result.where, result.phase, result.at
+    if phase == "backward":
+        parts = {"gradients": result.parts["gradients"], "param_grads": result.parts["param_grads"],
+                 "kept_for_backward": result.parts["held"]}
+    else:
+        parts = {"activations": lay.activations[where], "kept_for_backward": kept_at[where]} if peak else {}
     extras = {"peak_kib": peak / 1024, "peak_op": graph.nodes[where].name, "phase": phase,
               "static": {"trainable_params": trainable, "sbuf": lay.sbuf, "kbuf": lay.kbuf,
                          "accumulation": elements * settings.accumulate_bytes},
