@@ -2,7 +2,7 @@
 
 ``memplan contrib MODEL ...`` measures a profile (the ``measure`` subcommand, the default when
 the first word is not a subcommand); ``memplan contrib validate PROFILE`` runs the additivity
-check of the 256KB paper's Figure 5(c). Also the small option parsers the main CLI shares.
+check of the 256KB paper's Figure 5(c). Option parsers: :mod:`memplan.cli_common`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 from typing import Any
 
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
+from .cli_common import console, floats, ints, positive_int, scalar
 from .errors import MemplanError
 
 
@@ -31,66 +31,11 @@ app = typer.Typer(cls=DefaultMeasure, no_args_is_help=True, rich_markup_mode=Non
                        "profile; `memplan contrib validate PROFILE` checks that its Δacc add up (Figure 5c).")
 
 
-def console(stderr: bool = False) -> Console:
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
-
-
-def positive_int(name: str, value: int) -> None:
-    if value < 1:
-        raise MemplanError(f"--{name} must be a positive integer, got {value}")
-
-
-def eval_fraction(text: str) -> float:
-    """'1/8' or '0.125' -> 0.125."""
-    num, slash, den = text.strip().partition("/")
-    return float(num) / float(den) if slash else float(num)
-
-
-def floats(text: str | None, name: str) -> list[float] | None:
-    if text is None:
-        return None
-    try:
-        return [float(eval_fraction(t)) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated numbers, e.g. 0.125,0.25,0.5,1") from None
-
-
-def ints(text: str | None, name: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated integers, e.g. 0,1,2") from None
-
-
-def scalar(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
-
-
-def key_values(items: list[str] | None, flag: str) -> dict[str, Any]:
-    """``key=value`` items (ints, floats, true/false/none parsed) as a dict."""
-    out: dict[str, Any] = {}
-    for item in items or ():
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise MemplanError(f"cannot read {flag} {item!r}", f"write {flag} key=value")
-        out[key.strip().replace("-", "_")] = scalar(value.strip())
-    return out
-
-
 def _validation(text: str | None) -> Any:
-    if text is None:
+    """``--validation``: images per class (an int), a fraction (a float), or ``none`` (no split)."""
+    if text is None or text.strip().lower() == "none":
         return None
     value = scalar(text)
-    if text.strip().lower() == "none":
-        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise MemplanError(f"cannot read --validation {text!r}", "an integer per class (100) or a fraction (0.2)")
     return value
