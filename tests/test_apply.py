@@ -46,8 +46,7 @@ def sparse_config(graph) -> dict:
 
 
 def options(method: str, graph) -> dict:
-    if method == "mobiletl" and "mobiletl" not in STRATEGIES:
-        pytest.skip("strategy mobiletl is not registered")
+    assert method in STRATEGIES, f"strategy {method} is not registered"  # a missing strategy fails, never skips
     by_method = {"lastk": {"blocks": 2}, "mobiletl": {"blocks": 2}, "sparse": {"scheme": sparse_config(graph)}}
     return by_method.get(method, {})
 
