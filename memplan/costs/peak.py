@@ -121,18 +121,12 @@ def simulate_step(step: Step, static: int) -> StepPeak:
     return StepPeak(static + best, where, phase, [static + a for a in at], parts)
 
 
-def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]], param_grads: list[int],
-                  static: int, options: PeakOptions | None = None) -> tuple[int, int, str, list[int]]:
-    """Return (peak bytes, index of the op where it occurs, "forward" | "backward", and per op
-    the most memory in use while it runs, forward or backward): eager PyTorch's step (module
-    docstring) run through :func:`simulate_step`."""
-    options = options or PeakOptions()
-    n = len(graph.nodes)
-    ws_f = list(options.workspace_forward or [0] * n)
+def _lifetimes(graph: LayerGraph) -> tuple[dict[int, int], dict[int, int]]:
+    """Per storage: the op producing it, and the last op it is referenced at (its last consumer,
+    or the end of every module call it was passed into)."""
     producer: dict[int, int] = {}
     last_use: dict[int, int] = {}
     scope_end: dict[str, int] = {}
-    batch = {t.storage for node in graph.nodes if node.kind == "input" for t in node.outs}
     for node in graph.nodes:
         for sc in node.scopes:
             scope_end[sc] = node.index
@@ -144,6 +138,35 @@ def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved
             entered = [sc for sc in node.scopes if sc not in graph.nodes[src].scopes]
             end = max([node.index] + [scope_end[sc] for sc in entered])
             last_use[t.storage] = max(last_use.get(t.storage, end), end)
+    return producer, last_use
+
+
+def _activation_grads(graph: LayerGraph, views: list[OpView]) -> tuple[list[int], list[int]]:
+    """(allocated, freed) gradient bytes at each op's backward: the gradient of output m is alive
+    from the backward of its last consumer to that of m."""
+    n = len(graph.nodes)
+    last_consumer = [-1] * n
+    for node in graph.nodes:
+        for src in node.inputs:
+            last_consumer[src] = max(last_consumer[src], node.index)
+    grad_alloc, grad_free = [0] * n, [0] * n
+    for m, v in enumerate(views):
+        if v.req_out and last_consumer[m] >= 0 and graph.nodes[m].out is not None:
+            grad_alloc[last_consumer[m]] += graph.nodes[m].out.nbytes
+            grad_free[m] += graph.nodes[m].out.nbytes
+    return grad_alloc, grad_free
+
+
+def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]], param_grads: list[int],
+                  static: int, options: PeakOptions | None = None) -> tuple[int, int, str, list[int]]:
+    """Return (peak bytes, index of the op where it occurs, "forward" | "backward", and per op
+    the most memory in use while it runs, forward or backward): eager PyTorch's step (module
+    docstring) run through :func:`simulate_step`."""
+    options = options or PeakOptions()
+    n = len(graph.nodes)
+    ws_f = list(options.workspace_forward or [0] * n)
+    producer, last_use = _lifetimes(graph)
+    batch = {t.storage for node in graph.nodes if node.kind == "input" for t in node.outs}
     first_saver: dict[int, int] = {}
     private_at = [0] * n
     for i, items in enumerate(saved):
@@ -181,16 +204,7 @@ def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved
         if sid not in graph.param_storages and sid not in batch:
             held += graph.storages[sid]
             released[i] += graph.storages[sid]
-    last_consumer = [-1] * n
-    for node in graph.nodes:
-        for src in node.inputs:
-            last_consumer[src] = max(last_consumer[src], node.index)
-    grad_alloc = [0] * n  # grad buffer of output m is alive on backward steps last_consumer(m) .. m
-    grad_free = [0] * n
-    for m, v in enumerate(views):
-        if v.req_out and last_consumer[m] >= 0 and graph.nodes[m].out is not None:
-            grad_alloc[last_consumer[m]] += graph.nodes[m].out.nbytes
-            grad_free[m] += graph.nodes[m].out.nbytes
+    grad_alloc, grad_free = _activation_grads(graph, views)
     step = Step(forward, held, released, grad_alloc, grad_free, param_grads, [v.req_out for v in views],
                 in_place_update=options.schedule == "tte", workspace=options.workspace_backward)
     result = simulate_step(step, static)
