@@ -12,6 +12,8 @@ from memplan.modes import get_mode
 from memplan.strategies import make_plan
 from memplan.verify.measure import saved_bytes
 
+from .conftest import small_shape  # noqa: F401  (re-exported: tests/test_capture.py imports it from here)
+
 STRATEGIES = [("full", {}), ("last", {}), ("norm", {}), ("bias", {}), ("lastk", {"blocks": 2})]
 
 
