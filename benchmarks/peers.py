@@ -53,13 +53,13 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import memplan
-from memplan.models import zoo
-from memplan.graph import capture
-from memplan.io import write_text
 from memplan.apply import apply_plain
 from memplan.costs.observe import conv_backward_flops
-from memplan.verify.measure import model_modules, saved_bytes, step_peak_bytes
+from memplan.graph import capture
+from memplan.io import write_text
+from memplan.models import zoo
 from memplan.strategies import make_plan
+from memplan.verify.measure import model_modules, saved_bytes, step_peak_bytes
 
 CLASSES = 100
 BATCH = 8

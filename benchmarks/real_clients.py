@@ -3,7 +3,8 @@
 Run: ``python benchmarks/real_clients.py`` (one model per family, a few minutes), ``--all`` for the
 whole corpus (about 120 models), ``--models a,b`` / ``--families f,g`` for a selection,
 ``--no-apply`` to skip the ``apply_strategy`` checks, ``--out DIR``. Models marked heavy (the three
-EfficientNet-L2s: minutes and 13 GB each) are listed as skipped unless ``--heavy`` or ``--models`` names them. Needs the corpus packages:
+EfficientNet-L2s: minutes and 13 GB each) are listed as skipped unless ``--heavy`` or ``--models``
+names them. Needs the corpus packages:
 ``pip install --no-deps -r requirements-corpus.txt``.
 
 For every model x strategy (full, last, norm, bias, lastk; ``memplan.apply.apply_plain`` sets
@@ -49,10 +50,10 @@ if str(ROOT) not in sys.path:  # tests/corpus.py holds the corpus and the checks
     sys.path.insert(0, str(ROOT))
 
 import memplan  # noqa: E402
-from memplan.io import write_text  # noqa: E402
 from memplan.apply import apply_plain  # noqa: E402
-from memplan.verify.measure import model_modules, saved_bytes  # noqa: E402  # noqa: E402
+from memplan.io import write_text  # noqa: E402
 from memplan.strategies import make_plan  # noqa: E402
+from memplan.verify.measure import model_modules, saved_bytes  # noqa: E402  # noqa: E402
 from tests import corpus  # noqa: E402
 
 RESULTS = Path(__file__).with_name("real_clients_results")
@@ -350,7 +351,8 @@ def render_markdown(results: Sequence[ModelResult], summaries: Sequence[FamilySu
         "(exact / flagged: off, but the report lists ops costed by observation or unknown / silent: off, "
         "nothing flagged); worst error = (predicted - measured) / measured. FLOPs: forward and backward "
         "conv / linear / matmul vs FlopCounterMode (group-aware). --check agrees: `memplan.check` (the "
-        "meta-device self-check of `memplan profile --check`) observes the measured bytes (informational). eval identical / grads ok / applied exact: "
+        "meta-device self-check of `memplan profile --check`) observes the measured bytes (informational). "
+        "eval identical / grads ok / applied exact: "
         "after `apply_strategy`. " + timing_text(settings),
         "",
         "## Per library",

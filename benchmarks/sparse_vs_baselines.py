@@ -24,15 +24,16 @@ budgets' setting), from ``memplan.profile_captured(..., "sparse", mode="tinytrai
 memory at the training resolution is printed too.
 
 Run: python benchmarks/sparse_vs_baselines.py [--profile P] [--seeds 0,1,2] [--lr-scales 0.3,1,3]
-[--plot fig9.png] [--json rows.json]  (the shipped evidence in benchmarks/sparse_vs_baselines_results/ used --lr-scales 0.3,1,3)
+[--plot fig9.png] [--json rows.json]
+(the shipped evidence in benchmarks/sparse_vs_baselines_results/ used --lr-scales 0.3,1,3)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import os
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -151,7 +152,8 @@ def main() -> None:
     configs.append(("classifier only", "k=0", scheme_of(cap, 0, False, cap.name)))
 
     rows = []
-    print(f"\n{'method':<24}{'config':<16}{'memory':>12}{'@train res':>12}{'lr x':>7}{'test acc %':>19}{'held-out':>9}{'Δacc sum':>9}")
+    print(f"\n{'method':<24}{'config':<16}{'memory':>12}{'@train res':>12}{'lr x':>7}{'test acc %':>19}"
+          f"{'held-out':>9}{'Δacc sum':>9}")
     for method, label, scheme in configs:
         mem, mem_train = memory(cap, scheme), memory(cap_train, scheme)
         best = None

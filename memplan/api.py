@@ -13,8 +13,9 @@ It also holds the one capture pipeline every entry point goes through (``profile
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch.nn as nn
 

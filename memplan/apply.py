@@ -22,7 +22,8 @@ here"; the ``applied`` accounting mode (``memplan.modes.applied``) predicts memo
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch.nn as nn
 

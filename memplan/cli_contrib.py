@@ -2,18 +2,18 @@
 
 ``memplan contrib MODEL ...`` measures a profile (the ``measure`` subcommand, the default when
 the first word is not a subcommand); ``memplan contrib validate PROFILE`` runs the additivity
-check of the 256KB paper's Figure 5(c). Also the small option parsers the main CLI shares.
+check of the 256KB paper's Figure 5(c). Option parsers: :mod:`memplan.cli_common`.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
+from .cli_common import console, floats, ints, positive_int, scalar
 from .errors import MemplanError
 
 
@@ -31,66 +31,11 @@ app = typer.Typer(cls=DefaultMeasure, no_args_is_help=True, rich_markup_mode=Non
                        "profile; `memplan contrib validate PROFILE` checks that its Δacc add up (Figure 5c).")
 
 
-def console(stderr: bool = False) -> Console:
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
-
-
-def positive_int(name: str, value: int) -> None:
-    if value < 1:
-        raise MemplanError(f"--{name} must be a positive integer, got {value}")
-
-
-def eval_fraction(text: str) -> float:
-    """'1/8' or '0.125' -> 0.125."""
-    num, slash, den = text.strip().partition("/")
-    return float(num) / float(den) if slash else float(num)
-
-
-def floats(text: Optional[str], name: str) -> Optional[list[float]]:
-    if text is None:
-        return None
-    try:
-        return [float(eval_fraction(t)) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated numbers, e.g. 0.125,0.25,0.5,1") from None
-
-
-def ints(text: Optional[str], name: str) -> Optional[list[int]]:
-    if text is None:
-        return None
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated integers, e.g. 0,1,2") from None
-
-
-def scalar(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
-
-
-def key_values(items: Optional[List[str]], flag: str) -> dict[str, Any]:
-    """``key=value`` items (ints, floats, true/false/none parsed) as a dict."""
-    out: dict[str, Any] = {}
-    for item in items or ():
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise MemplanError(f"cannot read {flag} {item!r}", f"write {flag} key=value")
-        out[key.strip().replace("-", "_")] = scalar(value.strip())
-    return out
-
-
-def _validation(text: Optional[str]) -> Any:
-    if text is None:
+def _validation(text: str | None) -> Any:
+    """``--validation``: images per class (an int), a fraction (a float), or ``none`` (no split)."""
+    if text is None or text.strip().lower() == "none":
         return None
     value = scalar(text)
-    if text.strip().lower() == "none":
-        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise MemplanError(f"cannot read --validation {text!r}", "an integer per class (100) or a fraction (0.2)")
     return value
@@ -99,33 +44,33 @@ def _validation(text: Optional[str]) -> Any:
 @app.command()
 def measure(
     model: str = typer.Argument(..., help="zoo name, package.module:attr or path/to/file.py:attr"),
-    weights: Optional[str] = typer.Option(None, "--weights", help="local state_dict (.pt, loaded with weights_only=True),"
+    weights: str | None = typer.Option(None, "--weights", help="local state_dict (.pt, loaded with weights_only=True),"
                                           " or 'zoo' for the published weights of the zoo entry"),
     data: str = typer.Option("digits", "--data", help="digits (MNIST 5k), fashion-mnist (Debian's "
                              "dataset-fashion-mnist), an image folder, an .npz with x_train,y_train,x_test,y_test, "
                              "or module:factory"),
-    out: Optional[str] = typer.Option(None, "--out", help="contribution profile JSON (a .runs.jsonl checkpoint lives beside it)"),
+    out: str | None = typer.Option(None, "--out", help="contribution profile JSON (a .runs.jsonl checkpoint lives beside it)"),
     workers: int = typer.Option(1, "--workers", "-j", help="parallel runs (local process pool)"),
     executor: str = typer.Option("process", "--executor", help="process | ray"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (with --executor ray)"),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address (with --executor ray)"),
     no_cache: bool = typer.Option(False, "--no-cache", help="recompute the frozen prefix in every run (no feature cache)"),
-    bits: Optional[int] = typer.Option(None, "--bits", help="quantise cached features to BITS (default: fp32, exact)"),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="comma-separated seeds per run, e.g. 0,1,2"),
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="epochs per run"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="training batch size of every run"),
-    ratios: Optional[str] = typer.Option(None, "--ratios", help="weight ratios, e.g. 1/8,1/4,1/2,1"),
-    lr_bias: Optional[float] = typer.Option(None, "--lr-bias", help="learning rate of biases"),
-    lr_weight: Optional[float] = typer.Option(None, "--lr-weight", help="learning rate of the analysed weight"),
-    resolution: Optional[int] = typer.Option(None, "--resolution", "-r", help="input side of the runs in px"),
-    costing_resolution: Optional[int] = typer.Option(None, "--costing-resolution", help="input side the schemes "
+    bits: int | None = typer.Option(None, "--bits", help="quantise cached features to BITS (default: fp32, exact)"),
+    seeds: str | None = typer.Option(None, "--seeds", help="comma-separated seeds per run, e.g. 0,1,2"),
+    epochs: int | None = typer.Option(None, "--epochs", help="epochs per run"),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="training batch size of every run"),
+    ratios: str | None = typer.Option(None, "--ratios", help="weight ratios, e.g. 1/8,1/4,1/2,1"),
+    lr_bias: float | None = typer.Option(None, "--lr-bias", help="learning rate of biases"),
+    lr_weight: float | None = typer.Option(None, "--lr-weight", help="learning rate of the analysed weight"),
+    resolution: int | None = typer.Option(None, "--resolution", "-r", help="input side of the runs in px"),
+    costing_resolution: int | None = typer.Option(None, "--costing-resolution", help="input side the schemes "
                                                      "will be costed at (default: the run resolution)"),
-    train_per_class: Optional[int] = typer.Option(None, "--train-per-class", help="training images kept per class"),
-    validation: Optional[str] = typer.Option(None, "--validation", help="validation split carved from the training "
+    train_per_class: int | None = typer.Option(None, "--train-per-class", help="training images kept per class"),
+    validation: str | None = typer.Option(None, "--validation", help="validation split carved from the training "
                                              "data: images per class (100) or a fraction (0.2, the default)"),
-    test_per_class: Optional[int] = typer.Option(None, "--test-per-class", help="test images kept per class (the "
+    test_per_class: int | None = typer.Option(None, "--test-per-class", help="test images kept per class (the "
                                                  "test split is only used by final evaluations)"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto (cuda where torch sees a GPU)"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="draw Figure 5 (bias curve, per-layer Δacc per ratio) to PATH"),
+    plot: str | None = typer.Option(None, "--plot", help="draw Figure 5 (bias curve, per-layer Δacc per ratio) to PATH"),
 ) -> None:
     """Measure a contribution profile: real fine-tuning runs measuring Δacc per bias depth and per
     layer x channel ratio on a validation split. Resumable: rerun to continue."""
@@ -150,17 +95,17 @@ def measure(
 @app.command()
 def validate(
     profile: str = typer.Argument(..., help="contribution profile JSON (measured with a validation split)"),
-    budgets: Optional[str] = typer.Option(None, "--budgets", help='comma-separated memory budgets, e.g. "20KB,50KB,'
+    budgets: str | None = typer.Option(None, "--budgets", help='comma-separated memory budgets, e.g. "20KB,50KB,'
                                           '100KB" (default: 4 spread over the profile\'s range)'),
     per_budget: int = typer.Option(3, "--per-budget", help="random schemes per budget"),
     no_searched: bool = typer.Option(False, "--no-searched", help="leave out the searched optimum of each budget"),
     mode: str = typer.Option("tinytraining", "--mode", help="accounting mode of the budgets"),
-    seeds: Optional[str] = typer.Option(None, "--seeds", help="training seeds (default: the profile's)"),
+    seeds: str | None = typer.Option(None, "--seeds", help="training seeds (default: the profile's)"),
     bootstrap: int = typer.Option(2000, "--bootstrap", help="bootstrap resamples of the confidence intervals"),
     seed: int = typer.Option(0, "--seed", help="seed of the random schemes and the bootstrap"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
-    json_out: Optional[str] = typer.Option(None, "--json", help="write the result as JSON to PATH"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="draw Figure 5(c) to PATH"),
+    json_out: str | None = typer.Option(None, "--json", help="write the result as JSON to PATH"),
+    plot: str | None = typer.Option(None, "--plot", help="draw Figure 5(c) to PATH"),
 ) -> None:
     """The additivity check (Figure 5c): train random schemes over several budgets end to end and
     correlate their summed Δacc with their real test-accuracy gain (Pearson, Spearman, bootstrap CIs)."""

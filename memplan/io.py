@@ -8,8 +8,9 @@ import importlib.resources
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from .errors import MemplanError
 

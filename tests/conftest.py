@@ -23,7 +23,6 @@ settings.load_profile("ci")
 
 from memplan.models import zoo  # noqa: E402
 
-
 #: small per-model test resolutions: the cost rules do not depend on the size, so keep runs fast
 SMALL = 32
 

@@ -31,8 +31,8 @@ import random
 import sys
 import types
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -451,11 +451,11 @@ def _check_pair(base: nn.Module, graph, shape, method: str, name: str = "", *, r
     import torch.nn.functional as F
 
     import memplan
-    from memplan.costs.engine import compute
     from memplan.apply import apply_plain
-    from memplan.verify.measure import model_modules, saved_bytes
+    from memplan.costs.engine import compute
     from memplan.modes import get_mode
     from memplan.strategies import make_plan
+    from memplan.verify.measure import model_modules, saved_bytes
 
     opts = strategy_options(method, graph)
     res = PairResult(name, method, opts, capture=graph.capture)

@@ -20,8 +20,8 @@ conv, norm, add, linear, pooling, ...), never on the output of an activation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from memplan.models import zoo
+from memplan.apply import apply_plain
 from memplan.costs.engine import compute
 from memplan.graph import capture
-from memplan.apply import apply_plain
-from memplan.verify.measure import saved_bytes
+from memplan.models import zoo
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
+from memplan.verify.measure import saved_bytes
 
-from .conftest import small_shape
+from .conftest import small_shape  # noqa: F401  (re-exported: tests/test_capture.py imports it from here)
 
 STRATEGIES = [("full", {}), ("last", {}), ("norm", {}), ("bias", {}), ("lastk", {"blocks": 2})]
 

@@ -12,20 +12,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memplan
-from memplan.apply import apply_plan, apply_scheme, apply_strategy, write_back
+from memplan.apply import apply_plain, apply_plan, apply_scheme, apply_strategy, write_back
 from memplan.costs.engine import compute
 from memplan.errors import BadOption, MemplanError
-from memplan.graph import capture
-from memplan.nn.lean import (FrozenConv, LeanAvgPool2d, MaskedDropout, MaskedReLU, ShiftOnlyNorm, SignHardswish,
-                          SubChannelConv)
-from memplan.apply import apply_plain
-from memplan.verify.measure import saved_bytes
+from memplan.graph import capture, conv_layers
 from memplan.modes import get_mode
-from memplan.plan import Plan, Train
-from memplan.graph import conv_layers
-from memplan.plan import Scheme
-from memplan.strategies import STRATEGIES, make_plan
+from memplan.nn.lean import (
+    FrozenConv,
+    LeanAvgPool2d,
+    MaskedDropout,
+    MaskedReLU,
+    ShiftOnlyNorm,
+    SignHardswish,
+    SubChannelConv,
+)
 from memplan.nn.train import fit, make_optimizer
+from memplan.plan import Plan, Scheme, Train
+from memplan.strategies import STRATEGIES, make_plan
+from memplan.verify.measure import saved_bytes
 
 from .conftest import small_shape
 from .helpers import real_model
@@ -42,8 +46,7 @@ def sparse_config(graph) -> dict:
 
 
 def options(method: str, graph) -> dict:
-    if method == "mobiletl" and "mobiletl" not in STRATEGIES:
-        pytest.skip("strategy mobiletl is not registered")
+    assert method in STRATEGIES, f"strategy {method} is not registered"  # a missing strategy fails, never skips
     by_method = {"lastk": {"blocks": 2}, "mobiletl": {"blocks": 2}, "sparse": {"scheme": sparse_config(graph)}}
     return by_method.get(method, {})
 

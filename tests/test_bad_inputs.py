@@ -82,7 +82,7 @@ def cases(f):
         (["search", "--budget", "10B"], "budget"),
         (["search", "--budget", "100KB", "--profile", str(f["profile_trunc"])], "profile"),
         (["search", "--budget", "100KB", "--profile", str(f["notjson"])], "JSON"),
-        (["search", "--device", "toaster"], "toaster"),
+        (["search", "--target", "toaster"], "toaster"),
         (["search", "--budget", "100KB", "--method", "magic"], "unknown search method"),
         (["search", "--budget", "100KB", "--out", "/nonexistent/dir/s.json"], "does not exist"),
         (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["empty"])], "empty"),

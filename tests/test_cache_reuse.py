@@ -11,10 +11,10 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from memplan import api
-from memplan.models import zoo
+from memplan.apply import apply_plain
 from memplan.errors import BadOption
 from memplan.graph import capture
-from memplan.apply import apply_plain
+from memplan.models import zoo
 from memplan.reproduce.figures import by_key, select
 from memplan.strategies import make_plan
 from memplan.strategies.cache_reuse import DEFAULT_BITS, DEFAULT_EPOCHS, DEFAULT_SAMPLES

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memplan.models import zoo
 from memplan.contrib.weights import load_weights, read_state_dict
 from memplan.graph import capture
+from memplan.models import zoo
 
 
 def test_lite0_structure_and_tf_same_padding():

@@ -11,11 +11,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from memplan.models import zoo
-from memplan.costs.engine import compute
-from memplan.graph import capture
 from memplan.apply import apply_plain
+from memplan.costs.engine import compute
 from memplan.costs.observe import conv_backward_flops
+from memplan.graph import capture
+from memplan.models import zoo
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
 

@@ -26,17 +26,31 @@ import torch.fx as fx
 import torch.nn as nn
 from hypothesis import given, strategies as st
 
-from memplan.apply import apply_plan
+from memplan.apply import apply_plain, apply_plan
 from memplan.costs.engine import compute
 from memplan.graph import LayerGraph, Node, capture, trace
-from memplan.apply import apply_plain
-from memplan.verify.measure import saved_bytes
 from memplan.modes import get_mode
 from memplan.plan import Plan, Train
 from memplan.strategies import make_plan
+from memplan.verify.measure import saved_bytes
 
-from .fuzz_models import (Act, ChannelMixU, Conv, ConvU, DropoutU, Head, MatmulU, NetSpec, Norm, PadU, ResidualU, build,
-                          nets, plans, sample_batch)
+from .fuzz_models import (
+    Act,
+    ChannelMixU,
+    Conv,
+    ConvU,
+    DropoutU,
+    Head,
+    MatmulU,
+    NetSpec,
+    Norm,
+    PadU,
+    ResidualU,
+    build,
+    nets,
+    plans,
+    sample_batch,
+)
 from .test_flops import measure_flops
 
 #: op kinds the generator must produce over a CI run (checked, so the generator cannot quietly shrink)
@@ -245,7 +259,7 @@ def test_applied_shared_activation():
     assert prof.totals.saved_activation_bytes == saved_bytes(model, *sample_batch(spec)).bytes
 
 
-# --------------------------------------------------------------------------- tied weights (a fuzzer finding, fixed in plan.py)
+# ---------------------------------------------------------- tied weights (a fuzzer finding, fixed in plan.py)
 
 
 class Tied(nn.Module):

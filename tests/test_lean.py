@@ -13,8 +13,18 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from memplan.errors import BadOption
 from memplan.nn.lean import (
-    FrozenConv, FrozenLinear, MaskedHardtanh, MaskedLeakyReLU, MaskedReLU, MaskedReLU6,
-    ShiftOnlyNorm, SignHardswish, SubChannelConv, packbits, select_channels, unpackbits,
+    FrozenConv,
+    FrozenLinear,
+    MaskedHardtanh,
+    MaskedLeakyReLU,
+    MaskedReLU,
+    MaskedReLU6,
+    ShiftOnlyNorm,
+    SignHardswish,
+    SubChannelConv,
+    packbits,
+    select_channels,
+    unpackbits,
 )
 
 torch.set_num_threads(1)
@@ -355,7 +365,7 @@ def test_masked_relu6_from_hardtanh_and_gradcheck():
     assert type(MaskedReLU6.from_module(nn.Hardtanh(-2, 2))) is MaskedHardtanh
     x = (torch.rand(4, 5, dtype=torch.float64) * 10 - 2).requires_grad_(True)
     for mod in (MaskedReLU(), MaskedReLU6(), MaskedLeakyReLU(0.2)):
-        assert torch.autograd.gradcheck(lambda t: _MaskActFn.apply(t, mod), (x,))
+        assert torch.autograd.gradcheck(lambda t, mod=mod: _MaskActFn.apply(t, mod), (x,))
 
 
 # ----------------------------------------------------------------------------- SignHardswish

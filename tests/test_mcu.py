@@ -11,7 +11,7 @@ from memplan.api import capture_model, profile_captured
 from memplan.costs.engine import compute
 from memplan.graph import capture
 from memplan.modes import get_mode
-from memplan.modes.mcu import McuSettings, _buffers, patch_stage
+from memplan.modes.mcu_layout import McuSettings, buffers, patch_stage
 from memplan.reproduce import reproduce
 from memplan.reproduce.figures import by_key
 from memplan.strategies import make_plan
@@ -48,7 +48,7 @@ def test_patch_stage_extents_follow_the_receptive_field():
     net = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.Conv2d(8, 8, 3, 2, 1), nn.ReLU(),
                         nn.Conv2d(8, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 16, 1), nn.Flatten(), nn.Linear(256, 10))
     graph = capture(net, (1, 3, 32, 32))
-    stage = patch_stage(graph, _buffers(graph), McuSettings(patches=2))
+    stage = patch_stage(graph, buffers(graph), McuSettings(patches=2))
     convs = [n for n in graph.nodes if n.kind == "conv"]
     assert stage is not None and stage.end == convs[2].index  # no blocks: the third stride-2 conv closes it
     assert stage.extent[0] == (23, 23)  # the image patch

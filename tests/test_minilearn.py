@@ -13,14 +13,14 @@ import torch
 import torch.nn as nn
 
 from memplan import api
-from memplan.models import zoo
+from memplan.apply import apply_plain
 from memplan.errors import BadOption
 from memplan.graph import capture
-from memplan.apply import apply_plain
-from memplan.verify.measure import saved_bytes
+from memplan.models import zoo
 from memplan.reproduce.figures import by_key
 from memplan.strategies import make_plan
 from memplan.strategies.minilearn import prune_filters
+from memplan.verify.measure import saved_bytes
 
 # int8 parameter bytes (weights + biases) of the zoo nets, by hand
 KWS_CONVS = 16 * 1 * 25 + 16 + 32 * 16 * 9 + 32 + 64 * 32 * 9 + 64 + 32 * 64 * 9 + 32  # 42,016

@@ -9,11 +9,17 @@ import torch.nn as nn
 
 import memplan
 from memplan.errors import BadOption
+from memplan.models.zoo.blocks import ConvBNAct, ConvNet, InvertedResidual
+from memplan.models.zoo.mobiletl_blocks import (
+    BLOCK_BATCH,
+    BLOCK_INPUT,
+    BLOCK_KINDS,
+    BLOCK_NAME,
+    ExpandedIRB,
+    mobiletl_block_net,
+)
 from memplan.plan import Train
 from memplan.reproduce.figures import by_key
-from memplan.models.zoo.blocks import ConvBNAct, ConvNet, InvertedResidual
-from memplan.models.zoo.mobiletl_blocks import (BLOCK_BATCH, BLOCK_INPUT, BLOCK_KINDS, BLOCK_NAME, ExpandedIRB,
-                                         mobiletl_block_net)
 
 torch.set_num_threads(1)
 

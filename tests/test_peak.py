@@ -196,3 +196,23 @@ def test_step_in_backward_follows_the_learning_rate_schedule():
     before = [p.detach().clone() for p in model.parameters()]
     torch.nn.functional.cross_entropy(model(torch.randn(2, 3, 32, 32)), torch.tensor([0, 1])).backward()
     assert all(torch.equal(p, q) for p, q in zip(before, model.parameters()))
+
+
+def test_peak_core_by_hand():
+    """The core both peak models use (``simulate_step``), on a 3-op step worked out by hand.
+    Forward: 10, 30, 20 in use. Backward from op 2: held 40; op 2 allocates a 5-byte gradient
+    and produces 7 bytes of parameter gradients -> 40 + 5 + 7 = 52; op 2 frees 15 held and its
+    5 gradient bytes; op 1 does not run backward; op 0 (3 more gradient bytes, 4 parameter-gradient
+    bytes) -> 25 + 3 + 7 + 4 = 39 (standard) or 25 + 3 + 4 = 32 (in place, with a 6-byte workspace: 38)."""
+    from memplan.costs.peak import Step, simulate_step
+
+    step = Step(forward=[10, 30, 20], held=40, released=[0, 0, 15], grad_alloc=[3, 0, 5], grad_free=[0, 0, 5],
+                param_grads=[4, 9, 7], runs_backward=[True, False, True])
+    r = simulate_step(step, static=100)
+    assert (r.peak, r.where, r.phase, r.at) == (152, 2, "backward", [139, 130, 152])
+    assert r.parts == {"held": 40, "gradients": 5, "param_grads": 7}
+    tte = simulate_step(Step(**{**step.__dict__, "in_place_update": True, "workspace": [6, 0, 0]}), static=0)
+    assert (tte.peak, tte.at) == (52, [38, 30, 52])
+    forward_only = simulate_step(Step(**{**step.__dict__, "held": 0, "released": [0, 0, 0], "param_grads": [0, 0, 0]}),
+                                 static=1)
+    assert (forward_only.peak, forward_only.where, forward_only.phase) == (31, 1, "forward")

@@ -1,6 +1,6 @@
 """Command line of the peak features: ``memplan calibrate``, ``profile --schedule / --calibration /
---device`` (fits / does not fit), ``search --device`` in the device's mode, and their bad inputs
-(one line, exit 2)."""
+--target`` (fits / does not fit), ``search --target`` in the target's mode, the deprecated spelling
+``--device`` of ``--target``, and their bad inputs (one line, exit 2)."""
 
 from __future__ import annotations
 
@@ -40,23 +40,33 @@ def test_calibrate_then_profile_counts_the_workspaces(tmp_path, monkeypatch, cap
 
 
 def test_profile_device_fits_and_does_not_fit(capsys):
-    code, out, _ = run(["profile", "mcunet-5fps", "-m", "sparse", "--scheme", SCHEME, "--device", "stm32f746"], capsys)
+    code, out, _ = run(["profile", "mcunet-5fps", "-m", "sparse", "--scheme", SCHEME, "--target", "stm32f746"], capsys)
     assert code == 0 and "mode mcu" in out and "fits stm32f746" in out and "to spare" in out
-    code, out, _ = run(["profile", "mcunet-5fps", "-m", "full", "--device", "stm32f746", "--json", "-"], capsys)
+    code, out, _ = run(["profile", "mcunet-5fps", "-m", "full", "--target", "stm32f746", "--json", "-"], capsys)
     dev = json.loads(out)["extras"]["device"]
     assert dev["mode"] == "mcu" and not dev["fits"] and dev["margin_bytes"] < 0
-    code, out, _ = run(["profile", "mcunet-5fps", "-m", "full", "--device", "stm32f746"], capsys)
+    code, out, _ = run(["profile", "mcunet-5fps", "-m", "full", "--target", "stm32f746"], capsys)
     assert "does not fit stm32f746 by" in out
-    code, out, _ = run(["profile", "mcunet-5fps", "-m", "bias", "--mode", "tinytraining", "--device", "stm32f746",
+    code, out, _ = run(["profile", "mcunet-5fps", "-m", "bias", "--mode", "tinytraining", "--target", "stm32f746",
                         "--json", "-"], capsys)
     dev = json.loads(out)["extras"]["device"]
     assert dev["mode"] == "tinytraining" and "reserve" in dev["budget"]  # an explicit mode is kept
 
 
+def test_device_is_the_deprecated_spelling_of_target(capsys):
+    """``profile`` / ``search --device NAME`` still work as ``--target NAME``, with one warning line."""
+    code, out, err = run(["profile", "mcunet-5fps", "-m", "full", "--device", "stm32f746", "--json", "-"], capsys)
+    assert code == 0 and json.loads(out)["extras"]["device"]["name"] == "stm32f746"
+    assert err.count("\n") == 1 and "deprecated" in err and "--target stm32f746" in err
+    code, _, err = run(["search", "--device", "toaster"], capsys)
+    assert code == 2 and "deprecated" in err.splitlines()[0] and "unknown device 'toaster'" in err.splitlines()[1]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["profile", "mcunet-5fps", "--schedule", "fast"], "unknown schedule 'fast'"),
     (["profile", "mcunet-5fps", "--calibration", "/nonexistent/cal.json"], "does not exist"),
-    (["profile", "mcunet-5fps", "--device", "toaster"], "unknown device 'toaster'"),
+    (["profile", "mcunet-5fps", "--target", "toaster"], "unknown device 'toaster'"),
+    (["profile", "mcunet-5fps", "--target", "stm32f746", "--device", "nrf52840"], "not both"),
     (["calibrate", "mcunet-5fps", "--batch", "0"], "--batch must be a positive integer"),
     (["calibrate", "mcunet-5fps", "--backend", "tpu"], "unknown calibration backend 'tpu'"),
     (["calibrate", "mcunet-5fps", "--threads", "0"], "--threads must be a positive integer"),

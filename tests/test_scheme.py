@@ -11,12 +11,18 @@ import torch
 import torch.nn as nn
 
 from memplan.errors import MemplanError
-from memplan.graph import capture
-from memplan.plan import Train
+from memplan.graph import capture, conv_layers
+from memplan.plan import (
+    Scheme,
+    Train,
+    WeightUpdate,
+    fingerprint,
+    load_scheme,
+    new_provenance,
+    schema_json,
+    scheme_to_plan,
+)
 from memplan.reproduce.figures import by_key
-from memplan.graph import conv_layers
-from memplan.plan import (Scheme, WeightUpdate, fingerprint, load_scheme, new_provenance, schema_json,
-                          scheme_to_plan)
 
 torch.set_num_threads(1)
 SCHEMA_COPY = Path(__file__).resolve().parents[1] / "schema" / "scheme.schema.json"

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 import memplan
+from memplan.apply import apply_plain
 from memplan.costs.engine import compute
 from memplan.errors import BadOption
+from memplan.modes import get_mode
 from memplan.modes.tinytraining import conv_update_costs
 from memplan.render.figures import plot_layer_costs
-from memplan.apply import apply_plain
-from memplan.verify.measure import saved_bytes
-from memplan.modes import get_mode
 from memplan.reproduce.figures import by_key, select
 from memplan.strategies import make_plan
+from memplan.verify.measure import saved_bytes
 
 from .test_scheme import small_graph, small_scheme
 
@@ -122,7 +122,7 @@ def test_pytorch_mode_matches_autograd_on_the_sparse_plan():
 # --------------------------------------------------------------------------- published schemes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def captured(model: str, batch: int, resolution: int, classes: int) -> memplan.api.Captured:
     return memplan.capture_model(model, batch=batch, resolution=resolution, classes=classes)
 

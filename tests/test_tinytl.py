@@ -11,14 +11,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memplan
-from memplan.models import zoo
 from memplan.api import capture_model, profile_captured
+from memplan.apply import apply_plain
 from memplan.errors import BadOption
 from memplan.graph import capture, find_blocks
-from memplan.apply import apply_plain
+from memplan.models import zoo
+from memplan.nn.transforms import LiteResidual, add_lite_residual, group_count, is_lite, lite_kernel, swap_norm
 from memplan.reproduce.figures import by_key
 from memplan.strategies import make_plan
-from memplan.nn.transforms import LiteResidual, add_lite_residual, group_count, is_lite, lite_kernel, swap_norm
 
 from .helpers import predicted_and_measured
 
@@ -246,6 +246,11 @@ def test_tinytl_table2(table2, method, reproduced):
     close(p.totals.total_bytes, f"{TT2}.{method}.memory", reproduced)
     t = p.extras["tinytl"]
     assert p.totals.total_bytes == round(8 * t["peak_activation_bytes_per_sample"]) + t["param_bytes"]
+    # the parameter bytes counted on the module itself (accounting.md §3: trainable 4 B, frozen 1 B), with
+    # the parameters the plan trains as plain PyTorch sets them (requires_grad)
+    model = apply_plain(table2.model, table2.graph, make_plan(table2.graph, method))
+    params = list(model.parameters())
+    assert t["param_bytes"] == sum(q.numel() * (4 if q.requires_grad else 1) for q in params)
 
 
 @pytest.mark.parametrize("method, reproduced", [("full", 367.0), ("norm", 183.0), ("last", 29.0), ("bias", 29.9)])

@@ -9,9 +9,9 @@ from rich.console import Console
 
 import memplan.verify as verify_module
 from memplan.errors import BadOption
-from memplan.verify.measure import SavedMeasurement
 from memplan.render.reports import print_verify
 from memplan.verify import EXIT_MISMATCH, verify
+from memplan.verify.measure import SavedMeasurement
 
 from .helpers import real_model
 

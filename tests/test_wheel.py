@@ -85,7 +85,7 @@ def test_profile_mobilenetv2_mobiletl(installed):
     assert '"method": "mobiletl"' in out.stdout
 
 
-@pytest.mark.parametrize("budget", [["--budget", "100KB"], ["--device", "stm32f746"]])
+@pytest.mark.parametrize("budget", [["--budget", "100KB"], ["--target", "stm32f746"]])
 def test_search_with_the_shipped_profile(installed, budget):
     bin_dir, env, cwd = installed
     out = cwd / f"scheme{len(budget[1])}.json"

@@ -13,7 +13,8 @@ The strategies' module docstrings define each figure.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..graph import LayerGraph, TensorInfo
 from ..modes import get_mode

@@ -17,8 +17,8 @@ Conventions (stated in every report):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..graph.attention import sdpa_backend
 from ..graph.kinds import ELEMENTWISE_FLOPS

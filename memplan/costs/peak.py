@@ -26,8 +26,8 @@ forward and backward. Allocator rounding is not modelled.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import BadOption
 from ..graph import LayerGraph
@@ -57,19 +57,76 @@ def check_schedule(schedule: str) -> str:
     return schedule
 
 
-def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]], param_grads: list[int],
-                  static: int, options: PeakOptions | None = None) -> tuple[int, int, str, list[int]]:
-    """Return (peak bytes, index of the op where it occurs, "forward" | "backward", and per op
-    the most memory in use while it runs, forward or backward)."""
-    options = options or PeakOptions()
-    n = len(graph.nodes)
-    ws_f = list(options.workspace_forward or [0] * n)
-    ws_b = list(options.workspace_backward or [0] * n)
-    in_place_update = options.schedule == "tte"
+@dataclass(frozen=True)
+class Step:
+    """One training step as the peak core sees it: per op index (forward order), bytes in use
+    apart from the static bytes. The forward pass is given whole; the backward pass runs in
+    reverse order, and at op i's backward (only ops with ``runs_backward[i]``) holds:
+
+    * ``held``: bytes kept for backward, minus what ``released`` has freed after the backward of
+      ops > i;
+    * activation gradients: ``grad_alloc`` of ops >= i minus ``grad_free`` of ops > i;
+    * parameter gradients: ``param_grads`` of ops >= i that run backward, or only op i's when
+      the update is applied in place (``in_place_update``, the Tiny Training Engine's schedule);
+    * ``workspace[i]``: op i's backward kernel workspace (None: none).
+    """
+
+    forward: Sequence[int]
+    held: int
+    released: Sequence[int]
+    grad_alloc: Sequence[int]
+    grad_free: Sequence[int]
+    param_grads: Sequence[int]
+    runs_backward: Sequence[bool]
+    in_place_update: bool = False
+    workspace: Sequence[int] | None = None
+
+
+@dataclass
+class StepPeak:
+    """Result of :func:`simulate_step`: the peak (static included), the op and phase where it
+    occurs (the first op reaching it, forward before backward), per op the most bytes in use
+    while it runs, and at a backward peak its parts (``held``, ``gradients``, ``param_grads``)."""
+
+    peak: int
+    where: int
+    phase: str
+    at: list[int]
+    parts: dict[str, int]
+
+
+def simulate_step(step: Step, static: int) -> StepPeak:
+    """The peak core shared by every mode that simulates a training step (:func:`simulate_peak`,
+    and the ``mcu`` mode's engine model)."""
+    n = len(step.forward)
+    best, where, phase, parts = 0, 0, "forward", {}
+    at = list(step.forward)
+    for i in range(n):
+        if at[i] > best:
+            best, where = at[i], i
+    held, grads, pgrads = step.held, 0, 0
+    for i in range(n - 1, -1, -1):
+        grads += step.grad_alloc[i]
+        if step.runs_backward[i]:
+            pgrads += step.param_grads[i]
+            total = held + grads + pgrads + (step.workspace[i] if step.workspace else 0)
+            at[i] = max(at[i], total)
+            if total > best:
+                best, where, phase = total, i, "backward"
+                parts = {"held": held, "gradients": grads, "param_grads": pgrads}
+            if step.in_place_update:  # updated in place and freed before the next op's backward
+                pgrads -= step.param_grads[i]
+        held -= step.released[i]
+        grads -= step.grad_free[i]
+    return StepPeak(static + best, where, phase, [static + a for a in at], parts)
+
+
+def _lifetimes(graph: LayerGraph) -> tuple[dict[int, int], dict[int, int]]:
+    """Per storage: the op producing it, and the last op it is referenced at (its last consumer,
+    or the end of every module call it was passed into)."""
     producer: dict[int, int] = {}
     last_use: dict[int, int] = {}
     scope_end: dict[str, int] = {}
-    batch = {t.storage for node in graph.nodes if node.kind == "input" for t in node.outs}
     for node in graph.nodes:
         for sc in node.scopes:
             scope_end[sc] = node.index
@@ -81,6 +138,35 @@ def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved
             entered = [sc for sc in node.scopes if sc not in graph.nodes[src].scopes]
             end = max([node.index] + [scope_end[sc] for sc in entered])
             last_use[t.storage] = max(last_use.get(t.storage, end), end)
+    return producer, last_use
+
+
+def _activation_grads(graph: LayerGraph, views: list[OpView]) -> tuple[list[int], list[int]]:
+    """(allocated, freed) gradient bytes at each op's backward: the gradient of output m is alive
+    from the backward of its last consumer to that of m."""
+    n = len(graph.nodes)
+    last_consumer = [-1] * n
+    for node in graph.nodes:
+        for src in node.inputs:
+            last_consumer[src] = max(last_consumer[src], node.index)
+    grad_alloc, grad_free = [0] * n, [0] * n
+    for m, v in enumerate(views):
+        if v.req_out and last_consumer[m] >= 0 and graph.nodes[m].out is not None:
+            grad_alloc[last_consumer[m]] += graph.nodes[m].out.nbytes
+            grad_free[m] += graph.nodes[m].out.nbytes
+    return grad_alloc, grad_free
+
+
+def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]], param_grads: list[int],
+                  static: int, options: PeakOptions | None = None) -> tuple[int, int, str, list[int]]:
+    """Return (peak bytes, index of the op where it occurs, "forward" | "backward", and per op
+    the most memory in use while it runs, forward or backward): eager PyTorch's step (module
+    docstring) run through :func:`simulate_step`."""
+    options = options or PeakOptions()
+    n = len(graph.nodes)
+    ws_f = list(options.workspace_forward or [0] * n)
+    producer, last_use = _lifetimes(graph)
+    batch = {t.storage for node in graph.nodes if node.kind == "input" for t in node.outs}
     first_saver: dict[int, int] = {}
     private_at = [0] * n
     for i, items in enumerate(saved):
@@ -104,47 +190,22 @@ def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved
         end = n - 1 if sid in first_saver else last_use[sid]
         diff[p] += graph.storages[sid]
         diff[end + 1] -= graph.storages[sid]
-    best, where, phase = 0, 0, "forward"
-    at = [0] * n
+    forward = [0] * n
     live = private = 0
     for i in range(n):
         live += diff[i]
         private += private_at[i]
-        at[i] = live + private + ws_f[i]
-        if at[i] > best:
-            best, where = at[i], i
+        forward[i] = live + private + ws_f[i]
 
-    # backward
-    saved_free = [0] * (n + 1)  # bytes of saved storages released after op i's backward
-    held = 0
+    # backward: saved storages are freed after the backward of their earliest saver
+    released = list(private_at) + [0]
+    held = sum(private_at)
     for sid, i in first_saver.items():
         if sid not in graph.param_storages and sid not in batch:
             held += graph.storages[sid]
-            saved_free[i] += graph.storages[sid]
-    last_consumer = [-1] * n
-    for node in graph.nodes:
-        for src in node.inputs:
-            last_consumer[src] = max(last_consumer[src], node.index)
-    grad_add = [0] * n  # grad buffer of output m is alive on backward steps last_consumer(m) .. m
-    grad_free = [0] * n
-    for m, v in enumerate(views):
-        if v.req_out and last_consumer[m] >= 0 and graph.nodes[m].out is not None:
-            grad_add[last_consumer[m]] += graph.nodes[m].out.nbytes
-            grad_free[m] += graph.nodes[m].out.nbytes
-    private = sum(private_at)
-    grads = 0
-    pgrads = 0
-    for i in range(n - 1, -1, -1):
-        grads += grad_add[i]
-        if views[i].req_out:
-            pgrads += param_grads[i]
-            total = held + private + grads + pgrads + ws_b[i]
-            at[i] = max(at[i], total)
-            if total > best:
-                best, where, phase = total, i, "backward"
-            if in_place_update:  # updated in place and freed before the next op's backward
-                pgrads -= param_grads[i]
-        held -= saved_free[i]
-        private -= private_at[i]
-        grads -= grad_free[i]
-    return static + best, where, phase, [static + a for a in at]
+            released[i] += graph.storages[sid]
+    grad_alloc, grad_free = _activation_grads(graph, views)
+    step = Step(forward, held, released, grad_alloc, grad_free, param_grads, [v.req_out for v in views],
+                in_place_update=options.schedule == "tte", workspace=options.workspace_backward)
+    result = simulate_step(step, static)
+    return result.peak, result.where, result.phase, result.at

@@ -53,7 +53,7 @@ class Costs:
     gradient_bytes: int = 0
     optimizer_bytes: int = 0
 
-    def add(self, other: "Costs") -> None:
+    def add(self, other: Costs) -> None:
         for f in fields(Costs):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 

@@ -53,7 +53,6 @@ from ..plan import OpView
 from .base import Mode, mask_bits, private, register_mode, tensor
 from .pytorch import pytorch
 
-
 #: kinds a stock module of which apply_plan may replace by a lean one; the same op as a function
 #: call (``F.conv2d`` inside a module's own forward, ``F.relu``) is left as PyTorch runs it
 LEAN_REPLACEABLE = frozenset({"conv", "batchnorm", "relu", "hardtanh", "leaky_relu", "hardswish", "dropout",

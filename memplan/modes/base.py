@@ -10,7 +10,7 @@ counted per op. A mode may inherit the rules of a parent and override some of th
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from ..costs.peak import PeakOptions, simulate_peak
 from ..costs.records import LayerCost, Saved, Summary, Totals
@@ -56,7 +56,7 @@ class Mode:
     #: device budget for it leaves a reserve for the forward (``memplan.search.devices``)
     extra_only: bool = False
 
-    def __init__(self, parent: "Mode | None" = None):
+    def __init__(self, parent: Mode | None = None):
         self.parent = parent
         self.rules: Registry[Rule] = Registry(f"{self.name} rule")
         self.rule = self.rules.register
@@ -92,7 +92,7 @@ class Mode:
         (the search calls it per candidate); None: use ``memplan.costs.engine.compute``."""
         return None
 
-    def configure(self, **options: object) -> "Mode":
+    def configure(self, **options: object) -> Mode:
         """This mode with ``options`` set (a mode that takes options overrides this); the
         registered instance is never changed."""
         if options:

@@ -47,8 +47,8 @@ As for the weights, the classifier's own state is not counted (``fc_bits = 0``).
 
 from __future__ import annotations
 
-import math
 import copy
+import math
 from dataclasses import dataclass
 
 from ..costs.records import LayerCost, Saved, Summary, Totals
@@ -137,7 +137,7 @@ class TinyTrainingMode(Mode):
     accumulation_bits: int = 32
     OPTIONS = ("state_bits", "grad_accumulation", "accumulation_bits")
 
-    def configure(self, **options: object) -> "TinyTrainingMode":
+    def configure(self, **options: object) -> TinyTrainingMode:
         """A copy with options set: ``state_bits`` (None or 1..64), ``grad_accumulation`` (bool),
         ``accumulation_bits`` (1..64). Rules are shared with the registered instance."""
         unknown = sorted(set(options) - set(self.OPTIONS))

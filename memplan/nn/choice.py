@@ -25,16 +25,26 @@ PyTorch (so ``FrozenLinear`` would save nothing).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch.nn as nn
 
 from ..graph.kinds import FREE_KINDS, PARAM_KINDS
 from ..plan import OpView, grad_flow
 from ..registry import Registry
-from .lean import (LEAN_MODULES, FrozenConv, LeanAvgPool2d, MaskedDropout, MaskedHardtanh, MaskedLeakyReLU,
-                   MaskedReLU, MaskedReLU6, ShiftOnlyNorm, SignHardswish, SubChannelConv)
-
+from .lean import (
+    LEAN_MODULES,
+    FrozenConv,
+    LeanAvgPool2d,
+    MaskedDropout,
+    MaskedHardtanh,
+    MaskedLeakyReLU,
+    MaskedReLU,
+    MaskedReLU6,
+    ShiftOnlyNorm,
+    SignHardswish,
+    SubChannelConv,
+)
 
 LeanChoice = Callable[[OpView, nn.Module], "type[nn.Module] | None"]
 CHOICES: Registry[LeanChoice] = Registry("lean choice")

@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..version import __version__
 from ..errors import SchemeError
 from ..graph import SELECT_RULES, LayerGraph
 from ..io import read_json, shipped, validated, write_text
+from ..version import __version__
 from .convert import NORM_MODES, fingerprint, scheme_to_plan
 from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
 
@@ -81,7 +81,7 @@ class Scheme(BaseModel):
     backward_flags: BackwardFlags = Field(default_factory=BackwardFlags)
 
     @model_validator(mode="after")
-    def _one_update_per_conv(self) -> "Scheme":
+    def _one_update_per_conv(self) -> Scheme:
         seen: set[int] = set()
         for w in self.weight_updates:
             if w.conv_index in seen:
@@ -98,7 +98,7 @@ class Scheme(BaseModel):
         return to_backward_config(self)
 
     @classmethod
-    def from_backward_config(cls, config: dict[str, Any], graph: LayerGraph, **fields: Any) -> "Scheme":
+    def from_backward_config(cls, config: dict[str, Any], graph: LayerGraph, **fields: Any) -> Scheme:
         """A scheme from tiny-training's ``backward_config`` for the traced ``graph``
         (:func:`memplan.plan.tinytraining.backward_config_fields` says which forms are read).
         ``fields`` set the other scheme fields (model, provenance, ...). Refuses a config that

@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, fields
-from typing import Sequence
 
 from ..costs.records import Costs, Profile
 

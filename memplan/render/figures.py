@@ -67,7 +67,7 @@ def plot_contrib(profile: ContribProfile, path: str | os.PathLike) -> Path:
     ax_b.axhline(0, color="grey", lw=0.6)
     ax_b.set(xlabel="#last convs whose biases update (k)", ylabel="Δacc vs classifier only (points)",
              title="(a) bias-only update")
-    index = {l.name: l.conv_index for l in profile.layers}
+    index = {layer.name: layer.conv_index for layer in profile.layers}
     ratios = sorted({r for row in profile.weight.values() for r in row})
     for r in ratios:
         names = sorted((n for n in profile.weight if r in profile.weight[n]), key=index.get)

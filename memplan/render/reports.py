@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table

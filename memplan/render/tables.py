@@ -4,7 +4,8 @@ per-conv update costs, the zoo and the methods. Sizes print 1000-based (kB, MB) 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table

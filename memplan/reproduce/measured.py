@@ -22,7 +22,7 @@ from typing import Any
 from ..costs.engine import compute
 from ..modes.mcu import McuMode, McuSettings
 from ..strategies import make_plan
-from . import Ranged, _captured, _options, evaluator
+from .base import Ranged, captured, evaluator, figure_options
 from .figures import PublishedFigure, by_key
 
 
@@ -31,7 +31,7 @@ def _scheme(key: str) -> dict[str, Any]:
 
 
 def _peak(fig: PublishedFigure, plan: str | dict[str, Any], schedule: str, settings: dict[str, Any]) -> int:
-    cap = _captured(fig.model, _options(fig, "full")[0], "full", {})
+    cap = captured(fig.model, figure_options(fig, "full")[0], "full", {})
     p = make_plan(cap.graph, "full") if plan == "full" else make_plan(cap.graph, "sparse", scheme=plan)
     mode = McuMode("mcu", McuSettings(**settings), "")
     prof = compute(cap.graph, p, mode, schedule=schedule, calibration=None)

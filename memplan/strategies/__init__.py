@@ -1,7 +1,21 @@
 """Fine-tuning strategies by name (see ``base`` for the registry)."""
 
-from .base import (DEFAULT_K, STRATEGIES, TRANSFORMS, Strategy, Transform, changes_architecture, full_train,
-                   get_strategy, lastk_start, make_plan, positive, split_options, strategy, transform_model)
+from .base import (
+                   DEFAULT_K,
+                   STRATEGIES,
+                   TRANSFORMS,
+                   Strategy,
+                   Transform,
+                   changes_architecture,
+                   full_train,
+                   get_strategy,
+                   lastk_start,
+                   make_plan,
+                   positive,
+                   split_options,
+                   strategy,
+                   transform_model,
+)
 
 __all__ = ["DEFAULT_K", "STRATEGIES", "TRANSFORMS", "Strategy", "Transform", "changes_architecture", "full_train",
            "get_strategy", "lastk_start", "make_plan", "positive", "split_options", "strategy", "transform_model", "architecture", "cache_reuse", "minilearn", "mobiletl", "sparse", "tinytl"]

@@ -14,8 +14,9 @@ Figures of a strategy beyond per-layer costs (cache bytes, FLOPs per epoch) are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch.nn as nn
 

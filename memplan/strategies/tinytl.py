@@ -18,8 +18,8 @@ from __future__ import annotations
 from ..errors import BadOption
 from ..graph import LayerGraph
 from ..graph.kinds import NORM_KINDS
-from ..plan import Plan, Train
 from ..nn.transforms import is_lite
+from ..plan import Plan, Train
 from .architecture import LITE_OPTIONS, lite_transform
 from .base import bias, full_train, strategy, train_classifier
 

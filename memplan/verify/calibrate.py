@@ -18,17 +18,18 @@ so calibrating the whole zoo costs about one step per distinct configuration.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
 from ..api import capture_model, default_methods
 from ..costs.observe import Replay
 from ..costs.workspace import Calibration, empty_calibration, kernel_key, kernel_label
+from ..errors import MemplanError, ModelNotFound
 from ..graph import LayerGraph, flatten
 from ..graph.kinds import NORM_KINDS
-from ..errors import MemplanError, ModelNotFound
 from ..plan import OpView, Plan, grad_flow
 from ..strategies import get_strategy, make_plan
 
@@ -122,7 +123,7 @@ def measure_ops(ops: Sequence[OpView], device: torch.device | str = "cpu") -> li
         for j, op in enumerate(ops):
             spans: dict[str, tuple[int, int]] = {}
             try:
-                produced = _run_one(op, device, lambda part: _CudaRegion(device, spans, part))
+                produced = _run_one(op, device, lambda part, spans=spans: _CudaRegion(device, spans, part))
             except Exception as exc:  # noqa: BLE001  (user code)
                 results[j] = exc
                 continue

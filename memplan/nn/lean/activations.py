@@ -19,7 +19,7 @@ class _MaskActFn(torch.autograd.Function):
     """y = fn(x); saves a bit-packed mask; backward = dy where mask else (dy * slope)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, mod: "_MaskedActivation") -> Tensor:
+    def forward(ctx: Any, x: Tensor, mod: _MaskedActivation) -> Tensor:
         mask = mod.grad_mask(x)
         ctx.shape, ctx.slope = x.shape, mod.off_slope
         ctx.save_for_backward(packbits(mask))
@@ -69,7 +69,7 @@ class MaskedReLU(_MaskedActivation):
         self.inplace = inplace
 
     @classmethod
-    def from_module(cls, m: nn.ReLU) -> "MaskedReLU":
+    def from_module(cls, m: nn.ReLU) -> MaskedReLU:
         return cls(inplace=m.inplace)
 
     def fn(self, x: Tensor) -> Tensor:
@@ -95,7 +95,7 @@ class MaskedHardtanh(_MaskedActivation):
         self.min_val, self.max_val, self.inplace = float(min_val), float(max_val), inplace
 
     @classmethod
-    def from_module(cls, m: nn.Hardtanh) -> "MaskedHardtanh":
+    def from_module(cls, m: nn.Hardtanh) -> MaskedHardtanh:
         return cls(m.min_val, m.max_val, m.inplace)
 
     def fn(self, x: Tensor) -> Tensor:
@@ -115,7 +115,7 @@ class MaskedReLU6(MaskedHardtanh):
         super().__init__(0.0, 6.0, inplace)
 
     @classmethod
-    def from_module(cls, m: nn.Hardtanh) -> "MaskedHardtanh":
+    def from_module(cls, m: nn.Hardtanh) -> MaskedHardtanh:
         """nn.ReLU6 -> MaskedReLU6; any other nn.Hardtanh -> MaskedHardtanh."""
         if (m.min_val, m.max_val) == (0.0, 6.0):
             return cls(m.inplace)
@@ -133,7 +133,7 @@ class MaskedLeakyReLU(_MaskedActivation):
         self.off_slope = self.negative_slope
 
     @classmethod
-    def from_module(cls, m: nn.LeakyReLU) -> "MaskedLeakyReLU":
+    def from_module(cls, m: nn.LeakyReLU) -> MaskedLeakyReLU:
         return cls(m.negative_slope, m.inplace)
 
     def fn(self, x: Tensor) -> Tensor:
@@ -172,7 +172,7 @@ class SignHardswish(_MaskedActivation):
         self.inplace, self.threshold = inplace, float(threshold)
 
     @classmethod
-    def from_module(cls, m: nn.Hardswish, threshold: float = 0.0) -> "SignHardswish":
+    def from_module(cls, m: nn.Hardswish, threshold: float = 0.0) -> SignHardswish:
         return cls(m.inplace, threshold)
 
     def fn(self, x: Tensor) -> Tensor:

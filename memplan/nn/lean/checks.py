@@ -4,7 +4,7 @@ helpers share them and check that they were not changed behind the op's back."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch.nn as nn
 from torch import Tensor
@@ -25,12 +25,12 @@ def check_frozen(mod: nn.Module) -> None:
         raise RuntimeError(f"{type(mod).__name__}: weight.requires_grad was switched back on")
 
 
-def versions(*tensors: Optional[Tensor]) -> tuple[int, ...]:
+def versions(*tensors: Tensor | None) -> tuple[int, ...]:
     """Version counters of ``tensors`` (-1 for None)."""
     return tuple(-1 if t is None else t._version for t in tensors)
 
 
-def check_versions(ctx: Any, *tensors: Optional[Tensor]) -> None:
+def check_versions(ctx: Any, *tensors: Tensor | None) -> None:
     """Raise if ``tensors`` changed in place since ``ctx.versions`` was recorded in forward."""
     if versions(*tensors) != ctx.versions:
         raise RuntimeError(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -41,7 +41,7 @@ class _ConvGeometry(nn.Module):
         self.groups: int = m.groups
         self.nd: int = len(m.kernel_size)
 
-    def _conv(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    def _conv(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         fn = F.conv1d if self.nd == 1 else F.conv2d
         return fn(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
@@ -56,7 +56,7 @@ class _ConvGeometry(nn.Module):
 
 
 def _conv_input_bias_grads(ctx: Any, grad_out: Tensor, weight: Tensor, need_input: bool,
-                           need_bias: bool) -> tuple[Optional[Tensor], Optional[Tensor]]:
+                           need_bias: bool) -> tuple[Tensor | None, Tensor | None]:
     """grad-input (needs only the input *shape* and the weight) and grad-bias of a conv."""
     if not (need_input or need_bias):
         return None, None
@@ -77,8 +77,8 @@ def _store_geometry(ctx: Any, mod: _ConvGeometry, x: Tensor) -> None:
 # ----------------------------------------------------------------------------- FrozenConv
 class _FrozenConvFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, bias: Optional[Tensor], weight: Tensor,
-                mod: "FrozenConv") -> Tensor:
+    def forward(ctx: Any, x: Tensor, bias: Tensor | None, weight: Tensor,
+                mod: FrozenConv) -> Tensor:
         _store_geometry(ctx, mod, x)
         ctx.weight = weight  # a parameter reference, not an activation
         ctx.versions = versions(weight)
@@ -108,7 +108,7 @@ class FrozenConv(_ConvGeometry):
         share_frozen(self, m)
 
     @classmethod
-    def from_module(cls, m: nn.Module) -> "FrozenConv":
+    def from_module(cls, m: nn.Module) -> FrozenConv:
         """Wrap ``m`` (sharing its weight/bias Parameters; the weight gets requires_grad=False)."""
         return cls(m)
 
@@ -122,7 +122,7 @@ class FrozenConv(_ConvGeometry):
 # ----------------------------------------------------------------------------- FrozenLinear
 class _FrozenLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, bias: Optional[Tensor], weight: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor, bias: Tensor | None, weight: Tensor) -> Tensor:
         ctx.weight = weight
         ctx.versions = versions(weight)
         return F.linear(x, weight, bias)
@@ -154,7 +154,7 @@ class FrozenLinear(nn.Module):
         share_frozen(self, m)
 
     @classmethod
-    def from_module(cls, m: nn.Linear) -> "FrozenLinear":
+    def from_module(cls, m: nn.Linear) -> FrozenLinear:
         """Wrap ``m`` (sharing its Parameters; the weight gets requires_grad=False)."""
         return cls(m)
 
@@ -201,8 +201,8 @@ def select_channels(weight: Tensor, groups: int, ratio: float, rule: str = "magn
 
 class _SubChannelConvFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight_sel: Tensor, bias: Optional[Tensor],
-                mod: "SubChannelConv") -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight_sel: Tensor, bias: Tensor | None,
+                mod: SubChannelConv) -> Tensor:
         _store_geometry(ctx, mod, x)
         ctx.mod, ctx.weight_sel = mod, weight_sel
         ctx.versions = versions(mod.weight, weight_sel, mod.idx)
@@ -264,7 +264,7 @@ class SubChannelConv(_ConvGeometry):
 
     @classmethod
     def from_module(cls, m: nn.Module, ratio: float, rule: str = "magnitude+",
-                    seed: int = 0) -> "SubChannelConv":
+                    seed: int = 0) -> SubChannelConv:
         """Wrap ``m``: shares its weight (frozen) and bias; ``weight_sel`` is a new Parameter."""
         return cls(m, ratio, rule, seed)
 

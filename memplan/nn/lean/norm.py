@@ -3,7 +3,7 @@ nothing for backward (MobileTL's internal norms)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -16,7 +16,7 @@ from .checks import check_frozen, check_versions, share_frozen, versions
 
 class _ShiftNormFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, bias: Optional[Tensor], mod: "ShiftOnlyNorm") -> Tensor:
+    def forward(ctx: Any, x: Tensor, bias: Tensor | None, mod: ShiftOnlyNorm) -> Tensor:
         ctx.mod = mod
         ctx.versions = versions(mod.weight, mod.running_var)
         # PyTorch's own eval-mode kernel: y = x * s + (beta - mean * s), bit-identical to nn.BatchNorm
@@ -61,7 +61,7 @@ class ShiftOnlyNorm(nn.Module):
         self.register_buffer("num_batches_tracked", m.num_batches_tracked)
 
     @classmethod
-    def from_module(cls, m: nn.modules.batchnorm._BatchNorm) -> "ShiftOnlyNorm":
+    def from_module(cls, m: nn.modules.batchnorm._BatchNorm) -> ShiftOnlyNorm:
         """Wrap ``m`` sharing its Parameters and buffers; the scale gets requires_grad=False."""
         return cls(m)
 

@@ -46,7 +46,7 @@ class MaskedDropout(nn.Module):
         self.p = float(p)
 
     @classmethod
-    def from_module(cls, m: nn.Dropout) -> "MaskedDropout":
+    def from_module(cls, m: nn.Dropout) -> MaskedDropout:
         if type(m) is not nn.Dropout or m.inplace:
             raise NotImplementedError(f"MaskedDropout wraps an out-of-place nn.Dropout, not {m!r}")
         return cls(m.p)
@@ -67,7 +67,7 @@ def _pair(v: Any) -> list[int]:
 
 class _AvgPoolFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, mod: "LeanAvgPool2d") -> Tensor:
+    def forward(ctx: Any, x: Tensor, mod: LeanAvgPool2d) -> Tensor:
         ctx.input_shape, ctx.mod = x.shape, mod
         return F.avg_pool2d(x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
                             mod.count_include_pad, mod.divisor_override)
@@ -90,7 +90,7 @@ class LeanAvgPool2d(nn.AvgPool2d):
     memplan_kind = "avgpool"
 
     @classmethod
-    def from_module(cls, m: nn.AvgPool2d) -> "LeanAvgPool2d":
+    def from_module(cls, m: nn.AvgPool2d) -> LeanAvgPool2d:
         return cls(m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad, m.divisor_override)
 
     def forward(self, x: Tensor) -> Tensor:
