@@ -51,9 +51,11 @@ def main() -> None:
         walls = ", ".join(f"{w:.2f}" for w, _ in runs[name])
         print(f"{label:28s} wall median {med[name][0]:.2f} s ({walls}); CPU median {med[name][1]:.2f} s")
     load = os.getloadavg()
-    print(f"ratio (wall medians) {med['memplan'][0] / med['torch'][0]:.2f}; CPU-time ratio "
-          f"{med['memplan'][1] / med['torch'][1]:.2f}; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
-          f"on {os.cpu_count()} CPUs; memplan: {memplan_cmd[0]}")
+    print(
+        f"ratio (wall medians) {med['memplan'][0] / med['torch'][0]:.2f}; CPU-time ratio "
+        f"{med['memplan'][1] / med['torch'][1]:.2f}; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
+        f"on {os.cpu_count()} CPUs; memplan: {memplan_cmd[0]}"
+    )
 
 
 if __name__ == "__main__":

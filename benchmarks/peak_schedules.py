@@ -32,11 +32,16 @@ from memplan.verify.calibrate import calibrate_graphs
 from memplan.verify.measure import step_peak_bytes
 
 torch.set_num_threads(1)
-CASES = [("mcunet-5fps", "full", {}), ("mcunet-5fps", "lastk", {"blocks": 4}),
-         ("mcunet-5fps", "sparse", {"scheme": str(shipped("schemes", "mcunet-5fps-100KB.json"))}),
-         ("mbv2-w0.35", "full", {}), ("mbv2-w0.35", "lastk", {"blocks": 4}),
-         ("mbv2-w0.35", "sparse", {"scheme": str(shipped("schemes", "mbv2-w0.35-100KB.json"))}),
-         ("resnet18", "full", {}), ("resnet18", "lastk", {"blocks": 2})]
+CASES = [
+    ("mcunet-5fps", "full", {}),
+    ("mcunet-5fps", "lastk", {"blocks": 4}),
+    ("mcunet-5fps", "sparse", {"scheme": str(shipped("schemes", "mcunet-5fps-100KB.json"))}),
+    ("mbv2-w0.35", "full", {}),
+    ("mbv2-w0.35", "lastk", {"blocks": 4}),
+    ("mbv2-w0.35", "sparse", {"scheme": str(shipped("schemes", "mbv2-w0.35-100KB.json"))}),
+    ("resnet18", "full", {}),
+    ("resnet18", "lastk", {"blocks": 2}),
+]
 
 
 def resident(model: torch.nn.Module, *batch: torch.Tensor) -> int:
@@ -72,18 +77,24 @@ def main() -> None:
     ap.add_argument("--resolution", type=int, default=128)
     args = ap.parse_args()
     os.environ.setdefault("MEMPLAN_CACHE", tempfile.mkdtemp(prefix="memplan-bench-"))
-    print(f"batch {args.batch}, {args.resolution} px, torch {torch.__version__}, "
-          f"CPU {torch.backends.cpu.get_cpu_capability()}, 1 thread; MB = 1e6 B above the resident memory\n")
-    head = (f"{'model':18s} {'method':7s} {'std pred':>9s} {'std meas':>9s} {'err':>6s} "
-            f"{'tte pred':>9s} {'tte meas':>9s} {'err':>6s} {'tte/std':>8s}")
+    print(
+        f"batch {args.batch}, {args.resolution} px, torch {torch.__version__}, "
+        f"CPU {torch.backends.cpu.get_cpu_capability()}, 1 thread; MB = 1e6 B above the resident memory\n"
+    )
+    head = (
+        f"{'model':18s} {'method':7s} {'std pred':>9s} {'std meas':>9s} {'err':>6s} "
+        f"{'tte pred':>9s} {'tte meas':>9s} {'err':>6s} {'tte/std':>8s}"
+    )
     print(head)
     print("-" * len(head))
     for name, method, opts in CASES:
         r = run(name, method, opts, args.batch, args.resolution)
         err = {s: (r[f"{s} predicted"] - r[f"{s} measured"]) / r[f"{s} measured"] for s in ("standard", "tte")}
-        print(f"{name:18s} {method:7s} {r['standard predicted'] / 1e6:9.2f} {r['standard measured'] / 1e6:9.2f} "
-              f"{100 * err['standard']:+5.1f}% {r['tte predicted'] / 1e6:9.2f} {r['tte measured'] / 1e6:9.2f} "
-              f"{100 * err['tte']:+5.1f}% {r['tte measured'] / r['standard measured']:8.2f}")
+        print(
+            f"{name:18s} {method:7s} {r['standard predicted'] / 1e6:9.2f} {r['standard measured'] / 1e6:9.2f} "
+            f"{100 * err['standard']:+5.1f}% {r['tte predicted'] / 1e6:9.2f} {r['tte measured'] / 1e6:9.2f} "
+            f"{100 * err['tte']:+5.1f}% {r['tte measured'] / r['standard measured']:8.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -102,11 +102,17 @@ class DepthwiseNet(nn.Module):
 
     def __init__(self, num_classes: int = CLASSES, width: int = 128):
         super().__init__()
-        layers: list[nn.Module] = [nn.Conv2d(3, width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(width),
-                                   nn.ReLU6()]
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, width, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU6(),
+        ]
         for _ in range(4):
-            layers += [nn.Conv2d(width, width, 7, padding=3, groups=width, bias=False), nn.BatchNorm2d(width),
-                       nn.ReLU6()]
+            layers += [
+                nn.Conv2d(width, width, 7, padding=3, groups=width, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU6(),
+            ]
         layers += [nn.Conv2d(width, width, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(width), nn.ReLU6()]
         self.features = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -186,8 +192,9 @@ def _torchinfo(model: nn.Module, x: torch.Tensor) -> Estimate:
     s = summary(model, input_size=tuple(x.shape), verbose=0)
     # "Forward/backward pass size" = 2 x outputs of leaf layers with parameters;
     # "Estimated Total Size" = input + that + parameters
-    return Estimate(2 * s.total_mult_adds, None, s.total_output_bytes,
-                    s.total_input + s.total_output_bytes + s.total_param_bytes)
+    return Estimate(
+        2 * s.total_mult_adds, None, s.total_output_bytes, s.total_input + s.total_output_bytes + s.total_param_bytes
+    )
 
 
 def _fvcore(model: nn.Module, x: torch.Tensor) -> Estimate:
@@ -205,8 +212,9 @@ def _ptflops(backend: str) -> Callable[[nn.Module, torch.Tensor], Estimate]:
         from ptflops import get_model_complexity_info
 
         # its API takes the per-sample shape and runs batch 1; MACs x batch
-        macs, _ = get_model_complexity_info(model, tuple(x.shape[1:]), print_per_layer_stat=False, as_strings=False,
-                                            backend=backend)
+        macs, _ = get_model_complexity_info(
+            model, tuple(x.shape[1:]), print_per_layer_stat=False, as_strings=False, backend=backend
+        )
         if macs is None:
             raise RuntimeError("returned None")
         return Estimate(int(2 * macs * x.shape[0]))
@@ -225,15 +233,22 @@ def _calflops(model: nn.Module, x: torch.Tensor) -> Estimate:
     from calflops import calculate_flops
 
     factor = 2.0  # calflops' compute_bp_factor default: backward = 2 x forward
-    flops, _, _ = calculate_flops(model, input_shape=tuple(x.shape), include_backPropagation=True,
-                                  compute_bp_factor=factor, print_results=False, print_detailed=False,
-                                  output_as_string=False)
+    flops, _, _ = calculate_flops(
+        model,
+        input_shape=tuple(x.shape),
+        include_backPropagation=True,
+        compute_bp_factor=factor,
+        print_results=False,
+        print_detailed=False,
+        output_as_string=False,
+    )
     forward = int(flops / (1 + factor))
     return Estimate(forward, int(flops) - forward)
 
 
-def flop_counter_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                      backward_mapping: dict | None = None) -> tuple[int, int]:
+def flop_counter_step(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward_mapping: dict | None = None
+) -> tuple[int, int]:
     """(forward, backward) FLOPs of one forward + cross-entropy + backward under FlopCounterMode."""
     model.zero_grad(set_to_none=True)
     with FlopCounterMode(display=False) as fwd:
@@ -251,24 +266,51 @@ def _flop_counter(model: nn.Module, x: torch.Tensor) -> Estimate:
 
 
 PEERS = [
-    Tool("torchinfo", "torchinfo", "MACs of leaf modules (conv/linear/norm); memory = 2 x outputs of layers "
-         "with parameters (+ input + parameters for the step peak)", _torchinfo),
-    Tool("fvcore", "fvcore", "MACs (its 'flop' = one fused multiply-add), jit-traced aten ops incl. norms; "
-         "activation memory = ActivationCountAnalysis x 4 B", _fvcore),
-    Tool("ptflops", "ptflops", "MACs of one sample (its API runs batch 1: x batch here, and its time is for "
-         "batch 1); module hooks + patched functionals incl. norm / activation / pool", _ptflops("pytorch")),
-    Tool("ptflops-aten", "ptflops", "as ptflops, aten backend: aten mm / bmm / addmm / convolution",
-         _ptflops("aten")),
+    Tool(
+        "torchinfo",
+        "torchinfo",
+        "MACs of leaf modules (conv/linear/norm); memory = 2 x outputs of layers "
+        "with parameters (+ input + parameters for the step peak)",
+        _torchinfo,
+    ),
+    Tool(
+        "fvcore",
+        "fvcore",
+        "MACs (its 'flop' = one fused multiply-add), jit-traced aten ops incl. norms; "
+        "activation memory = ActivationCountAnalysis x 4 B",
+        _fvcore,
+    ),
+    Tool(
+        "ptflops",
+        "ptflops",
+        "MACs of one sample (its API runs batch 1: x batch here, and its time is for "
+        "batch 1); module hooks + patched functionals incl. norm / activation / pool",
+        _ptflops("pytorch"),
+    ),
+    Tool("ptflops-aten", "ptflops", "as ptflops, aten backend: aten mm / bmm / addmm / convolution", _ptflops("aten")),
     Tool("thop", "thop", "MACs of module hooks incl. norm / activation / pool; functional ops uncounted", _thop),
-    Tool("calflops", "calflops", "FLOPs = 2 x MACs incl. functional elementwise ops; backward = "
-         "compute_bp_factor (2) x forward", _calflops),
-    Tool("FlopCounterMode", "torch", "FLOPs = 2 x MACs of mm / bmm / conv ops, forward and the real backward "
-         "(grouped-conv weight gradient counted x groups)", _flop_counter),
+    Tool(
+        "calflops",
+        "calflops",
+        "FLOPs = 2 x MACs incl. functional elementwise ops; backward = compute_bp_factor (2) x forward",
+        _calflops,
+    ),
+    Tool(
+        "FlopCounterMode",
+        "torch",
+        "FLOPs = 2 x MACs of mm / bmm / conv ops, forward and the real backward "
+        "(grouped-conv weight gradient counted x groups)",
+        _flop_counter,
+    ),
 ]
-MEMPLAN_REPORTS = ("FLOPs = 2 x MACs of conv / linear / matmul (other ops reported separately); backward = "
-                   "grad-input + grad-weight; pytorch-mode saved bytes and simulated step peak")
-TRUTH_REPORTS = ("FlopCounterMode forward, group-aware backward; saved-tensor hooks; torch.profiler step "
-                 "peak + weights, buffers, input; time = one real step with saved-tensor hooks")
+MEMPLAN_REPORTS = (
+    "FLOPs = 2 x MACs of conv / linear / matmul (other ops reported separately); backward = "
+    "grad-input + grad-weight; pytorch-mode saved bytes and simulated step peak"
+)
+TRUTH_REPORTS = (
+    "FlopCounterMode forward, group-aware backward; saved-tensor hooks; torch.profiler step "
+    "peak + weights, buffers, input; time = one real step with saved-tensor hooks"
+)
 
 
 def available_peers(peers: Sequence[Tool] = PEERS) -> list[Tool]:
@@ -306,6 +348,7 @@ def timed(fn: Callable[[], Estimate], repeat: int) -> Estimate:
 def run_peer(tool: Tool, model: nn.Module, x: torch.Tensor, repeat: int) -> Estimate:
     """Run a peer on deep copies of ``model`` (peers switch train / eval and attach hooks),
     silencing its console output; a failure becomes ``Estimate.failed``."""
+
     def once() -> Estimate:
         m = copy.deepcopy(model)
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
@@ -348,13 +391,18 @@ def measure_truth(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Estimat
 
 def run_memplan(model: nn.Module, method: str, case: Case, repeat: int) -> Estimate:
     """``memplan.profile`` in ``pytorch`` mode, timed; unknown ops abort (never costed as zero)."""
+
     def once() -> Estimate:
         p = memplan.profile(model, method, mode="pytorch", batch=case.batch, resolution=case.resolution)
         if p.unknown_ops:
             raise RuntimeError(f"memplan: unknown ops on {case.name}: {p.unknown_ops}")
         t = p.totals
-        return Estimate(t.forward_flops, t.backward_grad_input_flops + t.backward_grad_weight_flops,
-                        t.saved_activation_bytes, t.peak_bytes)
+        return Estimate(
+            t.forward_flops,
+            t.backward_grad_input_flops + t.backward_grad_weight_flops,
+            t.saved_activation_bytes,
+            t.peak_bytes,
+        )
 
     return timed(once, repeat)
 
@@ -371,8 +419,9 @@ def relative_error(est: int | None, truth: int) -> float | None:
     return 100.0 * (est - truth) / truth
 
 
-def run_case(case: Case, methods: Sequence[str] = METHODS, peers: Sequence[Tool] | None = None,
-             repeat: int = 1) -> list[Row]:
+def run_case(
+    case: Case, methods: Sequence[str] = METHODS, peers: Sequence[Tool] | None = None, repeat: int = 1
+) -> list[Row]:
     """Truth, memplan and every available peer for ``case`` x each of ``methods``."""
     peers = available_peers() if peers is None else peers
     torch.manual_seed(0)
@@ -401,8 +450,20 @@ def run_case(case: Case, methods: Sequence[str] = METHODS, peers: Sequence[Tool]
 
 # --------------------------------------------------------------------------- rendering
 
-COLUMNS = ("model", "strategy", "tool", "fwd MFLOP", "err", "bwd MFLOP", "err", "act. MB", "err", "peak MB", "err",
-           "time")
+COLUMNS = (
+    "model",
+    "strategy",
+    "tool",
+    "fwd MFLOP",
+    "err",
+    "bwd MFLOP",
+    "err",
+    "act. MB",
+    "err",
+    "peak MB",
+    "err",
+    "time",
+)
 
 
 def _err(e: float | None, exact: bool = False) -> str:
@@ -450,7 +511,8 @@ def render_text(rows: Sequence[Row]) -> str:
 
 def legend(peers: Sequence[Tool]) -> list[tuple[str, str]]:
     return [("truth", TRUTH_REPORTS), ("memplan", MEMPLAN_REPORTS)] + [
-        (p.name, f"{p.reports} ({p.module} {version(p.module)})") for p in peers]
+        (p.name, f"{p.reports} ({p.module} {version(p.module)})") for p in peers
+    ]
 
 
 def worst(rows: Sequence[Row], tool: str, metric: str) -> str:
@@ -480,8 +542,10 @@ def summary_rows(rows: Sequence[Row]) -> list[list[str]]:
 
 
 def _md_table(header: Sequence[str], body: Sequence[Sequence[str]], left: int) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if i < left else "---:" for i in range(len(header))) + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i < left else "---:" for i in range(len(header))) + "|",
+    ]
     return lines + ["| " + " | ".join(list(cells) + [""] * (len(header) - len(cells))) + " |" for cells in body]
 
 
@@ -498,8 +562,11 @@ def render_markdown(rows: Sequence[Row], peers: Sequence[Tool], settings: dict) 
         "",
         "## Worst error per tool",
         "",
-        *_md_table(["tool", "fwd FLOPs", "bwd FLOPs", "activation memory", "step peak", "median time", "failed"],
-                   summary_rows(rows), 1),
+        *_md_table(
+            ["tool", "fwd FLOPs", "bwd FLOPs", "activation memory", "step peak", "median time", "failed"],
+            summary_rows(rows),
+            1,
+        ),
         "",
         "## Every model x strategy",
         "",
@@ -527,9 +594,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     run_case(warm, ("full",), peers)
     rows = [r for case in CASES for r in run_case(case, METHODS, peers, args.repeat)]
     seconds = time.perf_counter() - start
-    settings = {"torch": f"torch {torch.__version__}", "python": platform.python_version(), "threads": 1,
-                "batch": BATCH, "classes": CLASSES, "repeat": args.repeat, "seconds": seconds,
-                "resolutions": {c.name: c.resolution for c in CASES}}
+    settings = {
+        "torch": f"torch {torch.__version__}",
+        "python": platform.python_version(),
+        "threads": 1,
+        "batch": BATCH,
+        "classes": CLASSES,
+        "repeat": args.repeat,
+        "seconds": seconds,
+        "resolutions": {c.name: c.resolution for c in CASES},
+    }
     print(render_text(rows))
     print()
     for name, text in legend(peers):

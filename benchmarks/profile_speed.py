@@ -35,8 +35,10 @@ def main() -> None:
     memplan.profile("mcunet-5fps", batch=1)
     cold = time.perf_counter() - t
     print(f"cold start (first profile in this process, incl. torch meta-kernel imports): {cold:.2f} s\n")
-    print(f"{'model':22s} {'batch':>5s} {'res':>4s} {'memplan.profile':>16s} {'(CPU)':>7s} {'real fwd+bwd':>13s} "
-          f"{'ratio':>7s}")
+    print(
+        f"{'model':22s} {'batch':>5s} {'res':>4s} {'memplan.profile':>16s} {'(CPU)':>7s} {'real fwd+bwd':>13s} "
+        f"{'ratio':>7s}"
+    )
     for name, batch, res in MODELS:
         prof_t, prof_cpu = best_of(partial(memplan.profile, name, "full", batch=batch, resolution=res), n=5)
         torch.manual_seed(0)
@@ -46,7 +48,9 @@ def main() -> None:
         apply_plain(model, graph, make_plan(graph, "full"))
         x, y = torch.randn(shape), torch.randint(0, 1000, (batch,))
         real_t, _ = best_of(partial(saved_bytes, model, x, y, backward=True), n=1)
-        print(f"{name:22s} {batch:5d} {res:4d} {prof_t:15.3f}s {prof_cpu:6.3f}s {real_t:12.3f}s {real_t / prof_t:6.1f}x")
+        print(
+            f"{name:22s} {batch:5d} {res:4d} {prof_t:15.3f}s {prof_cpu:6.3f}s {real_t:12.3f}s {real_t / prof_t:6.1f}x"
+        )
     print("\nratio = real step time / profile time (higher is better for memplan).")
 
 

@@ -57,8 +57,13 @@ from memplan.verify.measure import model_modules, saved_bytes  # noqa: E402  # n
 from tests import corpus  # noqa: E402
 
 RESULTS = Path(__file__).with_name("real_clients_results")
-PACKAGES = {"geffnet": "geffnet", "efficientnet_pytorch": "efficientnet_pytorch",
-            "efficientnet_lite_pytorch": "efficientnet-lite-pytorch", "ofa": "ofa", "mcunet": "mcunet"}
+PACKAGES = {
+    "geffnet": "geffnet",
+    "efficientnet_pytorch": "efficientnet_pytorch",
+    "efficientnet_lite_pytorch": "efficientnet-lite-pytorch",
+    "ofa": "ofa",
+    "mcunet": "mcunet",
+}
 TIMING_METHOD = "full"
 
 
@@ -82,8 +87,14 @@ class ModelResult:
 
 def pair_dict(r: corpus.PairResult) -> dict:
     d = asdict(r)
-    d.update(bytes_exact=r.bytes_exact, flagged=r.flagged, rel_error=r.rel_error, flops_exact=r.flops_exact,
-             applied_exact=r.applied_exact, ok=r.ok)
+    d.update(
+        bytes_exact=r.bytes_exact,
+        flagged=r.flagged,
+        rel_error=r.rel_error,
+        flops_exact=r.flops_exact,
+        applied_exact=r.applied_exact,
+        ok=r.ok,
+    )
     return d
 
 
@@ -114,8 +125,15 @@ def time_model(base: torch.nn.Module, shape: Sequence[int], repeat: int) -> tupl
     return profile_s, measure_s
 
 
-def run_model(entry: corpus.Entry, *, apply_checks: bool, timing_shape: Sequence[int] | None,
-              repeat: int, timing_max_params: int = 0, log=print) -> ModelResult:
+def run_model(
+    entry: corpus.Entry,
+    *,
+    apply_checks: bool,
+    timing_shape: Sequence[int] | None,
+    repeat: int,
+    timing_max_params: int = 0,
+    log=print,
+) -> ModelResult:
     start = time.perf_counter()
     res = ModelResult(entry.family, entry.name, list(entry.shape))
     base = entry.build()
@@ -178,12 +196,15 @@ def pair_status(p: dict) -> str:
 def model_line(m: ModelResult) -> str:
     if m.capture_error:
         return f"  {m.family}:{m.model}: capture failed: {m.capture_error}"
-    cells = [f"{p['method']}={pair_status(p)}" + ("" if p["bytes_exact"] else f"({_pct(p['rel_error'])})")
-             for p in m.pairs]
+    cells = [
+        f"{p['method']}={pair_status(p)}" + ("" if p["bytes_exact"] else f"({_pct(p['rel_error'])})") for p in m.pairs
+    ]
     timing = ""
     if m.profile_seconds is not None:
         timing = f" profile {m.profile_seconds:.2f}s real {m.measure_seconds:.2f}s"
-    return f"  {m.family}:{m.model} [{m.capture} {m.capture_seconds:.1f}s]{timing} ({m.seconds:.0f}s): " + " ".join(cells)
+    return f"  {m.family}:{m.model} [{m.capture} {m.capture_seconds:.1f}s]{timing} ({m.seconds:.0f}s): " + " ".join(
+        cells
+    )
 
 
 @dataclass
@@ -259,8 +280,23 @@ def summarise(results: Sequence[ModelResult], family: str) -> FamilySummary:
     return s
 
 
-SUMMARY_COLUMNS = ("library", "captured", "symbolic / recorded", "bytes exact", "flagged", "silent", "worst error",
-                   "FLOPs exact", "--check agrees", "eval identical", "grads ok", "applied exact", "profile s", "real s", "real / profile")
+SUMMARY_COLUMNS = (
+    "library",
+    "captured",
+    "symbolic / recorded",
+    "bytes exact",
+    "flagged",
+    "silent",
+    "worst error",
+    "FLOPs exact",
+    "--check agrees",
+    "eval identical",
+    "grads ok",
+    "applied exact",
+    "profile s",
+    "real s",
+    "real / profile",
+)
 
 
 def summary_cells(s: FamilySummary) -> list[str]:
@@ -269,13 +305,23 @@ def summary_cells(s: FamilySummary) -> list[str]:
 
     worst = "none" if s.worst is None else f"{_pct(s.worst)} ({s.worst_where})"
     captured = frac(s.captured, s.models) + (f" ({s.skipped} heavy skipped)" if s.skipped else "")
-    return [s.family, captured, f"{s.symbolic} / {s.recorded}", frac(s.exact, s.pairs),
-            str(s.flagged), str(s.silent), worst, frac(s.flops_exact, s.pairs),
-            frac(s.check_agrees, s.check_run), frac(s.eval_identical, s.apply_checked),
-            frac(s.grads_ok, s.apply_checked), frac(s.applied_exact, s.apply_checked),
-            "n/a" if s.profile_seconds is None else f"{s.profile_seconds:.2f}",
-            "n/a" if s.measure_seconds is None else f"{s.measure_seconds:.2f}",
-            "n/a" if s.ratio is None else f"{s.ratio:.1f}x"]
+    return [
+        s.family,
+        captured,
+        f"{s.symbolic} / {s.recorded}",
+        frac(s.exact, s.pairs),
+        str(s.flagged),
+        str(s.silent),
+        worst,
+        frac(s.flops_exact, s.pairs),
+        frac(s.check_agrees, s.check_run),
+        frac(s.eval_identical, s.apply_checked),
+        frac(s.grads_ok, s.apply_checked),
+        frac(s.applied_exact, s.apply_checked),
+        "n/a" if s.profile_seconds is None else f"{s.profile_seconds:.2f}",
+        "n/a" if s.measure_seconds is None else f"{s.measure_seconds:.2f}",
+        "n/a" if s.ratio is None else f"{s.ratio:.1f}x",
+    ]
 
 
 def problem_rows(results: Sequence[ModelResult]) -> list[list[str]]:
@@ -301,8 +347,10 @@ def problem_rows(results: Sequence[ModelResult]) -> list[list[str]]:
                 detail.append("observed " + json.dumps(p["observed_ops"]) if p["observed_ops"] else "")
                 detail.append("unknown " + json.dumps(p["unknown_ops"]) if p["unknown_ops"] else "")
             if not p["flops_exact"] and p["predicted_fwd_flops"] is not None:
-                detail.append(f"fwd {p['predicted_fwd_flops']} vs {p['measured_fwd_flops']}, "
-                              f"bwd {p['predicted_bwd_flops']} vs {p['measured_bwd_flops']}")
+                detail.append(
+                    f"fwd {p['predicted_fwd_flops']} vs {p['measured_fwd_flops']}, "
+                    f"bwd {p['predicted_bwd_flops']} vs {p['measured_bwd_flops']}"
+                )
             if p["eval_identical"] is False:
                 detail.append(f"eval max diff {p['eval_max_diff']:.3g}")
             if p["grads_close"] is False or p["loss_identical"] is False:
@@ -310,8 +358,10 @@ def problem_rows(results: Sequence[ModelResult]) -> list[list[str]]:
             if p["applied_predicted"] is not None and not p["applied_exact"]:
                 detail.append(f"applied {p['applied_predicted']} vs {p['applied_measured']}")
             if p.get("check_observed") is not None and p["check_observed"] != p["measured_bytes"]:
-                detail.append(f"--check observes {p['check_observed']} vs measured {p['measured_bytes']}: "
-                              + ", ".join(p["check_differing"]))
+                detail.append(
+                    f"--check observes {p['check_observed']} vs measured {p['measured_bytes']}: "
+                    + ", ".join(p["check_differing"])
+                )
             rows.append([f"{m.family}:{m.model}", p["method"], status, "; ".join(d for d in detail if d)])
     return rows
 
@@ -326,17 +376,21 @@ def _text_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 
 def _md_table(header: Sequence[str], body: Sequence[Sequence[str]], left: int) -> list[str]:
     esc = [[str(c).replace("|", "\\|") for c in r] for r in body]
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" if i < left else "---:" for i in range(len(header))) + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i < left else "---:" for i in range(len(header))) + "|",
+    ]
     return lines + ["| " + " | ".join(r) + " |" for r in esc]
 
 
 def timing_text(settings: dict) -> str:
     if not settings["timing_shape"]:
         return "Time: not measured (--no-timing)."
-    return ("Time: warm `memplan.profile` (full, capture included) vs one real CPU forward + backward under "
-            f"saved-tensor hooks, at batch {settings['timing_shape'][0]}, {settings['timing_shape'][-1]} px "
-            f"(median per library; models over {settings['timing_max_params'] / 1e6:.0f}M parameters not timed).")
+    return (
+        "Time: warm `memplan.profile` (full, capture included) vs one real CPU forward + backward under "
+        f"saved-tensor hooks, at batch {settings['timing_shape'][0]}, {settings['timing_shape'][-1]} px "
+        f"(median per library; models over {settings['timing_max_params'] / 1e6:.0f}M parameters not timed)."
+    )
 
 
 def render_markdown(results: Sequence[ModelResult], summaries: Sequence[FamilySummary], settings: dict) -> str:
@@ -364,15 +418,42 @@ def render_markdown(results: Sequence[ModelResult], summaries: Sequence[FamilySu
     ]
     problems = problem_rows(results)
     lines += _md_table(["model", "strategy", "status", "detail"], problems, 4) if problems else ["none"]
-    lines += ["", "## Every model", "",
-              *_md_table(["model", "capture", "capture s", "params (M)", "full", "last", "norm", "bias", "lastk",
-                          "profile s", "real s"],
-                         [[f"{m.family}:{m.model}", "skipped" if m.skipped else m.capture or "failed",
-                           "" if m.capture_seconds is None else f"{m.capture_seconds:.2f}", f"{m.params / 1e6:.2f}" if m.params else "",
-                           *([pair_status(p) + ("" if p["bytes_exact"] else f" ({_pct(p['rel_error'])})")
-                              for p in m.pairs] or [m.skipped or m.capture_error, "", "", "", ""]),
-                           "" if m.profile_seconds is None else f"{m.profile_seconds:.2f}",
-                           "" if m.measure_seconds is None else f"{m.measure_seconds:.2f}"] for m in results], 2)]
+    lines += [
+        "",
+        "## Every model",
+        "",
+        *_md_table(
+            [
+                "model",
+                "capture",
+                "capture s",
+                "params (M)",
+                "full",
+                "last",
+                "norm",
+                "bias",
+                "lastk",
+                "profile s",
+                "real s",
+            ],
+            [
+                [
+                    f"{m.family}:{m.model}",
+                    "skipped" if m.skipped else m.capture or "failed",
+                    "" if m.capture_seconds is None else f"{m.capture_seconds:.2f}",
+                    f"{m.params / 1e6:.2f}" if m.params else "",
+                    *(
+                        [pair_status(p) + ("" if p["bytes_exact"] else f" ({_pct(p['rel_error'])})") for p in m.pairs]
+                        or [m.skipped or m.capture_error, "", "", "", ""]
+                    ),
+                    "" if m.profile_seconds is None else f"{m.profile_seconds:.2f}",
+                    "" if m.measure_seconds is None else f"{m.measure_seconds:.2f}",
+                ]
+                for m in results
+            ],
+            2,
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -403,8 +484,13 @@ def select(args, ap) -> list[corpus.Entry]:
 def save(out: Path, results, settings, final: bool) -> list[FamilySummary]:
     families = list(dict.fromkeys(m.family for m in results))
     summaries = [summarise(results, f) for f in families]
-    data = {"settings": settings, "complete": final, "summary": [asdict(s) for s in summaries],
-            "models": [asdict(m) for m in results], "missing_packages": corpus.MISSING}
+    data = {
+        "settings": settings,
+        "complete": final,
+        "summary": [asdict(s) for s in summaries],
+        "models": [asdict(m) for m in results],
+        "missing_packages": corpus.MISSING,
+    }
     write_text(out / "real_clients.json", json.dumps(data, indent=1, default=str) + "\n")
     if final:
         write_text(out / "real_clients.md", render_markdown(results, summaries, settings))
@@ -416,14 +502,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="the whole corpus (default: one model per family)")
     ap.add_argument("--families", help="comma-separated families (all their models)")
     ap.add_argument("--models", help="comma-separated model names or family:name ids")
-    ap.add_argument("--heavy", action="store_true",
-                    help="also run the models marked heavy (listed as skipped otherwise; named with --models they run)")
+    ap.add_argument(
+        "--heavy",
+        action="store_true",
+        help="also run the models marked heavy (listed as skipped otherwise; named with --models they run)",
+    )
     ap.add_argument("--no-apply", action="store_true", help="skip the apply_strategy checks")
     ap.add_argument("--no-timing", action="store_true", help="skip the profile vs real-step timing")
     ap.add_argument("--timing-batch", type=int, default=8)
     ap.add_argument("--timing-resolution", type=int, default=224)
-    ap.add_argument("--timing-max-params", type=float, default=30e6,
-                    help="time only models with at most this many parameters (0: all)")
+    ap.add_argument(
+        "--timing-max-params",
+        type=float,
+        default=30e6,
+        help="time only models with at most this many parameters (0: all)",
+    )
     ap.add_argument("--repeat", type=int, default=2, help="memplan.profile timing repeats (best of)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for real_clients.json and .md")
     args = ap.parse_args(argv)
@@ -435,14 +528,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     todo = select(args, ap)
     args.out.mkdir(parents=True, exist_ok=True)
     timing = None if args.no_timing else (args.timing_batch, args.timing_resolution, args.timing_resolution)
-    settings = {"torch": f"torch {torch.__version__}", "python": platform.python_version(), "threads": 1,
-                "all": bool(args.all), "models": [e.id for e in todo], "apply_checks": not args.no_apply,
-                "timing_shape": list(timing or ()), "timing_method": TIMING_METHOD,
-                "timing_max_params": int(args.timing_max_params), "repeat": args.repeat,
-                "packages": versions(), "seconds": 0.0}
+    settings = {
+        "torch": f"torch {torch.__version__}",
+        "python": platform.python_version(),
+        "threads": 1,
+        "all": bool(args.all),
+        "models": [e.id for e in todo],
+        "apply_checks": not args.no_apply,
+        "timing_shape": list(timing or ()),
+        "timing_method": TIMING_METHOD,
+        "timing_max_params": int(args.timing_max_params),
+        "repeat": args.repeat,
+        "packages": versions(),
+        "seconds": 0.0,
+    }
     start = time.perf_counter()
-    memplan.profile(corpus.ONE_PER_FAMILY[-1].build() if corpus.ONE_PER_FAMILY else "mcunet-5fps", "full",
-                    batch=2, input_shape=(3, 32, 32))  # cold start (torch's meta-kernel imports), not timed
+    memplan.profile(
+        corpus.ONE_PER_FAMILY[-1].build() if corpus.ONE_PER_FAMILY else "mcunet-5fps",
+        "full",
+        batch=2,
+        input_shape=(3, 32, 32),
+    )  # cold start (torch's meta-kernel imports), not timed
     results: list[ModelResult] = []
     print(f"{len(todo)} models x {len(corpus.STRATEGIES)} strategies")
     for entry in todo:
@@ -450,8 +556,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(ModelResult(entry.family, entry.name, list(entry.shape), skipped=f"heavy: {entry.note}"))
             print(f"  {entry.id}: skipped (heavy; --heavy runs it)")
             continue
-        results.append(run_model(entry, apply_checks=not args.no_apply, timing_shape=timing, repeat=args.repeat,
-                                 timing_max_params=int(args.timing_max_params)))
+        results.append(
+            run_model(
+                entry,
+                apply_checks=not args.no_apply,
+                timing_shape=timing,
+                repeat=args.repeat,
+                timing_max_params=int(args.timing_max_params),
+            )
+        )
         settings["seconds"] = time.perf_counter() - start
         save(args.out, results, settings, final=False)
         gc.collect()

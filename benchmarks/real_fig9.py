@@ -51,10 +51,19 @@ FULL_KS = (1, 2, 3, 4, 6, 9)
 def baseline(cap, k: int, weights: bool) -> Scheme:
     """Biases of the last k convs, and with ``weights`` their whole weights too."""
     convs = conv_layers(cap.graph)
-    updates = ([dict(layer=c.name, conv_index=i, ratio=1.0) for i, c in enumerate(convs) if i >= len(convs) - k]
-               if weights else [])
-    return Scheme(model=cap.name, fingerprint=fingerprint(cap.graph), input_shape=list(cap.graph.input_shape[1:]),
-                  bias_update=k, weight_updates=updates, mode="tinytraining")
+    updates = (
+        [dict(layer=c.name, conv_index=i, ratio=1.0) for i, c in enumerate(convs) if i >= len(convs) - k]
+        if weights
+        else []
+    )
+    return Scheme(
+        model=cap.name,
+        fingerprint=fingerprint(cap.graph),
+        input_shape=list(cap.graph.input_shape[1:]),
+        bias_update=k,
+        weight_updates=updates,
+        mode="tinytraining",
+    )
 
 
 def main() -> None:
@@ -73,8 +82,10 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     ev = Evaluator(prof, seeds=seeds)
     print(ev.describe())
-    print(f"memory: tinytraining analytic at {'x'.join(map(str, cap.graph.input_shape[1:]))} (the profile's costing "
-          f"resolution; runs at {prof.run_resolution} px)")
+    print(
+        f"memory: tinytraining analytic at {'x'.join(map(str, cap.graph.input_shape[1:]))} (the profile's costing "
+        f"resolution; runs at {prof.run_resolution} px)"
+    )
 
     configs: list[tuple[str, str, Scheme | None]] = []
     for b in args.budgets.split(","):
@@ -82,9 +93,9 @@ def main() -> None:
         shipped = SCHEMES / f"{prof.model}-fashion-mnist-{b}.json"
         if shipped.is_file():
             ref = load_scheme(shipped)
-            same = (ref.bias_update == r.scheme.bias_update
-                    and [(w.conv_index, w.ratio) for w in ref.weight_updates]
-                    == [(w.conv_index, w.ratio) for w in r.scheme.weight_updates])
+            same = ref.bias_update == r.scheme.bias_update and [
+                (w.conv_index, w.ratio) for w in ref.weight_updates
+            ] == [(w.conv_index, w.ratio) for w in r.scheme.weight_updates]
             print(f"budget {b}: searched scheme {'equals' if same else 'DIFFERS FROM'} {shipped.relative_to(ROOT)}")
         configs.append(("sparse (searched)", f"budget {b}", r.scheme))
     configs.append(("classifier only", "k=0", baseline(cap, 0, False)))
@@ -101,21 +112,36 @@ def main() -> None:
         else:
             mem = profile_captured(cap, "sparse", mode="tinytraining", scheme=scheme).totals.total_bytes
             res = ev.scheme(label, scheme)
-        rows.append({"method": method, "config": label, "memory_bytes": mem, "accuracy": res.accuracy,
-                     "accuracy_mean": res.mean, "accuracy_std": res.std, "trainable_params": res.trainable_params,
-                     "bias_update": scheme.bias_update if scheme else None,
-                     "weights": [[w.conv_index, w.ratio] for w in scheme.weight_updates] if scheme else None,
-                     "summed_delta_acc": scheme.summed_delta_acc if scheme else None, "seconds": round(res.seconds, 1)})
+        rows.append(
+            {
+                "method": method,
+                "config": label,
+                "memory_bytes": mem,
+                "accuracy": res.accuracy,
+                "accuracy_mean": res.mean,
+                "accuracy_std": res.std,
+                "trainable_params": res.trainable_params,
+                "bias_update": scheme.bias_update if scheme else None,
+                "weights": [[w.conv_index, w.ratio] for w in scheme.weight_updates] if scheme else None,
+                "summed_delta_acc": scheme.summed_delta_acc if scheme else None,
+                "seconds": round(res.seconds, 1),
+            }
+        )
         ref = next((r["accuracy_mean"] for r in rows if r["method"] == "classifier only"), None)
         sd = f"{scheme.summed_delta_acc:+.2f}" if scheme is not None and scheme.summed_delta_acc is not None else "-"
         delta = f"{res.mean - ref:+.2f}" if ref is not None else "-"
-        print(f"{method:<24}{label:<15}{mem / 1000:>10.1f}kB{res.mean:>11.2f} ± {res.std:<4.2f}{delta:>10}{sd:>10}"
-              f"{res.seconds:>7.0f}", flush=True)
+        print(
+            f"{method:<24}{label:<15}{mem / 1000:>10.1f}kB{res.mean:>11.2f} ± {res.std:<4.2f}{delta:>10}{sd:>10}"
+            f"{res.seconds:>7.0f}",
+            flush=True,
+        )
 
     verdicts = []
     base_rows = [r for r in rows if r["method"] not in ("sparse (searched)", "full fine-tuning")]
-    print("\nsearched scheme vs the baselines (classifier only, bias-only last k, weights+biases last k; "
-          "full fine-tuning is for reference), test split:")
+    print(
+        "\nsearched scheme vs the baselines (classifier only, bias-only last k, weights+biases last k; "
+        "full fine-tuning is for reference), test split:"
+    )
     for r in (x for x in rows if x["method"] == "sparse (searched)"):
         above = [b for b in base_rows if b["memory_bytes"] >= r["memory_bytes"]]
         within = [b for b in base_rows if b["memory_bytes"] <= r["memory_bytes"]]
@@ -126,23 +152,47 @@ def main() -> None:
             if best is None:
                 continue
             ok = r["accuracy_mean"] >= best["accuracy_mean"]
-            v[name] = {"method": best["method"], "config": best["config"], "accuracy_mean": best["accuracy_mean"],
-                       "memory_bytes": best["memory_bytes"], "searched_at_least_as_accurate": ok}
-            print(f"  {r['config']}: {r['accuracy_mean']:.2f}% at {r['memory_bytes'] / 1000:.1f} kB vs the best baseline "
-                  f"{'at equal or higher' if name.startswith('equal') else 'within its'} memory, {best['method']} "
-                  f"{best['config']}: {best['accuracy_mean']:.2f}% at {best['memory_bytes'] / 1000:.1f} kB -> "
-                  f"{'at least as accurate' if ok else 'LESS accurate'}")
+            v[name] = {
+                "method": best["method"],
+                "config": best["config"],
+                "accuracy_mean": best["accuracy_mean"],
+                "memory_bytes": best["memory_bytes"],
+                "searched_at_least_as_accurate": ok,
+            }
+            print(
+                f"  {r['config']}: {r['accuracy_mean']:.2f}% at {r['memory_bytes'] / 1000:.1f} kB vs the best baseline "
+                f"{'at equal or higher' if name.startswith('equal') else 'within its'} memory, {best['method']} "
+                f"{best['config']}: {best['accuracy_mean']:.2f}% at {best['memory_bytes'] / 1000:.1f} kB -> "
+                f"{'at least as accurate' if ok else 'LESS accurate'}"
+            )
         verdicts.append(v)
     wall = time.perf_counter() - t_start
     print(f"\nwall time {wall:.0f} s")
     if args.json:
-        write_text(args.json, json.dumps({"profile": str(path), "description": ev.describe(), "seeds": seeds,
-                                          "costing_input_shape": list(cap.graph.input_shape[1:]), "rows": rows,
-                                          "verdicts": verdicts, "wall_s": round(wall, 1)}, indent=1) + "\n")
+        write_text(
+            args.json,
+            json.dumps(
+                {
+                    "profile": str(path),
+                    "description": ev.describe(),
+                    "seeds": seeds,
+                    "costing_input_shape": list(cap.graph.input_shape[1:]),
+                    "rows": rows,
+                    "verdicts": verdicts,
+                    "wall_s": round(wall, 1),
+                },
+                indent=1,
+            )
+            + "\n",
+        )
     if args.plot:
-        plot_accuracy_memory(rows, args.plot, title=f"{prof.model} on Fashion-MNIST: sparse update vs baselines "
-                             "(Fig. 9, test split)", xlabel=f"extra training memory, kB (tinytraining, "
-                             f"{cap.graph.input_shape[-1]} px)", ylabel="test accuracy, %")
+        plot_accuracy_memory(
+            rows,
+            args.plot,
+            title=f"{prof.model} on Fashion-MNIST: sparse update vs baselines (Fig. 9, test split)",
+            xlabel=f"extra training memory, kB (tinytraining, {cap.graph.input_shape[-1]} px)",
+            ylabel="test accuracy, %",
+        )
 
 
 if __name__ == "__main__":

@@ -70,36 +70,48 @@ def main() -> None:
     additivity = check_additivity(memory, table, probe_candidates(space))
     t_check = time.perf_counter() - t
     print(f"{cap.name} {args.resolution}px, {cap.classes} classes, mode {args.mode}, budget {budget} B; profile {path}")
-    print(f"space: {space.n_convs} convs, {len(space.ks)} bias depths, "
-          f"{sum(len(c.ratios) for c in space.layers)} weight options on {len(space.layers)} layers")
-    print(f"capture {t_capture:.2f} s (cold, first meta op); cost table {t_table:.2f} s ({table_calls} compute calls); "
-          f"additivity check {t_check:.2f} s ({additivity.checked} candidates): "
-          f"{'additive' if additivity.additive else 'NOT additive'}")
+    print(
+        f"space: {space.n_convs} convs, {len(space.ks)} bias depths, "
+        f"{sum(len(c.ratios) for c in space.layers)} weight options on {len(space.layers)} layers"
+    )
+    print(
+        f"capture {t_capture:.2f} s (cold, first meta op); cost table {t_table:.2f} s ({table_calls} compute calls); "
+        f"additivity check {t_check:.2f} s ({additivity.checked} candidates): "
+        f"{'additive' if additivity.additive else 'NOT additive'}"
+    )
     if not additivity.additive:
         raise SystemExit("memory is not additive in this mode: no exact optimum to compare with")
 
     exact = solve_exact(space, table, budget)
     assert memory.measure(exact.candidate) == exact.estimate <= budget
     print(f"\n{'method':<12}{'seed':>5}{'Δacc':>10}{'gap':>9}{'evals':>8}{'seconds':>9}{'evals→99%':>11}{'s→99%':>8}")
-    print(f"{'exact':<12}{'-':>5}{exact.value:>10.3f}{0:>8.2%} {'-':>7}{exact.seconds:>9.3f}"
-          f"   (solver only; + table {t_table:.2f} s = {exact.seconds + t_table:.2f} s)")
+    print(
+        f"{'exact':<12}{'-':>5}{exact.value:>10.3f}{0:>8.2%} {'-':>7}{exact.seconds:>9.3f}"
+        f"   (solver only; + table {t_table:.2f} s = {exact.seconds + t_table:.2f} s)"
+    )
     problem = Problem(space, table, budget, table.estimate, True)
     rows = {"evolution": [], "random": []}
     for seed in range(args.seeds):
-        evo = evolve(problem, make_toolbox(problem), population=args.population, generations=args.generations, seed=seed)
+        evo = evolve(
+            problem, make_toolbox(problem), population=args.population, generations=args.generations, seed=seed
+        )
         rnd = random_search(problem, make_toolbox(problem), evaluations=evo.evaluations, seed=seed)
         for tr in (evo, rnd):
             n99, s99 = to_99(tr, exact.value)
             gap = relative_gap(tr.value, exact.value)
             rows[tr.method].append((gap, tr.seconds, s99))
-            print(f"{tr.method:<12}{seed:>5}{tr.value:>10.3f}{gap:>9.2%}{tr.evaluations:>8}{tr.seconds:>9.2f}"
-                  f"{n99 if n99 else 'never':>11}{(f'{s99:.2f}' if s99 is not None else '-'):>8}")
+            print(
+                f"{tr.method:<12}{seed:>5}{tr.value:>10.3f}{gap:>9.2%}{tr.evaluations:>8}{tr.seconds:>9.2f}"
+                f"{n99 if n99 else 'never':>11}{(f'{s99:.2f}' if s99 is not None else '-'):>8}"
+            )
     print()
     for method, rs in rows.items():
         gaps = [g for g, _, _ in rs]
         reached = sum(s is not None for _, _, s in rs)
-        print(f"{method}: gap median {statistics.median(gaps):.2%}, worst {max(gaps):.2%}; "
-              f"reached 99% in {reached}/{len(rs)} seeds; run time median {statistics.median(s for _, s, _ in rs):.2f} s")
+        print(
+            f"{method}: gap median {statistics.median(gaps):.2%}, worst {max(gaps):.2%}; "
+            f"reached 99% in {reached}/{len(rs)} seeds; run time median {statistics.median(s for _, s, _ in rs):.2f} s"
+        )
     print(f"exact solver {exact.seconds:.3f} s (largest Pareto staircase {exact.frontier_max} entries)")
 
 

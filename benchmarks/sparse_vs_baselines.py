@@ -65,9 +65,17 @@ def scheme_of(cap, k: int, weights: bool, model: str) -> Scheme:
     """Baseline: biases of the last k convs, and with ``weights`` their whole weights too."""
     convs = conv_layers(cap.graph)
     first = len(convs) - k
-    updates = [dict(layer=c.name, conv_index=i, ratio=1.0) for i, c in enumerate(convs) if i >= first] if weights else []
-    return Scheme(model=model, fingerprint=fingerprint(cap.graph), input_shape=list(cap.graph.input_shape[1:]),
-                  bias_update=k, weight_updates=updates, mode="tinytraining")
+    updates = (
+        [dict(layer=c.name, conv_index=i, ratio=1.0) for i, c in enumerate(convs) if i >= first] if weights else []
+    )
+    return Scheme(
+        model=model,
+        fingerprint=fingerprint(cap.graph),
+        input_shape=list(cap.graph.input_shape[1:]),
+        bias_update=k,
+        weight_updates=updates,
+        mode="tinytraining",
+    )
 
 
 def memory(cap, scheme: Scheme) -> int:
@@ -81,12 +89,20 @@ def heldout(shape: tuple[int, ...], per_class: int):
     full, used = digits_arrays(TRANSFER_DIGITS), digits_arrays(TRANSFER_DIGITS, per_class)
     seen = {x.tobytes() for x in used[0]}
     keep = [i for i, x in enumerate(full[0]) if x.tobytes() not in seen]
-    return make_data("digits-heldout", "transfer-task training images unused by contribution analysis",
-                     used[0], used[1], full[0][keep], full[1][keep], shape)
+    return make_data(
+        "digits-heldout",
+        "transfer-task training images unused by contribution analysis",
+        used[0],
+        used[1],
+        full[0][keep],
+        full[1][keep],
+        shape,
+    )
 
 
-def train_eval(base: torch.nn.Module, head: str, scheme: Scheme, data, extra, protocol,
-               seeds: list[int]) -> tuple[list[float], list[float]]:
+def train_eval(
+    base: torch.nn.Module, head: str, scheme: Scheme, data, extra, protocol, seeds: list[int]
+) -> tuple[list[float], list[float]]:
     """Accuracy (%) per seed on the test split and on ``extra``'s test split, of ``scheme`` applied to
     a copy of ``base`` and trained on ``data``'s training split."""
     shape = (1, *data.x_train.shape[1:])
@@ -94,10 +110,19 @@ def train_eval(base: torch.nn.Module, head: str, scheme: Scheme, data, extra, pr
     for seed in seeds:
         model = copy.deepcopy(base)
         memplan.apply_scheme(model, scheme, capture(model, shape))
-        opt = make_optimizer(param_groups(model, head, protocol), "sgd", protocol.lr_classifier,
-                             momentum=protocol.momentum)
-        fit(model, opt, data.x_train, data.y_train, epochs=protocol.epochs, batch_size=protocol.batch_size, seed=seed,
-            cosine=True)
+        opt = make_optimizer(
+            param_groups(model, head, protocol), "sgd", protocol.lr_classifier, momentum=protocol.momentum
+        )
+        fit(
+            model,
+            opt,
+            data.x_train,
+            data.y_train,
+            epochs=protocol.epochs,
+            batch_size=protocol.batch_size,
+            seed=seed,
+            cosine=True,
+        )
         model.eval()
         accs.append(accuracy(model, lambda idx: [data.x_test[idx]], data.y_test))
         accs_extra.append(accuracy(model, lambda idx: [extra.x_test[idx]], extra.y_test))
@@ -111,8 +136,12 @@ def main() -> None:
     ap.add_argument("--budgets", default="50KB,100KB,150KB")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, default=None, help="override the profile's epochs")
-    ap.add_argument("--lr-scales", default="1", help="learning-rate multipliers tried for every configuration "
-                    "(all roles scaled together); the best mean test accuracy is kept, e.g. 0.3,1,3")
+    ap.add_argument(
+        "--lr-scales",
+        default="1",
+        help="learning-rate multipliers tried for every configuration "
+        "(all roles scaled together); the best mean test accuracy is kept, e.g. 0.3,1,3",
+    )
     ap.add_argument("--plot", default=None)
     ap.add_argument("--json", default=None, help="write the rows as JSON")
     args = ap.parse_args()
@@ -136,12 +165,16 @@ def main() -> None:
     key = f"{fingerprint(cap_train.graph)}-{'x'.join(map(str, shape))}"
     pre = pretrain_digits(net, shape, key, default_cache_dir())
     probe = linear_probe(net, head, data, protocol)
-    print(f"{cap.name}: backbone pretrained on digits 0-4 (test {pre['test_accuracy']:.1f}%), linear probe on digits "
-          f"5-9 {probe:.2f}% (profile says {prof.probe_accuracy:.2f}%); profile {path}")
-    print(f"training: {data.x_train.shape[0]} images at {'x'.join(map(str, shape))}, {protocol.epochs} epochs, batch "
-          f"{protocol.batch_size}, lr classifier {protocol.lr_classifier} / biases {protocol.lr_bias} / weights "
-          f"{protocol.lr_weight} (x {', '.join(map(str, scales))}), seeds {seeds}; "
-          f"memory: tinytraining at {DEFAULT_RESOLUTION} px (and at {shape[-1]} px)")
+    print(
+        f"{cap.name}: backbone pretrained on digits 0-4 (test {pre['test_accuracy']:.1f}%), linear probe on digits "
+        f"5-9 {probe:.2f}% (profile says {prof.probe_accuracy:.2f}%); profile {path}"
+    )
+    print(
+        f"training: {data.x_train.shape[0]} images at {'x'.join(map(str, shape))}, {protocol.epochs} epochs, batch "
+        f"{protocol.batch_size}, lr classifier {protocol.lr_classifier} / biases {protocol.lr_bias} / weights "
+        f"{protocol.lr_weight} (x {', '.join(map(str, scales))}), seeds {seeds}; "
+        f"memory: tinytraining at {DEFAULT_RESOLUTION} px (and at {shape[-1]} px)"
+    )
 
     configs: list[tuple[str, str, Scheme]] = []
     for b in args.budgets.split(","):
@@ -152,8 +185,10 @@ def main() -> None:
     configs.append(("classifier only", "k=0", scheme_of(cap, 0, False, cap.name)))
 
     rows = []
-    print(f"\n{'method':<24}{'config':<16}{'memory':>12}{'@train res':>12}{'lr x':>7}{'test acc %':>19}"
-          f"{'held-out':>9}{'Δacc sum':>9}")
+    print(
+        f"\n{'method':<24}{'config':<16}{'memory':>12}{'@train res':>12}{'lr x':>7}{'test acc %':>19}"
+        f"{'held-out':>9}{'Δacc sum':>9}"
+    )
     for method, label, scheme in configs:
         mem, mem_train = memory(cap, scheme), memory(cap_train, scheme)
         best = None
@@ -165,30 +200,64 @@ def main() -> None:
         scale, accs, accs_held = best
         mean, std = statistics.fmean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0
         held_mean = statistics.fmean(accs_held)
-        rows.append({"method": method, "config": label, "bias_update": scheme.bias_update,
-                     "weights": [[w.conv_index, w.ratio] for w in scheme.weight_updates], "memory_bytes": mem,
-                     "memory_bytes_train_res": mem_train, "lr_scale": scale, "accuracy": accs, "accuracy_mean": mean,
-                     "accuracy_std": std, "heldout_accuracy": accs_held, "heldout_accuracy_mean": held_mean,
-                     "summed_delta_acc": scheme.summed_delta_acc})
+        rows.append(
+            {
+                "method": method,
+                "config": label,
+                "bias_update": scheme.bias_update,
+                "weights": [[w.conv_index, w.ratio] for w in scheme.weight_updates],
+                "memory_bytes": mem,
+                "memory_bytes_train_res": mem_train,
+                "lr_scale": scale,
+                "accuracy": accs,
+                "accuracy_mean": mean,
+                "accuracy_std": std,
+                "heldout_accuracy": accs_held,
+                "heldout_accuracy_mean": held_mean,
+                "summed_delta_acc": scheme.summed_delta_acc,
+            }
+        )
         sd = f"{scheme.summed_delta_acc:.2f}" if scheme.summed_delta_acc is not None else "-"
-        print(f"{method:<24}{label:<16}{mem / 1000:>10.1f}kB{mem_train / 1000:>10.1f}kB{scale:>7g}"
-              f"{mean:>11.2f} ± {std:<5.2f}{held_mean:>9.2f}{sd:>9}", flush=True)
+        print(
+            f"{method:<24}{label:<16}{mem / 1000:>10.1f}kB{mem_train / 1000:>10.1f}kB{scale:>7g}"
+            f"{mean:>11.2f} ± {std:<5.2f}{held_mean:>9.2f}{sd:>9}",
+            flush=True,
+        )
 
     for key, what in (("accuracy_mean", "test split"), ("heldout_accuracy_mean", "held-out images")):
         print(f"\nsearched scheme vs the best baseline within its memory (baseline memory <= scheme memory), {what}:")
-        for r in rows[:len(args.budgets.split(","))]:
+        for r in rows[: len(args.budgets.split(","))]:
             baselines = [b for b in rows if b["method"] != "sparse (searched)"]
             best = max((b for b in baselines if b["memory_bytes"] <= r["memory_bytes"]), key=lambda b: b[key])
             match = min((b for b in baselines if b[key] >= r[key]), key=lambda b: b["memory_bytes"], default=None)
             verdict = "at least as accurate" if r[key] >= best[key] else "LESS accurate"
-            match_text = (f"; the cheapest baseline as accurate: {match['method']} {match['config']} at "
-                          f"{match['memory_bytes'] / 1000:.1f} kB") if match else "; no baseline is as accurate"
-            print(f"  {r['config']}: {r[key]:.2f}% at {r['memory_bytes'] / 1000:.1f} kB vs {best['method']} "
-                  f"{best['config']} {best[key]:.2f}% at {best['memory_bytes'] / 1000:.1f} kB: {verdict}{match_text}")
+            match_text = (
+                (
+                    f"; the cheapest baseline as accurate: {match['method']} {match['config']} at "
+                    f"{match['memory_bytes'] / 1000:.1f} kB"
+                )
+                if match
+                else "; no baseline is as accurate"
+            )
+            print(
+                f"  {r['config']}: {r[key]:.2f}% at {r['memory_bytes'] / 1000:.1f} kB vs {best['method']} "
+                f"{best['config']} {best[key]:.2f}% at {best['memory_bytes'] / 1000:.1f} kB: {verdict}{match_text}"
+            )
     print(f"\nwall time {time.perf_counter() - t_start:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"profile": str(path), "profile_hash": profile_hash(prof), "seeds": seeds,
-                                               "lr_scales": scales, "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "profile": str(path),
+                    "profile_hash": profile_hash(prof),
+                    "seeds": seeds,
+                    "lr_scales": scales,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     if args.plot:
         plot(rows, args.plot, cap.name)
 
@@ -200,11 +269,16 @@ def plot(rows: list[dict], path: str, model: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    styles = {"sparse (searched)": "*-", "bias-only last k": "o-", "weights+biases last k": "s-",
-              "classifier only": "D"}
+    styles = {
+        "sparse (searched)": "*-",
+        "bias-only last k": "o-",
+        "weights+biases last k": "s-",
+        "classifier only": "D",
+    }
     for method, style in styles.items():
-        pts = sorted((r["memory_bytes"] / 1000, r["accuracy_mean"], r["accuracy_std"]) for r in rows
-                     if r["method"] == method)
+        pts = sorted(
+            (r["memory_bytes"] / 1000, r["accuracy_mean"], r["accuracy_std"]) for r in rows if r["method"] == method
+        )
         if pts:
             xs, ys, es = zip(*pts)
             ax.errorbar(xs, ys, yerr=es, fmt=style, capsize=2, label=method, ms=9 if "*" in style else 5)

@@ -43,22 +43,44 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001  (a capture failure is a result: a failure)
                 problems, error = [], f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             bad = {m for m in STRATEGIES if any(f"/{m}:" in p for p in problems)}
-            rows.append({"model": e.name, "group": e.group, "resolution": r, "error": error, "problems": problems,
-                         "exact": [m for m in STRATEGIES if m not in bad and not error],
-                         "seconds": round(time.perf_counter() - t, 2)})
+            rows.append(
+                {
+                    "model": e.name,
+                    "group": e.group,
+                    "resolution": r,
+                    "error": error,
+                    "problems": problems,
+                    "exact": [m for m in STRATEGIES if m not in bad and not error],
+                    "seconds": round(time.perf_counter() - t, 2),
+                }
+            )
             print(f"{e.name}@{r}: {error or ('ok' if not problems else problems)}", flush=True)
     pairs = len(rows) * len(STRATEGIES)
     exact = sum(len(r["exact"]) for r in rows)
-    summary = {"torch": torch.__version__, "transformers": transformers.__version__, "models": len(tc.ENTRIES),
-               "pairs": pairs, "exact": exact, "capture_failures": sum(bool(r["error"]) for r in rows)}
+    summary = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "models": len(tc.ENTRIES),
+        "pairs": pairs,
+        "exact": exact,
+        "capture_failures": sum(bool(r["error"]) for r in rows),
+    }
     RESULTS.mkdir(exist_ok=True)
     write_text(RESULTS / "transformers.json", json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
-    lines = [f"# transformer corpus: {exact}/{pairs} model x strategy x resolution pairs exact "
-             f"(saved bytes, FLOPs, --check), {summary['capture_failures']} capture failures",
-             "", f"torch {torch.__version__}, transformers {transformers.__version__}, batch 2", "",
-             "| model | group | resolution | exact strategies | seconds |", "|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['group']} | {r['resolution']} | {', '.join(r['exact']) or r['error'] or '-'} | "
-              f"{r['seconds']} |" for r in rows]
+    lines = [
+        f"# transformer corpus: {exact}/{pairs} model x strategy x resolution pairs exact "
+        f"(saved bytes, FLOPs, --check), {summary['capture_failures']} capture failures",
+        "",
+        f"torch {torch.__version__}, transformers {transformers.__version__}, batch 2",
+        "",
+        "| model | group | resolution | exact strategies | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['model']} | {r['group']} | {r['resolution']} | {', '.join(r['exact']) or r['error'] or '-'} | "
+        f"{r['seconds']} |"
+        for r in rows
+    ]
     write_text(RESULTS / "transformers.md", "\n".join(lines) + "\n")
     print(f"{exact}/{pairs} pairs exact")
     return 0 if exact == pairs else 1

@@ -60,8 +60,15 @@ def _positive(name: str, value: int | None) -> None:
         raise BadOption(f"--{name} must be a positive integer, got {value!r}")
 
 
-def build_model(model: str | nn.Module, *, resolution: int | None = None, classes: int | None = None,
-                input_shape: Sequence[int] | None = None, norm: str | None = None, meta: bool = True) -> Built:
+def build_model(
+    model: str | nn.Module,
+    *,
+    resolution: int | None = None,
+    classes: int | None = None,
+    input_shape: Sequence[int] | None = None,
+    norm: str | None = None,
+    meta: bool = True,
+) -> Built:
     """Step 1 of the pipeline: resolve ``model`` (zoo models on the meta device unless
     ``meta=False``) and its per-sample input shape; ``input_shape`` (no batch) by default
     (3, r, r) at the zoo's resolution, or 224 for models outside the zoo. ``norm="group"``
@@ -76,9 +83,16 @@ def build_model(model: str | nn.Module, *, resolution: int | None = None, classe
     return Built(spec.name, spec.model, shape, None if input_shape is not None else res, spec.block_names)
 
 
-def capture_built(built: Built, *, batch: int = 1, method: str | None = None,
-                  method_options: dict[str, Any] | None = None, leaf_modules: Iterable[str | type] = (),
-                  block_names: Sequence[str] | None = None, output: str | int | None = None) -> Captured:
+def capture_built(
+    built: Built,
+    *,
+    batch: int = 1,
+    method: str | None = None,
+    method_options: dict[str, Any] | None = None,
+    leaf_modules: Iterable[str | type] = (),
+    block_names: Sequence[str] | None = None,
+    output: str | int | None = None,
+) -> Captured:
     """Step 2 of the pipeline: ``method``'s architecture transform (if it has one; the model is
     changed in place) and the capture at ``batch`` x the per-sample shape. ``output`` names the
     entry of a tuple / dict / namedtuple output that holds the logits (default: the first tensor)."""
@@ -87,8 +101,14 @@ def capture_built(built: Built, *, batch: int = 1, method: str | None = None,
     if method is not None:
         model = transform_model(model, method, **(method_options or {}))
     blocks = block_names if block_names is not None else built.block_names
-    graph = capture(model, (batch, *built.sample_shape), leaf_modules=leaf_modules,
-                    block_names=list(blocks) if blocks is not None else None, name=built.name, output=output)
+    graph = capture(
+        model,
+        (batch, *built.sample_shape),
+        leaf_modules=leaf_modules,
+        block_names=list(blocks) if blocks is not None else None,
+        name=built.name,
+        output=output,
+    )
     return Captured(graph, built.name, built.resolution, graph.classes, model)
 
 
@@ -114,14 +134,30 @@ def capture_model(
     """
     _positive("batch", batch)
     built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm)
-    return capture_built(built, batch=batch, method=method, method_options=method_options, leaf_modules=leaf_modules,
-                         block_names=block_names, output=output)
+    return capture_built(
+        built,
+        batch=batch,
+        method=method,
+        method_options=method_options,
+        leaf_modules=leaf_modules,
+        block_names=block_names,
+        output=output,
+    )
 
 
-def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorch", optimizer: str = "sgd",
-                     frozen_bits: int = 32, check: bool = False, schedule: str | None = None,
-                     calibration: Any = "cpu", mode_options: dict[str, Any] | None = None,
-                     **options: Any) -> Profile:
+def profile_captured(
+    cap: Captured,
+    method: str = "full",
+    *,
+    mode: str = "pytorch",
+    optimizer: str = "sgd",
+    frozen_bits: int = 32,
+    check: bool = False,
+    schedule: str | None = None,
+    calibration: Any = "cpu",
+    mode_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> Profile:
     """Profile one strategy on an already captured model. ``check=True`` adds ``Profile.check``:
     predicted saved bytes (``pytorch`` mode) against a real CPU run of ``cap.model`` at the graph's
     batch under saved_tensors_hooks
@@ -133,9 +169,16 @@ def profile_captured(cap: Captured, method: str = "full", *, mode: str = "pytorc
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
     acc = get_mode(mode).configure(**(mode_options or {}))
     plan = make_plan(cap.graph, method, **options)
-    prof = compute(cap.graph, plan, acc, optimizer=optimizer, frozen_bits=frozen_bits, schedule=schedule,
-                   calibration=calibration,
-                   meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes})
+    prof = compute(
+        cap.graph,
+        plan,
+        acc,
+        optimizer=optimizer,
+        frozen_bits=frozen_bits,
+        schedule=schedule,
+        calibration=calibration,
+        meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes},
+    )
     prof.extras.update(strategy_extras(cap.graph, plan, prof))
     if check:
         prof.check = asdict(self_check(cap.model, cap.graph, plan))
@@ -176,24 +219,50 @@ def profile(
     ``memplan calibrate`` file; a path; None: none). ``Profile.workspace`` says what was used.
     ``mode_options``: options of the mode, e.g. ``{"state_bits": 32}`` for ``tinytraining``.
     """
-    cap = capture_model(model, batch=batch, resolution=resolution, classes=classes, input_shape=input_shape,
-                        leaf_modules=leaf_modules, block_names=block_names, method=method, method_options=options,
-                        norm=norm, output=output)
-    prof = profile_captured(cap, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, schedule=schedule,
-                            calibration=calibration, mode_options=mode_options, **options)
+    cap = capture_model(
+        model,
+        batch=batch,
+        resolution=resolution,
+        classes=classes,
+        input_shape=input_shape,
+        leaf_modules=leaf_modules,
+        block_names=block_names,
+        method=method,
+        method_options=options,
+        norm=norm,
+        output=output,
+    )
+    prof = profile_captured(
+        cap,
+        method,
+        mode=mode,
+        optimizer=optimizer,
+        frozen_bits=frozen_bits,
+        schedule=schedule,
+        calibration=calibration,
+        mode_options=mode_options,
+        **options,
+    )
     if check:
         small = cap
         if isinstance(model, str) or cap.graph.batch > CHECK_BATCH:  # a real model at a small batch
             if isinstance(model, str):
-                built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm,
-                                    meta=False)
+                built = build_model(
+                    model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm, meta=False
+                )
                 real = transform_model(built.model, method, **options)
             else:
                 built, real = None, cap.model  # already transformed
             shape = (min(batch, CHECK_BATCH), *cap.graph.input_shape[1:])
             blocks = block_names if block_names is not None else (built.block_names if built else None)
-            graph = capture(real, shape, leaf_modules=leaf_modules, name=cap.name, output=output,
-                            block_names=list(blocks) if blocks is not None else None)
+            graph = capture(
+                real,
+                shape,
+                leaf_modules=leaf_modules,
+                name=cap.name,
+                output=output,
+                block_names=list(blocks) if blocks is not None else None,
+            )
             small = Captured(graph, cap.name, cap.resolution, graph.classes, real)
         prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **options)))
     return prof
@@ -219,8 +288,11 @@ def compare(
         this = cap
         if changes_architecture(name, opts):
             this = capture_model(model, method=name, method_options=opts, **capture_options)
-        out.append(profile_captured(this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
-                                    mode_options=mode_options, **opts))
+        out.append(
+            profile_captured(
+                this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, mode_options=mode_options, **opts
+            )
+        )
     return out
 
 
@@ -251,7 +323,15 @@ def describe_models() -> list[dict[str, Any]]:
         entry = zoo.get_entry(name)
         cap = capture_model(name)
         p = profile_captured(cap, "last")
-        rows.append({"name": name, "input_shape": list(entry.input_shape(entry.resolution)), "classes": cap.classes,
-                     "params": p.totals.params, "macs": p.totals.macs, "blocks": len(cap.graph.blocks),
-                     "description": entry.description})
+        rows.append(
+            {
+                "name": name,
+                "input_shape": list(entry.input_shape(entry.resolution)),
+                "classes": cap.classes,
+                "params": p.totals.params,
+                "macs": p.totals.macs,
+                "blocks": len(cap.graph.blocks),
+                "description": entry.description,
+            }
+        )
     return rows

@@ -37,8 +37,16 @@ from .nn.transforms import replace_module
 from .plan import Plan, Train, grad_flow, scheme_to_plan
 from .strategies import make_plan
 
-__all__ = ["apply_plain", "apply_plan", "apply_strategy", "apply_scheme", "plan_strategy", "plan_scheme", "write_back",
-           "DEFAULT_INPUT_SHAPE"]
+__all__ = [
+    "apply_plain",
+    "apply_plan",
+    "apply_strategy",
+    "apply_scheme",
+    "plan_strategy",
+    "plan_scheme",
+    "write_back",
+    "DEFAULT_INPUT_SHAPE",
+]
 
 #: input shape (batch first) used to trace a model when none is given
 DEFAULT_INPUT_SHAPE = (1, 3, 224, 224)
@@ -90,8 +98,10 @@ def _module_names(model: nn.Module, graph: LayerGraph) -> dict[int, str]:
         except AttributeError:
             same = False
         if not same:
-            raise BadOption(f"the graph was not traced from this model (layer {node.name!r} differs)",
-                            "trace it with memplan.capture(model, input_shape) or pass graph=None")
+            raise BadOption(
+                f"the graph was not traced from this model (layer {node.name!r} differs)",
+                "trace it with memplan.capture(model, input_shape) or pass graph=None",
+            )
         names[id(node.module)] = node.name
     return names
 
@@ -101,19 +111,26 @@ def _check_plan(graph: LayerGraph, plan: Plan) -> None:
     for node in graph.nodes:
         t = plan.of(node)
         if node.kind == "linear" and 0 < t.weight < 1:
-            raise BadOption(f"plan updates {t.weight:g} of linear layer {node.name!r}; memplan has no "
-                            "sub-channel linear op", "update a linear layer whole (ratio 1) or not at all")
+            raise BadOption(
+                f"plan updates {t.weight:g} of linear layer {node.name!r}; memplan has no sub-channel linear op",
+                "update a linear layer whole (ratio 1) or not at all",
+            )
         if node.kind == "conv" and 0 < t.weight < 1 and node.op != "call_module":
-            raise BadOption(f"plan updates {t.weight:g} of conv {node.name!r}, which is not a stock Conv1d / Conv2d "
-                            "(its module computes the conv in its own forward)",
-                            "update that conv whole (ratio 1) or not at all")
+            raise BadOption(
+                f"plan updates {t.weight:g} of conv {node.name!r}, which is not a stock Conv1d / Conv2d "
+                "(its module computes the conv in its own forward)",
+                "update that conv whole (ratio 1) or not at all",
+            )
         if node.name in plan.approx and node.kind not in MASK_ACTIVATIONS | {"hardswish"}:
-            raise BadOption(f"no sign-approximated backward for {node.kind} layer {node.name!r}",
-                            "approximate hardswish layers only (ReLU-style layers keep exact 1-bit masks)")
+            raise BadOption(
+                f"no sign-approximated backward for {node.kind} layer {node.name!r}",
+                "approximate hardswish layers only (ReLU-style layers keep exact 1-bit masks)",
+            )
 
 
-def apply_plan(model: nn.Module, plan: Plan, graph: LayerGraph | None = None, *,
-               input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE) -> nn.Module:
+def apply_plan(
+    model: nn.Module, plan: Plan, graph: LayerGraph | None = None, *, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE
+) -> nn.Module:
     """Set up ``model`` in place for training under ``plan``; returns the same object.
 
     ``graph``: a trace of ``model`` (``memplan.capture``); traced at ``input_shape`` (batch
@@ -124,8 +141,10 @@ def apply_plan(model: nn.Module, plan: Plan, graph: LayerGraph | None = None, *,
     """
     applied = next((m for m in model.modules() if type(m) in LEAN_MODULES), None)
     if applied is not None:
-        raise BadOption(f"the model already holds memplan lean modules ({type(applied).__name__})",
-                        "apply a plan once, to a model without them")
+        raise BadOption(
+            f"the model already holds memplan lean modules ({type(applied).__name__})",
+            "apply a plan once, to a model without them",
+        )
     if graph is None:
         graph = _capture(model, input_shape).graph
     names = _module_names(model, graph)
@@ -146,28 +165,42 @@ def apply_plan(model: nn.Module, plan: Plan, graph: LayerGraph | None = None, *,
     return model
 
 
-def plan_strategy(model: nn.Module, method: str, *, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
-                  leaf_modules: Iterable[str | type] = (), block_names: Sequence[str] | None = None,
-                  **options: Any) -> tuple[nn.Module, LayerGraph, Plan]:
+def plan_strategy(
+    model: nn.Module,
+    method: str,
+    *,
+    input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
+    leaf_modules: Iterable[str | type] = (),
+    block_names: Sequence[str] | None = None,
+    **options: Any,
+) -> tuple[nn.Module, LayerGraph, Plan]:
     """``method``'s architecture transform (if any) on ``model``, a meta-device trace at
     ``input_shape`` (batch first) and the plan: (model, graph, plan), through the capture
     pipeline of ``memplan.api``. Nothing is swapped yet."""
-    cap = _capture(model, input_shape, method=method, method_options=options, leaf_modules=leaf_modules,
-                   block_names=block_names)
+    cap = _capture(
+        model, input_shape, method=method, method_options=options, leaf_modules=leaf_modules, block_names=block_names
+    )
     return cap.model, cap.graph, make_plan(cap.graph, method, **options)
 
 
-def apply_strategy(model: nn.Module, method: str, *, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
-                   leaf_modules: Iterable[str | type] = (), block_names: Sequence[str] | None = None,
-                   **options: Any) -> nn.Module:
+def apply_strategy(
+    model: nn.Module,
+    method: str,
+    *,
+    input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
+    leaf_modules: Iterable[str | type] = (),
+    block_names: Sequence[str] | None = None,
+    **options: Any,
+) -> nn.Module:
     """Transform (if ``method`` has a transform) + trace + plan + :func:`apply_plan`.
 
     Returns the model ready for training (the same object unless the transform returns a new
     one). ``options`` are the strategy's options (``blocks=3`` for ``lastk`` ...); give the
     real ``input_shape`` for strategies whose plan depends on it (memory budgets).
     """
-    model, graph, plan = plan_strategy(model, method, input_shape=input_shape, leaf_modules=leaf_modules,
-                                       block_names=block_names, **options)
+    model, graph, plan = plan_strategy(
+        model, method, input_shape=input_shape, leaf_modules=leaf_modules, block_names=block_names, **options
+    )
     return apply_plan(model, plan, graph)
 
 
@@ -179,8 +212,10 @@ def plan_scheme(model: nn.Module, scheme: Any, graph: LayerGraph | None = None) 
     if not isinstance(scheme, Scheme):
         scheme = load_scheme(scheme)
     if scheme.added_modules:
-        raise BadOption("apply_scheme cannot insert the scheme's added_modules yet",
-                        "apply the architecture transform (memplan.nn.transforms) first and drop them from the scheme")
+        raise BadOption(
+            "apply_scheme cannot insert the scheme's added_modules yet",
+            "apply the architecture transform (memplan.nn.transforms) first and drop them from the scheme",
+        )
     if graph is None:
         graph = _capture(model, (scheme.batch, *scheme.input_shape)).graph
     return graph, scheme_to_plan(graph, scheme)

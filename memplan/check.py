@@ -16,6 +16,7 @@ what was observed. This checks the ``pytorch`` mode's prediction (what eager PyT
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -112,8 +113,10 @@ def observed_by_module(model: nn.Module, graph: LayerGraph, plan: Plan) -> dict[
         if node.kind in NORM_KINDS:
             norm_flags[node.layer or node.scope] = plan.uses_batch_stats(node)
     gen = torch.Generator().manual_seed(0)
-    state = {q: _real(p, False, gen).requires_grad_(trains.get(q, False) and p.is_floating_point())
-             for q, p in model.named_parameters(remove_duplicate=False)}
+    state = {
+        q: _real(p, False, gen).requires_grad_(trains.get(q, False) and p.is_floating_point())
+        for q, p in model.named_parameters(remove_duplicate=False)
+    }
     state.update({q: _real(b, True, gen) for q, b in model.named_buffers(remove_duplicate=False)})
     stack: list[str] = [""]
     calls = _Calls()
@@ -125,11 +128,16 @@ def observed_by_module(model: nn.Module, graph: LayerGraph, plan: Plan) -> dict[
         stack.pop()
 
     dtype = graph.nodes[0].out.dtype
-    x = torch.randn(graph.input_shape, generator=gen).to(dtype) if dtype.is_floating_point else torch.zeros(
-        graph.input_shape, dtype=dtype)
+    x = (
+        torch.randn(graph.input_shape, generator=gen).to(dtype)
+        if dtype.is_floating_point
+        else torch.zeros(graph.input_shape, dtype=dtype)
+    )
     y = torch.zeros((graph.batch,), dtype=torch.int64)
-    hooks = [nn.modules.module.register_module_forward_pre_hook(pre),
-             nn.modules.module.register_module_forward_hook(post)]
+    hooks = [
+        nn.modules.module.register_module_forward_pre_hook(pre),
+        nn.modules.module.register_module_forward_hook(post),
+    ]
     gm = getattr(graph, "gm", None)  # tensors the model reads from outside itself: constants, as in the graph
     consts = [t for n, t in gm.named_buffers() if n.startswith(("_memplan_constant", "_tensor_constant"))] if gm else []
     observer = SavedObserver(exclude=[*state.values(), *consts], where=lambda: (stack[-1], calls.current))
@@ -168,4 +176,3 @@ def check(model: nn.Module, graph: LayerGraph, plan: Plan) -> CheckResult:
     total_p = sum(n for items in predicted.values() for _, n in items)
     total_o = sum(n for items in observed.values() for _, n in items)
     return CheckResult(total_p, total_o, graph.batch, "cpu", rows)
-

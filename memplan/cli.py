@@ -50,8 +50,13 @@ from .errors import MemplanError
 from .render import export, tables
 from .strategies import STRATEGIES, TRANSFORMS
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Memory / FLOP profiler and sparse-update planner for on-device transfer learning.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="Memory / FLOP profiler and sparse-update planner for on-device transfer learning.",
+)
 app.add_typer(contrib_app, name="contrib")
 
 
@@ -62,9 +67,16 @@ def _strategy_opts(option: list[str] | None, **named: Any) -> dict[str, Any]:
 
 
 def _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm=None, output=None) -> dict:
-    return dict(batch=batch, resolution=resolution, classes=classes, leaf_modules=tuple(leaf or ()), norm=norm,
-                block_names=[b.strip() for b in block_names.split(",") if b.strip()] if block_names else None,
-                input_shape=shape(input_shape), output=output)
+    return dict(
+        batch=batch,
+        resolution=resolution,
+        classes=classes,
+        leaf_modules=tuple(leaf or ()),
+        norm=norm,
+        block_names=[b.strip() for b in block_names.split(",") if b.strip()] if block_names else None,
+        input_shape=shape(input_shape),
+        output=output,
+    )
 
 
 @app.command()
@@ -72,34 +84,70 @@ def profile(
     ctx: typer.Context,
     model: str = ModelArg,
     method: str = MethodOpt,
-    blocks: int | None = BlocksOpt, layers: int | None = LayersOpt, scheme: str | None = SchemeOpt,
-    bits: int | None = BitsCacheOpt, samples: int | None = SamplesOpt, epochs: int | None = EpochsOpt,
-    option: list[str] | None = OptionOpt, norm: str | None = NormOpt,
-    batch: int = BatchOpt, resolution: int | None = ResOpt, classes: int | None = ClassesOpt,
-    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt, mode_option: list[str] | None = ModeOptionOpt,
-    per_layer: bool = typer.Option(False, "--per-layer", help="print the per-layer table (and, for sparse / "
-                                   "tinytraining, the cost of updating each conv: the 256KB paper's Figure 11a)"),
+    blocks: int | None = BlocksOpt,
+    layers: int | None = LayersOpt,
+    scheme: str | None = SchemeOpt,
+    bits: int | None = BitsCacheOpt,
+    samples: int | None = SamplesOpt,
+    epochs: int | None = EpochsOpt,
+    option: list[str] | None = OptionOpt,
+    norm: str | None = NormOpt,
+    batch: int = BatchOpt,
+    resolution: int | None = ResOpt,
+    classes: int | None = ClassesOpt,
+    mode: str = ModeOpt,
+    optimizer: str = OptimOpt,
+    frozen_bits: int = BitsOpt,
+    mode_option: list[str] | None = ModeOptionOpt,
+    per_layer: bool = typer.Option(
+        False,
+        "--per-layer",
+        help="print the per-layer table (and, for sparse / "
+        "tinytraining, the cost of updating each conv: the 256KB paper's Figure 11a)",
+    ),
     plot: str | None = typer.Option(None, "--plot", help="draw the per-conv update costs (Figure 11a) to PATH"),
-    json_out: str | None = typer.Option(None, "--json", help="write the profile as JSON to PATH ('-' = stdout, JSON only)"),
+    json_out: str | None = typer.Option(
+        None, "--json", help="write the profile as JSON to PATH ('-' = stdout, JSON only)"
+    ),
     csv_out: str | None = typer.Option(None, "--csv", help="write the per-layer table as CSV to PATH ('-' = stdout)"),
-    leaf: list[str] | None = LeafOpt, block_names: str | None = BlocksNamesOpt,
-    input_shape: str | None = ShapeOpt, binary: bool = BinaryOpt, output: str | None = OutputOpt,
-    check: bool = typer.Option(False, "--check", help="also run one real CPU forward + loss of the model at batch "
-                               "<= 2 under saved_tensors_hooks and compare with the prediction (exit 1 if they differ)"),
-    schedule: str | None = cli_peak.ScheduleOpt, calibration: str = cli_peak.CalibrationOpt,
-    target: str | None = cli_peak.TargetOpt, old_target: str | None = OldTargetOpt,
+    leaf: list[str] | None = LeafOpt,
+    block_names: str | None = BlocksNamesOpt,
+    input_shape: str | None = ShapeOpt,
+    binary: bool = BinaryOpt,
+    output: str | None = OutputOpt,
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="also run one real CPU forward + loss of the model at batch "
+        "<= 2 under saved_tensors_hooks and compare with the prediction (exit 1 if they differ)",
+    ),
+    schedule: str | None = cli_peak.ScheduleOpt,
+    calibration: str = cli_peak.CalibrationOpt,
+    target: str | None = cli_peak.TargetOpt,
+    old_target: str | None = OldTargetOpt,
 ) -> None:
     """Memory and FLOPs of fine-tuning MODEL with one strategy."""
     quiet = json_out == "-" or csv_out == "-"
     out = console(quiet)
     target = target_option(target, old_target, "profile")
-    strategy_opts = _strategy_opts(option, blocks=blocks, layers=layers, scheme=scheme, bits=bits, samples=samples,
-                                   epochs=epochs)
+    strategy_opts = _strategy_opts(
+        option, blocks=blocks, layers=layers, scheme=scheme, bits=bits, samples=samples, epochs=epochs
+    )
     capture_opts = _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output)
     mode = cli_peak.target_mode(ctx, mode, target)
-    p = api.profile(model, method, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, check=check,
-                    schedule=schedule, calibration=cli_peak.calibration_arg(calibration),
-                    mode_options=key_values(mode_option, "--mode-option"), **strategy_opts, **capture_opts)
+    p = api.profile(
+        model,
+        method,
+        mode=mode,
+        optimizer=optimizer,
+        frozen_bits=frozen_bits,
+        check=check,
+        schedule=schedule,
+        calibration=cli_peak.calibration_arg(calibration),
+        mode_options=key_values(mode_option, "--mode-option"),
+        **strategy_opts,
+        **capture_opts,
+    )
     if target:
         cli_peak.add_fit(p, target)
     if json_out:
@@ -118,9 +166,13 @@ def profile(
 def verify(
     model: str = ModelArg,
     method: str = MethodOpt,
-    blocks: int | None = BlocksOpt, layers: int | None = LayersOpt, scheme: str | None = SchemeOpt,
-    option: list[str] | None = OptionOpt, norm: str | None = NormOpt,
-    batch: int = typer.Option(2, "--batch", "-b", help="batch size"), resolution: int | None = ResOpt,
+    blocks: int | None = BlocksOpt,
+    layers: int | None = LayersOpt,
+    scheme: str | None = SchemeOpt,
+    option: list[str] | None = OptionOpt,
+    norm: str | None = NormOpt,
+    batch: int = typer.Option(2, "--batch", "-b", help="batch size"),
+    resolution: int | None = ResOpt,
     classes: int | None = ClassesOpt,
     steps: int = typer.Option(2, "--steps", help="real training steps on random data"),
     optimizer: str = OptimOpt,
@@ -134,8 +186,19 @@ def verify(
     from .verify import EXIT_MISMATCH, verify as run_verify
 
     opts = _strategy_opts(option, blocks=blocks, layers=layers, scheme=scheme)
-    report = run_verify(model, method, batch=batch, resolution=resolution, classes=classes, norm=norm, steps=steps,
-                        device=device, optimizer=optimizer, tolerance=tolerance, **opts)
+    report = run_verify(
+        model,
+        method,
+        batch=batch,
+        resolution=resolution,
+        classes=classes,
+        norm=norm,
+        steps=steps,
+        device=device,
+        optimizer=optimizer,
+        tolerance=tolerance,
+        **opts,
+    )
     print_verify(report, console())
     if not report.ok:
         raise typer.Exit(EXIT_MISMATCH)
@@ -144,26 +207,37 @@ def verify(
 @app.command()
 def search(
     model: str | None = typer.Argument(None, help="model (default: mcunet-5fps at 128 px with its shipped profile)"),
-    budget: str | None = typer.Option(None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" '
-                                         '(1024-based), "0.1MB" or bytes'),
-    profile: str | None = typer.Option(None, "--profile", help="contribution profile JSON (default: the shipped one "
-                                          "matching the model)"),
-    target: str | None = typer.Option(None, "--target", help="hardware profile, e.g. stm32f746: the budget is its "
-                                      "memory left to training in the mode (its default mode: mcu, the modelled peak)"),
+    budget: str | None = typer.Option(
+        None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes'
+    ),
+    profile: str | None = typer.Option(
+        None, "--profile", help="contribution profile JSON (default: the shipped one matching the model)"
+    ),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        help="hardware profile, e.g. stm32f746: the budget is its "
+        "memory left to training in the mode (its default mode: mcu, the modelled peak)",
+    ),
     old_target: str | None = OldTargetOpt,
-    mode: str | None = typer.Option(None, "--mode", help="accounting mode of the budget (default: tinytraining, "
-                                    "or the target's mode)"),
-    optimizer: str = OptimOpt, mode_option: list[str] | None = ModeOptionOpt,
-    method: str | None = typer.Option(None, "--method", help="exact | evolution | random (default: exact when "
-                                         "memory is additive in the mode)"),
-    generations: int = typer.Option(100, "--generations"), population: int = typer.Option(100, "--population"),
+    mode: str | None = typer.Option(
+        None, "--mode", help="accounting mode of the budget (default: tinytraining, or the target's mode)"
+    ),
+    optimizer: str = OptimOpt,
+    mode_option: list[str] | None = ModeOptionOpt,
+    method: str | None = typer.Option(
+        None, "--method", help="exact | evolution | random (default: exact when memory is additive in the mode)"
+    ),
+    generations: int = typer.Option(100, "--generations"),
+    population: int = typer.Option(100, "--population"),
     seed: int = typer.Option(0, "--seed"),
     out: str | None = typer.Option(None, "--out", help="write the scheme JSON"),
     plot: str | None = typer.Option(None, "--plot", help="draw Figure 13 (evolution vs random) and 11b to PATH"),
     ratios: str | None = typer.Option(None, "--ratios", help="weight ratios of the space, e.g. 1/8,1/4,1/2,1"),
     pw1_only: bool = typer.Option(False, "--pw1-only", help="update weights of first pointwise convs only"),
     max_weight_layers: int | None = typer.Option(None, "--max-weight-layers", help="cap on weight-updated layers"),
-    classes: int | None = ClassesOpt, resolution: int | None = ResOpt,
+    classes: int | None = ClassesOpt,
+    resolution: int | None = ResOpt,
 ) -> None:
     """Search the sparse-update scheme with the largest summed Δacc under a memory budget."""
     from .render.figures import plot_search
@@ -174,11 +248,27 @@ def search(
     if budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
     extra = {"ratios": floats(ratios, "ratios")} if ratios else {}
-    result = run_search(model, budget, profile_path=profile, device=target, mode=mode, method=method,
-                        generations=generations, population=population, seed=seed, out=out, curves=plot is not None,
-                        pw1_only=pw1_only, max_weight_layers=max_weight_layers, classes=classes,
-                        resolution=resolution, command="memplan " + " ".join(sys.argv[1:]), optimizer=optimizer,
-                        mode_options=key_values(mode_option, "--mode-option"), **extra)
+    result = run_search(
+        model,
+        budget,
+        profile_path=profile,
+        device=target,
+        mode=mode,
+        method=method,
+        generations=generations,
+        population=population,
+        seed=seed,
+        out=out,
+        curves=plot is not None,
+        pw1_only=pw1_only,
+        max_weight_layers=max_weight_layers,
+        classes=classes,
+        resolution=resolution,
+        command="memplan " + " ".join(sys.argv[1:]),
+        optimizer=optimizer,
+        mode_options=key_values(mode_option, "--mode-option"),
+        **extra,
+    )
     out_console = console()
     print_search(result, out_console)
     if plot:
@@ -198,15 +288,27 @@ def schema() -> None:
 @app.command()
 def compare(
     model: str = ModelArg,
-    methods: str | None = typer.Option(None, "--methods", help="comma-separated strategies, method:K sets --blocks K, "
-                                          "e.g. full,bias,lastk:3,mobiletl:3 (default: full,last,norm,bias,lastk:3)"),
+    methods: str | None = typer.Option(
+        None,
+        "--methods",
+        help="comma-separated strategies, method:K sets --blocks K, "
+        "e.g. full,bias,lastk:3,mobiletl:3 (default: full,last,norm,bias,lastk:3)",
+    ),
     norm: str | None = NormOpt,
-    batch: int = BatchOpt, resolution: int | None = ResOpt, classes: int | None = ClassesOpt,
-    mode: str = ModeOpt, optimizer: str = OptimOpt, frozen_bits: int = BitsOpt, mode_option: list[str] | None = ModeOptionOpt,
+    batch: int = BatchOpt,
+    resolution: int | None = ResOpt,
+    classes: int | None = ClassesOpt,
+    mode: str = ModeOpt,
+    optimizer: str = OptimOpt,
+    frozen_bits: int = BitsOpt,
+    mode_option: list[str] | None = ModeOptionOpt,
     json_out: str | None = typer.Option(None, "--json", help="write all profiles as JSON to PATH ('-' = stdout)"),
     csv_out: str | None = typer.Option(None, "--csv", help="write one totals row per strategy as CSV to PATH"),
-    leaf: list[str] | None = LeafOpt, block_names: str | None = BlocksNamesOpt,
-    input_shape: str | None = ShapeOpt, binary: bool = BinaryOpt, output: str | None = OutputOpt,
+    leaf: list[str] | None = LeafOpt,
+    block_names: str | None = BlocksNamesOpt,
+    input_shape: str | None = ShapeOpt,
+    binary: bool = BinaryOpt,
+    output: str | None = OutputOpt,
 ) -> None:
     """One row per strategy: trainable params, saved activations, weights, memory, FLOPs."""
     quiet = json_out == "-" or csv_out == "-"
@@ -219,9 +321,15 @@ def compare(
             if k and not k.isdigit():
                 raise MemplanError(f"cannot read {tok!r} in --methods", "write a method, or method:K for K blocks")
             items.append((name, {"blocks": int(k)} if k else {}))
-    profiles = api.compare(model, items, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits,
-                           mode_options=key_values(mode_option, "--mode-option"),
-                           **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output))
+    profiles = api.compare(
+        model,
+        items,
+        mode=mode,
+        optimizer=optimizer,
+        frozen_bits=frozen_bits,
+        mode_options=key_values(mode_option, "--mode-option"),
+        **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output),
+    )
     if json_out:
         emit(export.many_to_json(profiles), json_out, out)
     if csv_out:

@@ -33,25 +33,38 @@ ModeOpt = typer.Option("pytorch", "--mode", help="accounting convention: pytorch
 OptimOpt = typer.Option("sgd", "--optimizer", help="sgd | sgd-momentum | adam (state counted per trainable weight)")
 BitsOpt = typer.Option(32, "--frozen-bits", help="storage bits of frozen weights (8 = int8)")
 LeafOpt = typer.Option(None, "--leaf", help="module class or qualname to treat as one op (repeatable)")
-BlocksNamesOpt = typer.Option(None, "--block-names",
-                              help="comma-separated block module qualnames (overrides the structural rule)")
+BlocksNamesOpt = typer.Option(
+    None, "--block-names", help="comma-separated block module qualnames (overrides the structural rule)"
+)
 ShapeOpt = typer.Option(None, "--input-shape", help="per-sample input shape, e.g. 3,224,224 (models outside the zoo)")
 BinaryOpt = typer.Option(False, "--binary", help="print sizes 1024-based (KiB/MiB) instead of 1000-based (kB/MB)")
 BlocksOpt = typer.Option(None, "--blocks", "-k", help="number of last blocks that train (lastk, mobiletl, cache-reuse)")
 LayersOpt = typer.Option(None, "--layers", help="number of last conv/linear layers that train (lastk)")
-SchemeOpt = typer.Option(None, "--scheme",
-                         help="sparse-update scheme: memplan scheme JSON or tiny-training backward_config")
+SchemeOpt = typer.Option(
+    None, "--scheme", help="sparse-update scheme: memplan scheme JSON or tiny-training backward_config"
+)
 BitsCacheOpt = typer.Option(None, "--bits", help="bits per cached feature (cache-reuse, minilearn)")
 SamplesOpt = typer.Option(None, "--samples", help="number of training samples (cache-reuse, minilearn)")
 EpochsOpt = typer.Option(None, "--epochs", help="training epochs (cache-reuse)")
-OptionOpt = typer.Option(None, "--option", "-o",
-                         help="other strategy option as key=value (repeatable), e.g. -o lite_kernel=3")
-OutputOpt = typer.Option(None, "--output", help="the key / field / index of the logits when the model returns a tuple, "
-                         "dict or namedtuple (default: its first tensor)")
-ModeOptionOpt = typer.Option(None, "--mode-option", "-O", help="accounting-mode option as key=value (repeatable), e.g. "
-                             "-O state_bits=32 -O grad_accumulation=true for tinytraining")
-NormOpt = typer.Option(None, "--norm",
-                       help="replace the model's norm layers: 'group' (GroupNorm, 8 channels per group) as TinyTL does")
+OptionOpt = typer.Option(
+    None, "--option", "-o", help="other strategy option as key=value (repeatable), e.g. -o lite_kernel=3"
+)
+OutputOpt = typer.Option(
+    None,
+    "--output",
+    help="the key / field / index of the logits when the model returns a tuple, "
+    "dict or namedtuple (default: its first tensor)",
+)
+ModeOptionOpt = typer.Option(
+    None,
+    "--mode-option",
+    "-O",
+    help="accounting-mode option as key=value (repeatable), e.g. "
+    "-O state_bits=32 -O grad_accumulation=true for tinytraining",
+)
+NormOpt = typer.Option(
+    None, "--norm", help="replace the model's norm layers: 'group' (GroupNorm, 8 channels per group) as TinyTL does"
+)
 #: the old spelling of ``--target`` on ``profile`` / ``search`` (deprecated: ``--device`` is a torch device)
 OldTargetOpt = typer.Option(None, "--device", hidden=True, help="deprecated spelling of --target")
 
@@ -61,10 +74,13 @@ def target_option(target: str | None, old: str | None, command: str) -> str | No
     if old is None:
         return target
     if target is not None:
-        raise MemplanError(f"give --target {target} or --device {old}, not both",
-                           "--device is the deprecated spelling of --target")
-    sys.stderr.write(f"warning: `memplan {command} --device {old}` is deprecated: write --target {old} "
-                     "(--device names a torch device)\n")
+        raise MemplanError(
+            f"give --target {target} or --device {old}, not both", "--device is the deprecated spelling of --target"
+        )
+    sys.stderr.write(
+        f"warning: `memplan {command} --device {old}` is deprecated: write --target {old} "
+        "(--device names a torch device)\n"
+    )
     return old
 
 
@@ -108,8 +124,9 @@ def floats(text: str | None, name: str) -> list[float] | None:
     try:
         return [float(eval_fraction(t)) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise MemplanError(f"cannot read --{name} {text!r}",
-                           "write comma-separated numbers, e.g. 0.125,0.25,0.5,1") from None
+        raise MemplanError(
+            f"cannot read --{name} {text!r}", "write comma-separated numbers, e.g. 0.125,0.25,0.5,1"
+        ) from None
 
 
 def ints(text: str | None, name: str) -> list[int] | None:
@@ -178,7 +195,10 @@ def run_command(command: Any, argv: list[str] | None) -> int:
     except Exception as exc:  # an internal bug: still one line unless debugging
         if os.environ.get("MEMPLAN_DEBUG"):
             raise
-        err.print(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
-                  "(rerun with MEMPLAN_DEBUG=1 for the traceback)", markup=False)
+        err.print(
+            f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+            "(rerun with MEMPLAN_DEBUG=1 for the traceback)",
+            markup=False,
+        )
         code = 1
     return code

@@ -26,9 +26,13 @@ class DefaultMeasure(TyperGroup):
         return super().parse_args(ctx, args)
 
 
-app = typer.Typer(cls=DefaultMeasure, no_args_is_help=True, rich_markup_mode=None,
-                  help="Contribution analysis (the 256KB paper's Figure 5): `memplan contrib MODEL ...` measures a "
-                       "profile; `memplan contrib validate PROFILE` checks that its Δacc add up (Figure 5c).")
+app = typer.Typer(
+    cls=DefaultMeasure,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Contribution analysis (the 256KB paper's Figure 5): `memplan contrib MODEL ...` measures a "
+    "profile; `memplan contrib validate PROFILE` checks that its Δacc add up (Figure 5c).",
+)
 
 
 def _validation(text: str | None) -> Any:
@@ -44,16 +48,28 @@ def _validation(text: str | None) -> Any:
 @app.command()
 def measure(
     model: str = typer.Argument(..., help="zoo name, package.module:attr or path/to/file.py:attr"),
-    weights: str | None = typer.Option(None, "--weights", help="local state_dict (.pt, loaded with weights_only=True),"
-                                          " or 'zoo' for the published weights of the zoo entry"),
-    data: str = typer.Option("digits", "--data", help="digits (MNIST 5k), fashion-mnist (Debian's "
-                             "dataset-fashion-mnist), an image folder, an .npz with x_train,y_train,x_test,y_test, "
-                             "or module:factory"),
-    out: str | None = typer.Option(None, "--out", help="contribution profile JSON (a .runs.jsonl checkpoint lives beside it)"),
+    weights: str | None = typer.Option(
+        None,
+        "--weights",
+        help="local state_dict (.pt, loaded with weights_only=True),"
+        " or 'zoo' for the published weights of the zoo entry",
+    ),
+    data: str = typer.Option(
+        "digits",
+        "--data",
+        help="digits (MNIST 5k), fashion-mnist (Debian's "
+        "dataset-fashion-mnist), an image folder, an .npz with x_train,y_train,x_test,y_test, "
+        "or module:factory",
+    ),
+    out: str | None = typer.Option(
+        None, "--out", help="contribution profile JSON (a .runs.jsonl checkpoint lives beside it)"
+    ),
     workers: int = typer.Option(1, "--workers", "-j", help="parallel runs (local process pool)"),
     executor: str = typer.Option("process", "--executor", help="process | ray"),
     address: str | None = typer.Option(None, "--address", help="Ray cluster address (with --executor ray)"),
-    no_cache: bool = typer.Option(False, "--no-cache", help="recompute the frozen prefix in every run (no feature cache)"),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="recompute the frozen prefix in every run (no feature cache)"
+    ),
     bits: int | None = typer.Option(None, "--bits", help="quantise cached features to BITS (default: fp32, exact)"),
     seeds: str | None = typer.Option(None, "--seeds", help="comma-separated seeds per run, e.g. 0,1,2"),
     epochs: int | None = typer.Option(None, "--epochs", help="epochs per run"),
@@ -62,15 +78,22 @@ def measure(
     lr_bias: float | None = typer.Option(None, "--lr-bias", help="learning rate of biases"),
     lr_weight: float | None = typer.Option(None, "--lr-weight", help="learning rate of the analysed weight"),
     resolution: int | None = typer.Option(None, "--resolution", "-r", help="input side of the runs in px"),
-    costing_resolution: int | None = typer.Option(None, "--costing-resolution", help="input side the schemes "
-                                                     "will be costed at (default: the run resolution)"),
+    costing_resolution: int | None = typer.Option(
+        None, "--costing-resolution", help="input side the schemes will be costed at (default: the run resolution)"
+    ),
     train_per_class: int | None = typer.Option(None, "--train-per-class", help="training images kept per class"),
-    validation: str | None = typer.Option(None, "--validation", help="validation split carved from the training "
-                                             "data: images per class (100) or a fraction (0.2, the default)"),
-    test_per_class: int | None = typer.Option(None, "--test-per-class", help="test images kept per class (the "
-                                                 "test split is only used by final evaluations)"),
+    validation: str | None = typer.Option(
+        None,
+        "--validation",
+        help="validation split carved from the training data: images per class (100) or a fraction (0.2, the default)",
+    ),
+    test_per_class: int | None = typer.Option(
+        None, "--test-per-class", help="test images kept per class (the test split is only used by final evaluations)"
+    ),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto (cuda where torch sees a GPU)"),
-    plot: str | None = typer.Option(None, "--plot", help="draw Figure 5 (bias curve, per-layer Δacc per ratio) to PATH"),
+    plot: str | None = typer.Option(
+        None, "--plot", help="draw Figure 5 (bias curve, per-layer Δacc per ratio) to PATH"
+    ),
 ) -> None:
     """Measure a contribution profile: real fine-tuning runs measuring Δacc per bias depth and per
     layer x channel ratio on a validation split. Resumable: rerun to continue."""
@@ -81,13 +104,34 @@ def measure(
     out_console = console()
     positive_int("workers", workers)
     val = _validation(validation) if validation is not None else DEFAULT_VALIDATION
-    prof = run_contrib(model, weights, data, out, workers=workers, executor=executor, address=address,
-                       cache=not no_cache, bits=bits, seeds=ints(seeds, "seeds"), epochs=epochs, batch_size=batch_size,
-                       ratios=floats(ratios, "ratios"), lr_bias=lr_bias, lr_weight=lr_weight, resolution=resolution,
-                       costing_resolution=costing_resolution, train_per_class=train_per_class, validation=val,
-                       test_per_class=test_per_class, device=device, progress=sys.stderr.isatty())
-    out_console.print(f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured on the {prof.evaluated_on} "
-                      f"split" + (f"; wrote {out}" if out else ""))
+    prof = run_contrib(
+        model,
+        weights,
+        data,
+        out,
+        workers=workers,
+        executor=executor,
+        address=address,
+        cache=not no_cache,
+        bits=bits,
+        seeds=ints(seeds, "seeds"),
+        epochs=epochs,
+        batch_size=batch_size,
+        ratios=floats(ratios, "ratios"),
+        lr_bias=lr_bias,
+        lr_weight=lr_weight,
+        resolution=resolution,
+        costing_resolution=costing_resolution,
+        train_per_class=train_per_class,
+        validation=val,
+        test_per_class=test_per_class,
+        device=device,
+        progress=sys.stderr.isatty(),
+    )
+    out_console.print(
+        f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured on the {prof.evaluated_on} "
+        f"split" + (f"; wrote {out}" if out else "")
+    )
     if plot:
         out_console.print(f"wrote {plot_contrib(prof, plot)}")
 
@@ -95,8 +139,11 @@ def measure(
 @app.command()
 def validate(
     profile: str = typer.Argument(..., help="contribution profile JSON (measured with a validation split)"),
-    budgets: str | None = typer.Option(None, "--budgets", help='comma-separated memory budgets, e.g. "20KB,50KB,'
-                                          '100KB" (default: 4 spread over the profile\'s range)'),
+    budgets: str | None = typer.Option(
+        None,
+        "--budgets",
+        help='comma-separated memory budgets, e.g. "20KB,50KB,100KB" (default: 4 spread over the profile\'s range)',
+    ),
     per_budget: int = typer.Option(3, "--per-budget", help="random schemes per budget"),
     no_searched: bool = typer.Option(False, "--no-searched", help="leave out the searched optimum of each budget"),
     mode: str = typer.Option("tinytraining", "--mode", help="accounting mode of the budgets"),
@@ -117,9 +164,18 @@ def validate(
     positive_int("bootstrap", bootstrap)
     prof = load_profile(profile)
     chosen: list[Any] = [b.strip() for b in budgets.split(",") if b.strip()] if budgets else default_budgets(prof, mode)
-    check = validate_profile(prof, chosen, per_budget=per_budget, searched=not no_searched, mode=mode,
-                             seeds=ints(seeds, "seeds"), bootstrap=bootstrap, seed=seed, device=device,
-                             progress=lambda text: out_console.print(text, markup=False))
+    check = validate_profile(
+        prof,
+        chosen,
+        per_budget=per_budget,
+        searched=not no_searched,
+        mode=mode,
+        seeds=ints(seeds, "seeds"),
+        bootstrap=bootstrap,
+        seed=seed,
+        device=device,
+        progress=lambda text: out_console.print(text, markup=False),
+    )
     check.profile = profile
     for line in summary(check):
         out_console.print(line, markup=False)

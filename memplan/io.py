@@ -93,8 +93,9 @@ def read_json(path: str | os.PathLike, what: str = "file", error: type[MemplanEr
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise error(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
-                    "is it truncated?") from None
+        raise error(
+            f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", "is it truncated?"
+        ) from None
     if not isinstance(data, dict):
         raise error(f"{what} {path} holds a JSON {type(data).__name__}, not an object")
     return data

@@ -50,10 +50,12 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def register(self, *names: str) -> Callable[[T], T]:
         """Decorator: register the decorated object under every one of ``names``."""
+
         def decorate(item: T) -> T:
             for name in names:
                 self.add(name, item)
             return item
+
         return decorate
 
     def choose(self, name: str) -> T:

@@ -14,9 +14,16 @@ from fractions import Fraction
 from .errors import BadOption
 
 UNITS: dict[str, int] = {
-    "b": 1, "": 1,
-    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "b": 1,
+    "": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
 }
 _BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
@@ -31,11 +38,16 @@ def parse_bytes(text: str | int | float) -> int:
     else:
         m = _BUDGET.match(str(text))
         if not m:
-            raise BadOption(f"cannot read {text!r} as a size", 'write e.g. "100KB" (1000-based), "100KiB" (1024-based) or plain bytes')
+            raise BadOption(
+                f"cannot read {text!r} as a size",
+                'write e.g. "100KB" (1000-based), "100KiB" (1024-based) or plain bytes',
+            )
         value, unit = float(m.group(1)), m.group(2)
     key = unit.lower()
     if key not in UNITS:
-        raise BadOption(f"unknown size unit {unit!r} in {text!r}", "use B, kB/KB, MB, GB (1000-based) or KiB, MiB, GiB (1024-based)")
+        raise BadOption(
+            f"unknown size unit {unit!r} in {text!r}", "use B, kB/KB, MB, GB (1000-based) or KiB, MiB, GiB (1024-based)"
+        )
     nbytes = value * UNITS[key]
     if not math.isfinite(nbytes) or nbytes > 2**62:
         raise BadOption(f"size {text!r} is too large")

@@ -15,10 +15,23 @@ atexit.register(shutil.rmtree, os.environ["MEMPLAN_CACHE"], True)
 
 # hypothesis profiles: `ci` (default) is reproducible and fixed-size; `pytest --hypothesis-profile long`
 # runs thousands of random examples (failures are kept in .hypothesis/ and replayed first)
-settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True, database=None,
-                          suppress_health_check=[HealthCheck.too_slow], print_blob=False)
-settings.register_profile("long", max_examples=5000, deadline=None, derandomize=False,
-                          suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=False,
+)
+settings.register_profile(
+    "long",
+    max_examples=5000,
+    deadline=None,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
 settings.load_profile("ci")
 
 from memplan.models import zoo  # noqa: E402

@@ -93,8 +93,17 @@ def _stub_torchvision() -> None:
     functional = module("torchvision.transforms.functional")
     datasets = module("torchvision.datasets")
     tv.transforms, tv.datasets, transforms.functional = transforms, datasets, functional
-    for cls in ("RandomResizedCrop", "RandomCrop", "Compose", "Resize", "CenterCrop", "ToTensor", "Normalize",
-                "RandomHorizontalFlip", "ColorJitter"):
+    for cls in (
+        "RandomResizedCrop",
+        "RandomCrop",
+        "Compose",
+        "Resize",
+        "CenterCrop",
+        "ToTensor",
+        "Normalize",
+        "RandomHorizontalFlip",
+        "ColorJitter",
+    ):
         setattr(transforms, cls, type(cls, (), {}))
     datasets.ImageFolder = type("ImageFolder", (), {})
 
@@ -120,8 +129,10 @@ def _import(family: str, module: str):
 #: and 13.4 GB peak RSS (measured on a 2-core machine, torch 2.13 CPU). Kept in the registry
 #: (benchmarks/real_clients.py --models runs them); the slow test skips them with this reason. At
 #: random init plain autograd's gradients of efficientnet_l2 are already non-finite (842 parameters).
-_L2 = ("475M params: the 5 strategy checks take 2-3 min per model and 13.4 GB peak RSS "
-       "(build 16 s + one real fwd/bwd 11 s at batch 2, 32 px)")
+_L2 = (
+    "475M params: the 5 strategy checks take 2-3 min per model and 13.4 GB peak RSS "
+    "(build 16 s + one real fwd/bwd 11 s at batch 2, 32 px)"
+)
 GEFFNET_HEAVY: dict[str, str] = {"efficientnet_l2": _L2, "tf_efficientnet_l2_ns": _L2, "tf_efficientnet_l2_ns_475": _L2}
 
 
@@ -136,8 +147,15 @@ def _geffnet() -> list[Entry]:
             if name != name.lower():  # GenEfficientNet, the class
                 continue
             fn = getattr(mod, name)
-            out.append(Entry("geffnet", name, lambda fn=fn: fn(pretrained=False, num_classes=CLASSES),
-                             heavy=name in GEFFNET_HEAVY, note=GEFFNET_HEAVY.get(name, "")))
+            out.append(
+                Entry(
+                    "geffnet",
+                    name,
+                    lambda fn=fn: fn(pretrained=False, num_classes=CLASSES),
+                    heavy=name in GEFFNET_HEAVY,
+                    note=GEFFNET_HEAVY.get(name, ""),
+                )
+            )
     return out
 
 
@@ -147,8 +165,9 @@ def _from_name(family: str, names: list[str]) -> list[Entry]:
     mod = _import(family, family)
     if mod is None:
         return []
-    return [Entry(family, name, lambda name=name: mod.EfficientNet.from_name(name, num_classes=CLASSES))
-            for name in names]
+    return [
+        Entry(family, name, lambda name=name: mod.EfficientNet.from_name(name, num_classes=CLASSES)) for name in names
+    ]
 
 
 def _efficientnet_pytorch() -> list[Entry]:
@@ -164,8 +183,7 @@ def _efficientnet_lite() -> list[Entry]:
 #: ofa_proxyless_d234_e346_k357_w1.3, ofa_resnet50_d=0+1+2_e=0.2+0.25+0.35_w=0.65+0.8+1.0)
 OFA_SPACES = {
     "OFAMobileNetV3": dict(width_mult=1.0, ks_list=[3, 5, 7], expand_ratio_list=[3, 4, 6], depth_list=[2, 3, 4]),
-    "OFAProxylessNASNets": dict(width_mult=1.3, ks_list=[3, 5, 7], expand_ratio_list=[3, 4, 6],
-                                depth_list=[2, 3, 4]),
+    "OFAProxylessNASNets": dict(width_mult=1.3, ks_list=[3, 5, 7], expand_ratio_list=[3, 4, 6], depth_list=[2, 3, 4]),
     "OFAResNets": dict(depth_list=[0, 1, 2], expand_ratio_list=[0.2, 0.25, 0.35], width_mult_list=[0.65, 0.8, 1.0]),
 }
 OFA_SAMPLE_SEED = 1
@@ -173,8 +191,9 @@ OFA_SAMPLE_SEED = 1
 
 def _ofa_supernet(cls_name: str, sample: bool, extract: bool) -> nn.Module:
     nets = importlib.import_module("ofa.imagenet_classification.elastic_nn.networks")
-    net = getattr(nets, cls_name)(n_classes=CLASSES, dropout_rate=0.1 if cls_name != "OFAResNets" else 0,
-                                  **OFA_SPACES[cls_name])
+    net = getattr(nets, cls_name)(
+        n_classes=CLASSES, dropout_rate=0.1 if cls_name != "OFAResNets" else 0, **OFA_SPACES[cls_name]
+    )
     if sample:  # ofa samples with the global `random` module: seed it, and restore the caller's state
         state = random.getstate()
         random.seed(OFA_SAMPLE_SEED)
@@ -193,8 +212,10 @@ def _ofa() -> list[Entry]:
     if _import("ofa", "ofa.imagenet_classification.elastic_nn.networks") is None:
         return []
     static = importlib.import_module("ofa.imagenet_classification.networks")
-    out = [Entry("ofa", name, lambda name=name: getattr(static, name)(n_classes=CLASSES))
-           for name in ("MobileNetV3Large", "MobileNetV2", "ResNet50", "ResNet50D")]
+    out = [
+        Entry("ofa", name, lambda name=name: getattr(static, name)(n_classes=CLASSES))
+        for name in ("MobileNetV3Large", "MobileNetV2", "ResNet50", "ResNet50D")
+    ]
     for cls_name in OFA_SPACES:
         out.append(Entry("ofa", f"{cls_name}-max", lambda c=cls_name: _ofa_supernet(c, False, False)))
         out.append(Entry("ofa", f"{cls_name}-sampled", lambda c=cls_name: _ofa_supernet(c, True, False)))
@@ -217,27 +238,66 @@ def mcunet_5fps_config(classes: int = CLASSES) -> dict:
     """mcunet's ``ProxylessNASNets`` config dict (the format of its released ``*.json`` net configs,
     read by ``build_from_config`` / ``set_layer_from_config``). A fresh dict each call:
     ``set_layer_from_config`` pops the ``name`` keys."""
-    def identity(c: int) -> dict:
-        return {"name": "IdentityLayer", "in_channels": c, "out_channels": c, "use_bn": False, "act_func": None,
-                "dropout_rate": 0, "ops_order": "weight_bn_act"}
 
-    blocks = [{
-        "name": "MobileInvertedResidualBlock",
-        "mobile_inverted_conv": {"name": "MBInvertedConvLayer", "in_channels": cin, "out_channels": cout,
-                                 "kernel_size": k, "stride": s, "expand_ratio": e, "mid_channels": mid,
-                                 "act_func": "relu6", "use_se": False},
-        "shortcut": identity(cin) if res else None,
-    } for cin, cout, k, e, mid, s, res in MCUNET_5FPS]
+    def identity(c: int) -> dict:
+        return {
+            "name": "IdentityLayer",
+            "in_channels": c,
+            "out_channels": c,
+            "use_bn": False,
+            "act_func": None,
+            "dropout_rate": 0,
+            "ops_order": "weight_bn_act",
+        }
+
+    blocks = [
+        {
+            "name": "MobileInvertedResidualBlock",
+            "mobile_inverted_conv": {
+                "name": "MBInvertedConvLayer",
+                "in_channels": cin,
+                "out_channels": cout,
+                "kernel_size": k,
+                "stride": s,
+                "expand_ratio": e,
+                "mid_channels": mid,
+                "act_func": "relu6",
+                "use_se": False,
+            },
+            "shortcut": identity(cin) if res else None,
+        }
+        for cin, cout, k, e, mid, s, res in MCUNET_5FPS
+    ]
     return {
         "name": "ProxylessNASNets",
         "bn": {"momentum": 0.1, "eps": 1e-3},
-        "first_conv": {"name": "ConvLayer", "in_channels": 3, "out_channels": 16, "kernel_size": 3, "stride": 2,
-                       "dilation": 1, "groups": 1, "bias": False, "has_shuffle": False, "use_bn": True,
-                       "act_func": "relu6", "dropout_rate": 0, "ops_order": "weight_bn_act"},
+        "first_conv": {
+            "name": "ConvLayer",
+            "in_channels": 3,
+            "out_channels": 16,
+            "kernel_size": 3,
+            "stride": 2,
+            "dilation": 1,
+            "groups": 1,
+            "bias": False,
+            "has_shuffle": False,
+            "use_bn": True,
+            "act_func": "relu6",
+            "dropout_rate": 0,
+            "ops_order": "weight_bn_act",
+        },
         "blocks": blocks,
         "feature_mix_layer": None,
-        "classifier": {"name": "LinearLayer", "in_features": 160, "out_features": classes, "bias": True,
-                       "use_bn": False, "act_func": None, "dropout_rate": 0, "ops_order": "weight_bn_act"},
+        "classifier": {
+            "name": "LinearLayer",
+            "in_features": 160,
+            "out_features": classes,
+            "bias": True,
+            "use_bn": False,
+            "act_func": None,
+            "dropout_rate": 0,
+            "ops_order": "weight_bn_act",
+        },
     }
 
 
@@ -248,8 +308,11 @@ def _mcunet() -> list[Entry]:
     return [
         Entry("mcunet", "mcunet-5fps", lambda: nets.ProxylessNASNets.build_from_config(mcunet_5fps_config())),
         # the 256KB paper's variant: no feature-mix conv, no dropout (mcunet's own MobileNetV2 class)
-        Entry("mcunet", "mbv2-w0.35", lambda: nets.MobileNetV2(n_classes=CLASSES, width_mult=0.35, dropout_rate=0,
-                                                              no_mix_layer=True)),
+        Entry(
+            "mcunet",
+            "mbv2-w0.35",
+            lambda: nets.MobileNetV2(n_classes=CLASSES, width_mult=0.35, dropout_rate=0, no_mix_layer=True),
+        ),
     ]
 
 
@@ -324,8 +387,9 @@ def measure_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[i
 
     with FlopCounterMode(display=False) as fwd:
         loss = F.cross_entropy(model(x), y)
-    with FlopCounterMode(display=False,
-                         custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops}) as bwd:
+    with FlopCounterMode(
+        display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops}
+    ) as bwd:
         if loss.requires_grad:
             loss.backward()
     model.zero_grad(set_to_none=True)
@@ -376,8 +440,11 @@ class PairResult:
 
     @property
     def flops_exact(self) -> bool:
-        return (self.predicted_fwd_flops is not None and self.predicted_fwd_flops == self.measured_fwd_flops
-                and self.predicted_bwd_flops == self.measured_bwd_flops)
+        return (
+            self.predicted_fwd_flops is not None
+            and self.predicted_fwd_flops == self.measured_fwd_flops
+            and self.predicted_bwd_flops == self.measured_bwd_flops
+        )
 
     @property
     def applied_exact(self) -> bool:
@@ -385,9 +452,15 @@ class PairResult:
 
     @property
     def ok(self) -> bool:
-        return (not set(self.errors) - {"check"} and (self.bytes_exact or self.flagged) and self.flops_exact and
-                bool(self.eval_identical) and bool(self.loss_identical) and bool(self.grads_close) and
-                self.applied_exact)
+        return (
+            not set(self.errors) - {"check"}
+            and (self.bytes_exact or self.flagged)
+            and self.flops_exact
+            and bool(self.eval_identical)
+            and bool(self.loss_identical)
+            and bool(self.grads_close)
+            and self.applied_exact
+        )
 
 
 #: gradient tolerance: rtol as tests/test_apply.py, atol relative to the gradient's own scale. A lean
@@ -426,8 +499,9 @@ def capture_entry(base: nn.Module, shape):
     return memplan.capture(copy.deepcopy(base), shape)
 
 
-def check_pair(base: nn.Module, graph, shape, method: str, name: str = "", *, raise_errors: bool = False,
-               apply_checks: bool = True) -> PairResult:
+def check_pair(
+    base: nn.Module, graph, shape, method: str, name: str = "", *, raise_errors: bool = False, apply_checks: bool = True
+) -> PairResult:
     """Checks 1-3 for ``method`` on ``base`` (left untouched; every run is on a deep copy).
 
     ``graph`` is ``memplan.capture`` of a copy of ``base`` at ``shape``. 1: ``pytorch``-mode saved
@@ -446,8 +520,9 @@ def check_pair(base: nn.Module, graph, shape, method: str, name: str = "", *, ra
             node.module = module
 
 
-def _check_pair(base: nn.Module, graph, shape, method: str, name: str = "", *, raise_errors: bool = False,
-                apply_checks: bool = True) -> PairResult:
+def _check_pair(
+    base: nn.Module, graph, shape, method: str, name: str = "", *, raise_errors: bool = False, apply_checks: bool = True
+) -> PairResult:
     import torch.nn.functional as F
 
     import memplan
@@ -554,8 +629,10 @@ def _check_pair(base: nn.Module, graph, shape, method: str, name: str = "", *, r
             if q is None or q.grad is None or p.grad is None or not q.requires_grad:
                 bad.append(f"{pname}: missing")
             elif not grads_match(q.grad, p.grad):
-                bad.append(f"{pname}: max diff {(q.grad - p.grad).abs().max().item():.3g} "
-                           f"(max |grad| {p.grad.abs().max().item():.3g})")
+                bad.append(
+                    f"{pname}: max diff {(q.grad - p.grad).abs().max().item():.3g} "
+                    f"(max |grad| {p.grad.abs().max().item():.3g})"
+                )
             elif not torch.allclose(q.grad, p.grad, rtol=1e-5, atol=1e-7):
                 strict.append(pname)
         extra = sorted({n for n, p in lean.named_parameters() if p.requires_grad} - {n for n, _ in trainable})

@@ -246,29 +246,46 @@ ACT_MODULES: dict[str, Callable[[bool], nn.Module]] = {
 }
 #: (kind, inplace) -> functional call
 ACT_FUNCTIONS: dict[tuple[str, bool], Callable[[torch.Tensor], torch.Tensor]] = {
-    ("relu", False): F.relu, ("relu", True): lambda x: F.relu(x, inplace=True),
-    ("relu6", False): F.relu6, ("relu6", True): lambda x: F.relu6(x, inplace=True),
+    ("relu", False): F.relu,
+    ("relu", True): lambda x: F.relu(x, inplace=True),
+    ("relu6", False): F.relu6,
+    ("relu6", True): lambda x: F.relu6(x, inplace=True),
     ("hardtanh", False): lambda x: F.hardtanh(x, -1.0, 1.0),
     ("hardtanh", True): lambda x: F.hardtanh(x, -1.0, 1.0, inplace=True),
     ("leaky_relu", False): lambda x: F.leaky_relu(x, 0.2),
     ("leaky_relu", True): lambda x: F.leaky_relu(x, 0.2, inplace=True),
-    ("hardswish", False): F.hardswish, ("hardswish", True): lambda x: F.hardswish(x, inplace=True),
-    ("hardsigmoid", False): F.hardsigmoid, ("hardsigmoid", True): lambda x: F.hardsigmoid(x, inplace=True),
-    ("silu", False): F.silu, ("silu", True): lambda x: F.silu(x, inplace=True),
-    ("elu", False): F.elu, ("elu", True): lambda x: F.elu(x, inplace=True),
-    ("gelu", False): F.gelu, ("sigmoid", False): F.sigmoid, ("tanh", False): F.tanh,
+    ("hardswish", False): F.hardswish,
+    ("hardswish", True): lambda x: F.hardswish(x, inplace=True),
+    ("hardsigmoid", False): F.hardsigmoid,
+    ("hardsigmoid", True): lambda x: F.hardsigmoid(x, inplace=True),
+    ("silu", False): F.silu,
+    ("silu", True): lambda x: F.silu(x, inplace=True),
+    ("elu", False): F.elu,
+    ("elu", True): lambda x: F.elu(x, inplace=True),
+    ("gelu", False): F.gelu,
+    ("sigmoid", False): F.sigmoid,
+    ("tanh", False): F.tanh,
 }
 ACT_TORCH: dict[tuple[str, bool], Callable[[torch.Tensor], torch.Tensor]] = {
-    ("relu", False): torch.relu, ("relu", True): torch.relu_, ("sigmoid", False): torch.sigmoid,
-    ("sigmoid", True): torch.sigmoid_, ("tanh", False): torch.tanh, ("tanh", True): torch.tanh_,
-    ("hardtanh", True): lambda x: F.hardtanh_(x, -1.0, 1.0), ("leaky_relu", True): lambda x: F.leaky_relu_(x, 0.2),
+    ("relu", False): torch.relu,
+    ("relu", True): torch.relu_,
+    ("sigmoid", False): torch.sigmoid,
+    ("sigmoid", True): torch.sigmoid_,
+    ("tanh", False): torch.tanh,
+    ("tanh", True): torch.tanh_,
+    ("hardtanh", True): lambda x: F.hardtanh_(x, -1.0, 1.0),
+    ("leaky_relu", True): lambda x: F.leaky_relu_(x, 0.2),
     ("elu", True): F.elu_,
 }
 ACT_METHODS: dict[tuple[str, bool], Callable[[torch.Tensor], torch.Tensor]] = {
-    ("relu", False): lambda x: x.relu(), ("relu", True): lambda x: x.relu_(),
-    ("sigmoid", False): lambda x: x.sigmoid(), ("sigmoid", True): lambda x: x.sigmoid_(),
-    ("tanh", False): lambda x: x.tanh(), ("tanh", True): lambda x: x.tanh_(),
-    ("relu6", False): lambda x: x.clamp(0.0, 6.0), ("relu6", True): lambda x: x.clamp_(0.0, 6.0),
+    ("relu", False): lambda x: x.relu(),
+    ("relu", True): lambda x: x.relu_(),
+    ("sigmoid", False): lambda x: x.sigmoid(),
+    ("sigmoid", True): lambda x: x.sigmoid_(),
+    ("tanh", False): lambda x: x.tanh(),
+    ("tanh", True): lambda x: x.tanh_(),
+    ("relu6", False): lambda x: x.clamp(0.0, 6.0),
+    ("relu6", True): lambda x: x.clamp_(0.0, 6.0),
 }
 
 ACT_FORMS = {"functional": ACT_FUNCTIONS, "method": ACT_METHODS, "torch": ACT_TORCH}
@@ -317,8 +334,9 @@ class ConvBlock(nn.Module):
     def __init__(self, spec: Conv, c_in: int, h: int, w: int):
         super().__init__()
         self.spec = spec
-        self.conv = nn.Conv2d(c_in, spec.out, spec.k, spec.stride, spec.pad, spec.dil, spec.groups, spec.bias,
-                              padding_mode=spec.pad_mode)
+        self.conv = nn.Conv2d(
+            c_in, spec.out, spec.k, spec.stride, spec.pad, spec.dil, spec.groups, spec.bias, padding_mode=spec.pad_mode
+        )
         _, ho, wo = conv_shape(spec, c_in, h, w)
         self.norm = norm_module(spec.norm, spec.out, ho, wo)
         self.act = act_module(spec.act)
@@ -446,7 +464,9 @@ class Pool(nn.Module):
         if s.form == "module":
             self.pool = {
                 "max": lambda: nn.MaxPool2d(s.k, s.stride, s.pad, ceil_mode=s.ceil),
-                "avg": lambda: nn.AvgPool2d(s.k, s.stride, s.pad, ceil_mode=s.ceil, count_include_pad=s.count_include_pad),
+                "avg": lambda: nn.AvgPool2d(
+                    s.k, s.stride, s.pad, ceil_mode=s.ceil, count_include_pad=s.count_include_pad
+                ),
                 "adaptive_avg": lambda: nn.AdaptiveAvgPool2d(s.out_hw),
                 "adaptive_max": lambda: nn.AdaptiveMaxPool2d(s.out_hw),
             }[s.kind]()
@@ -468,8 +488,11 @@ class Interp(nn.Module):
     def __init__(self, spec: InterpU, c: int, h: int, w: int):
         super().__init__()
         self.spec = spec
-        self.up = (nn.Upsample(size=spec.size, scale_factor=spec.scale, mode=spec.mode, align_corners=spec.align_corners)
-                   if spec.form == "module" else None)
+        self.up = (
+            nn.Upsample(size=spec.size, scale_factor=spec.scale, mode=spec.mode, align_corners=spec.align_corners)
+            if spec.form == "module"
+            else None
+        )
 
     def forward(self, x):
         if self.up is not None:
@@ -491,8 +514,12 @@ class Drop(nn.Module):
         return F.dropout(x, self.spec.p, training=self.training, inplace=self.spec.inplace)
 
 
-PAD_MODULES = {"constant": nn.ZeroPad2d, "reflect": nn.ReflectionPad2d, "replicate": nn.ReplicationPad2d,
-               "circular": nn.CircularPad2d}
+PAD_MODULES = {
+    "constant": nn.ZeroPad2d,
+    "reflect": nn.ReflectionPad2d,
+    "replicate": nn.ReplicationPad2d,
+    "circular": nn.CircularPad2d,
+}
 
 
 class Pad(nn.Module):
@@ -567,8 +594,18 @@ class Matmul(nn.Module):
 
 
 UNIT_MODULES: dict[type, type[nn.Module]] = {
-    ConvU: ConvUnit, Conv1dU: Conv1dUnit, ResidualU: Residual, SEU: SqueezeExcite, ConcatU: Concat,
-    PoolU: Pool, InterpU: Interp, DropoutU: Drop, PadU: Pad, ActU: Activation, ChannelMixU: ChannelMix, MatmulU: Matmul,
+    ConvU: ConvUnit,
+    Conv1dU: Conv1dUnit,
+    ResidualU: Residual,
+    SEU: SqueezeExcite,
+    ConcatU: Concat,
+    PoolU: Pool,
+    InterpU: Interp,
+    DropoutU: Drop,
+    PadU: Pad,
+    ActU: Activation,
+    ChannelMixU: ChannelMix,
+    MatmulU: Matmul,
 }
 
 
@@ -576,7 +613,9 @@ class HeadModule(nn.Module):
     def __init__(self, spec: Head, c: int, h: int, w: int, classes: int):
         super().__init__()
         self.spec = spec
-        self.pool = {"adaptive_avg": nn.AdaptiveAvgPool2d(1), "adaptive_max": nn.AdaptiveMaxPool2d((1, 1))}.get(spec.reduce)
+        self.pool = {"adaptive_avg": nn.AdaptiveAvgPool2d(1), "adaptive_max": nn.AdaptiveMaxPool2d((1, 1))}.get(
+            spec.reduce
+        )
         self.flat = nn.Flatten() if spec.flatten == "module" and spec.reduce != "mean" else None
         features = c if spec.reduce != "none" else c * h * w
         self.norm = {"bn": nn.BatchNorm1d, "ln": nn.LayerNorm}[spec.norm](features) if spec.norm else None
@@ -711,8 +750,19 @@ def norms(draw, c: int, h: int, w: int, batch: int) -> Norm:
 
 
 @st.composite
-def convs(draw, c: int, h: int, w: int, batch: int, *, same: bool = False, stride: int | None = None,
-          out: int | None = None, act: bool = True, norm: bool = True) -> Conv:
+def convs(
+    draw,
+    c: int,
+    h: int,
+    w: int,
+    batch: int,
+    *,
+    same: bool = False,
+    stride: int | None = None,
+    out: int | None = None,
+    act: bool = True,
+    norm: bool = True,
+) -> Conv:
     """A conv with random groups / kernel / stride / padding / dilation (+ norm, + activation).
 
     ``same``: odd kernel with padding ``dil * (k // 2)`` (spatial size kept at stride 1)."""
@@ -753,14 +803,23 @@ def residuals(draw, c: int, h: int, w: int, batch: int) -> ResidualU:
     ci, hi, wi = c, h, w
     for i in range(n):
         last = i == n - 1
-        conv = draw(convs(ci, hi, wi, batch, same=True, stride=stride if i == 0 else 1,
-                          out=c if last and not project else None, act=not last))
+        conv = draw(
+            convs(
+                ci,
+                hi,
+                wi,
+                batch,
+                same=True,
+                stride=stride if i == 0 else 1,
+                out=c if last and not project else None,
+                act=not last,
+            )
+        )
         body.append(conv)
         ci, hi, wi = conv_shape(conv, ci, hi, wi)
     proj = None
     if project:
-        proj = Conv(ci, 1, stride, bias=draw(st.booleans()),
-                    norm=draw(st.one_of(st.none(), st.just(Norm("bn")))))
+        proj = Conv(ci, 1, stride, bias=draw(st.booleans()), norm=draw(st.one_of(st.none(), st.just(Norm("bn")))))
     first = body[0].act
     share = first is not None and first.form == "module" and draw(st.booleans())
     post = first if share else draw(st.one_of(st.none(), acts(fresh=True)))
@@ -801,8 +860,9 @@ def pools(draw, c: int, h: int, w: int) -> PoolU:
     if kind.startswith("adaptive"):
         return PoolU(kind, form, out_hw=(draw(st.integers(1, h)), draw(st.integers(1, w))))
     k = draw(st.integers(1, min(3, h, w)))
-    return PoolU(kind, form, k, draw(st.integers(1, k)), draw(st.integers(0, k // 2)), draw(st.booleans()),
-                 draw(st.booleans()))
+    return PoolU(
+        kind, form, k, draw(st.integers(1, k)), draw(st.integers(0, k // 2)), draw(st.booleans()), draw(st.booleans())
+    )
 
 
 @st.composite
@@ -819,8 +879,27 @@ def interps(draw, h: int, w: int) -> InterpU:
 @st.composite
 def units(draw, c: int, h: int, w: int, batch: int, fresh: bool) -> tuple[Unit, bool]:
     """One unit and whether its output is fresh (safe for a following in-place op)."""
-    kind = draw(st.sampled_from(["conv", "conv", "residual", "residual", "se", "concat", "pool", "pool", "interp",
-                                 "dropout", "pad", "act", "conv1d", "channel_mix", "matmul"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "conv",
+                "conv",
+                "residual",
+                "residual",
+                "se",
+                "concat",
+                "pool",
+                "pool",
+                "interp",
+                "dropout",
+                "pad",
+                "act",
+                "conv1d",
+                "channel_mix",
+                "matmul",
+            ]
+        )
+    )
     if kind == "conv":
         conv = draw(convs(c, h, w, batch))
         return ConvU(conv), conv.act is None
@@ -860,8 +939,9 @@ def units(draw, c: int, h: int, w: int, batch: int, fresh: bool) -> tuple[Unit, 
     forms = ["gram", "spatial", "left"] + (["gram_t", "weight"] if h * w <= 64 else [])
     form = draw(st.sampled_from(forms))
     fns = ["operator", "matmul", "bmm"] if form.startswith("gram") else ["operator"]
-    return MatmulU(form, draw(st.booleans()), draw(st.sampled_from(["torch", "method", "reshape"])),
-                   draw(st.sampled_from(fns))), True
+    return MatmulU(
+        form, draw(st.booleans()), draw(st.sampled_from(["torch", "method", "reshape"])), draw(st.sampled_from(fns))
+    ), True
 
 
 @st.composite

@@ -41,8 +41,11 @@ METHODS = ["full", "last", "norm", "bias", "lastk", "mobiletl", "sparse"]
 def sparse_config(graph) -> dict:
     """tiny-training backward_config: biases of the last 8 convs, four weights at mixed ratios."""
     n = len(conv_layers(graph))
-    return {"n_bias_update": 8, "manual_weight_idx": [n - 8, n - 6, n - 4, n - 2],
-            "weight_update_ratio": [0.25, 0.5, 1, 0.125]}
+    return {
+        "n_bias_update": 8,
+        "manual_weight_idx": [n - 8, n - 6, n - 4, n - 2],
+        "weight_update_ratio": [0.25, 0.5, 1, 0.125],
+    }
 
 
 def options(method: str, graph) -> dict:
@@ -104,8 +107,10 @@ def test_bias_saving_over_plain_pytorch_proxylessnas():
         measured[setup] = saved_bytes(model, x, y).bytes
         assert measured[setup] == mode_bytes(graph, plan, setup)
     ratio = measured["pytorch"] / measured["applied"]
-    print(f"proxylessnas-mobile bias 96px batch 2: plain {measured['pytorch']} B, applied "
-          f"{measured['applied']} B, {ratio:.1f}x")
+    print(
+        f"proxylessnas-mobile bias 96px batch 2: plain {measured['pytorch']} B, applied "
+        f"{measured['applied']} B, {ratio:.1f}x"
+    )
     assert ratio >= 10
 
 
@@ -131,8 +136,14 @@ def test_apply_strategy_swaps_lean_modules_in_place():
 def test_apply_plan_sparse_uses_the_plan_selection_rule():
     model, graph, _, shape = planned("mcunet-5fps", "full")
     convs = conv_layers(graph)
-    plan = Plan("sparse", {convs[-2].name: Train(0.5, False, "random"),
-                           convs[-4].name: Train(0.25, False, "magnitude-"), graph.classifier.name: Train(1.0, True)})
+    plan = Plan(
+        "sparse",
+        {
+            convs[-2].name: Train(0.5, False, "random"),
+            convs[-4].name: Train(0.25, False, "magnitude-"),
+            graph.classifier.name: Train(1.0, True),
+        },
+    )
     apply_plan(model, plan, graph)
     a, b = model.get_submodule(convs[-2].name), model.get_submodule(convs[-4].name)
     assert isinstance(a, SubChannelConv) and (a.rule, a.ratio) == ("random", 0.5)
@@ -143,8 +154,9 @@ def test_apply_plan_sparse_uses_the_plan_selection_rule():
     copies = a.weight_sel.numel() * 4 + b.weight_sel.numel() * 4
     applied = compute(graph, plan, get_mode("applied"))
     assert applied.extras["subchannel_copy_bytes"] == copies
-    assert applied.totals.total_bytes == (applied.totals.weight_bytes + applied.totals.gradient_bytes +
-                                          applied.totals.saved_activation_bytes + copies)
+    assert applied.totals.total_bytes == (
+        applied.totals.weight_bytes + applied.totals.gradient_bytes + applied.totals.saved_activation_bytes + copies
+    )
 
 
 def test_apply_plan_traces_itself_and_refuses_other_graphs_and_reapplying():
@@ -205,8 +217,16 @@ def test_relu_feeding_a_trained_conv_keeps_no_mask():
     """ReLU's output is the next conv's input: when that conv trains, PyTorch's ReLU shares the
     tensor the conv keeps (free), a mask would cost numel / 8 bytes more."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 1), nn.ReLU(),
-                          nn.Conv2d(8, 4, 1), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 1),
+        nn.ReLU(),
+        nn.Conv2d(8, 4, 1),
+        nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 3),
+    )
     graph = capture(model, (2, 3, 8, 8))
     plan = Plan("x", {"0": Train(0.0, True), "3": Train(1.0, True), "5": Train(0.0, True), "7": Train(1.0, True)})
     predicted = mode_bytes(graph, plan, "applied")
@@ -299,8 +319,9 @@ def test_mixed_ops_byte_exact_and_documented_gaps(method):
 def kept_by(module: nn.Module, x: torch.Tensor) -> list[int]:
     """Storage bytes of each tensor autograd keeps for backward of ``module(x)``."""
     kept: list[int] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.untyped_storage().nbytes()) or t,
-                                                  lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: kept.append(t.untyped_storage().nbytes()) or t, lambda t: t
+    ):
         module(x)
     return kept
 
@@ -308,9 +329,13 @@ def kept_by(module: nn.Module, x: torch.Tensor) -> list[int]:
 def test_lean_dropout_and_avgpool_match_plain():
     torch.manual_seed(0)
     x = torch.randn(4, 6, 9, 9)
-    for plain, lean in [(nn.AvgPool2d(2), LeanAvgPool2d.from_module(nn.AvgPool2d(2))),
-                        (nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False),
-                         LeanAvgPool2d.from_module(nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)))]:
+    for plain, lean in [
+        (nn.AvgPool2d(2), LeanAvgPool2d.from_module(nn.AvgPool2d(2))),
+        (
+            nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False),
+            LeanAvgPool2d.from_module(nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)),
+        ),
+    ]:
         outs = []
         for mod in (plain, lean):
             xi = x.clone().requires_grad_(True)
@@ -349,8 +374,12 @@ def test_sgd_lowers_loss_and_leaves_frozen_state_bit_identical(name, method):
     before = snapshot(model)
     frozen = {k for k, v in model.state_dict(keep_vars=True).items() if not v.requires_grad}
     # buffers that legitimately change: running statistics of norms in train mode
-    moving = {k for k in frozen for n in plan.norm_train if k.startswith(n + ".") and "running" in k or
-              k == f"{n}.num_batches_tracked"}
+    moving = {
+        k
+        for k in frozen
+        for n in plan.norm_train
+        if k.startswith(n + ".") and "running" in k or k == f"{n}.num_batches_tracked"
+    }
     x, y = batch(shape)
     torch.manual_seed(3)
     losses = fit(model, make_optimizer(model.parameters(), "sgd", 0.01), x, y, steps=4)
@@ -371,8 +400,10 @@ def test_sgd_lowers_loss_and_leaves_frozen_state_bit_identical(name, method):
 EXACT_METHODS = ["full", "last", "norm", "bias", "lastk", "sparse"]
 
 
-@pytest.mark.parametrize("name,method", [(n, m) for n in MODELS for m in EXACT_METHODS] +
-                         [("mbv2-w0.35", "mobiletl"), ("proxylessnas-mobile", "mobiletl")])
+@pytest.mark.parametrize(
+    "name,method",
+    [(n, m) for n in MODELS for m in EXACT_METHODS] + [("mbv2-w0.35", "mobiletl"), ("proxylessnas-mobile", "mobiletl")],
+)
 def test_gradients_equal_plain_pytorch(name, method):
     """Every lean op except the sign-approximated h-swish is exact. mobiletl on ReLU6-only
     networks approximates nothing (ReLU6's 1-bit mask is its exact derivative)."""

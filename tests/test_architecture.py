@@ -31,6 +31,9 @@ def test_layers_are_exhaustive_and_the_never_rules_are_contracts():
 
 
 def test_no_module_is_over_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "memplan").rglob("*.py")
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / "memplan").rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert not long

@@ -38,8 +38,15 @@ class Gated(nn.Module):
 
 
 def small_net() -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Hardswish(), ScaleFirstSE(8), Gated(8),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.Hardswish(),
+        ScaleFirstSE(8),
+        Gated(8),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 2),
+    )
 
 
 def test_remove_se_finds_se_by_structure_not_by_class():
@@ -85,8 +92,17 @@ def test_lite_blocks_puts_branches_in_the_last_blocks_only():
 
 
 def test_mobiletl_train_main_false_trains_patches_and_head_only():
-    p = memplan.profile("proxylessnas-mobile", "mobiletl", mode="ideal", resolution=64, classes=10, blocks=3,
-                        lite=True, lite_blocks=3, train_main=False)
+    p = memplan.profile(
+        "proxylessnas-mobile",
+        "mobiletl",
+        mode="ideal",
+        resolution=64,
+        classes=10,
+        blocks=3,
+        lite=True,
+        lite_blocks=3,
+        train_main=False,
+    )
     trained = {layer.name for layer in p.layers if layer.trainable_params}
     blocks = {layer.block for layer in p.layers if layer.name in trained and layer.block}
     assert trained and all(is_lite(n) for n in trained if any(n.startswith(b + ".") for b in blocks))
@@ -110,8 +126,10 @@ def test_apply_strategy_with_architecture_options_trains():
     loss.backward()
 
 
-@pytest.mark.parametrize("args, code", [(["-o", "remove_se=true"], 0), (["-o", "remove_se=maybe"], 2),
-                                        (["-o", "activation=relu", "-o", "lite=true"], 0)])
+@pytest.mark.parametrize(
+    "args, code",
+    [(["-o", "remove_se=true"], 0), (["-o", "remove_se=maybe"], 2), (["-o", "activation=relu", "-o", "lite=true"], 0)],
+)
 def test_cli_architecture_options(capsys, args, code):
     with pytest.raises(SystemExit) as exc:
         main(["profile", "mobilenetv3-small", "--method", "bias", "--resolution", "64", *args])

@@ -17,8 +17,13 @@ import torch
 from memplan.cli import main
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "user_models.py")
-BC = {"n_bias_update": 22, "manual_weight_idx": [21, 24], "weight_update_ratio": [1, 0.25],
-      "weight_select_criteria": "magnitude+", "pw1_weight_only": False}
+BC = {
+    "n_bias_update": 22,
+    "manual_weight_idx": [21, 24],
+    "weight_update_ratio": [1, 0.25],
+    "weight_select_criteria": "magnitude+",
+    "pw1_weight_only": False,
+}
 
 
 class RunsCode:
@@ -40,18 +45,29 @@ def files(tmp_path_factory):
     assert main_rc == 0 and good.exists()
     scheme = json.loads(good.read_text())
     f = {
-        "empty": d / "empty.json", "truncated": d / "truncated.json", "version": d / "version.json",
-        "other_model": d / "other.json", "bad_ratio": d / "ratio.json", "bad_layer": d / "layer.json",
-        "bc_range": d / "bc.json", "notjson": d / "notjson.json", "profile_trunc": d / "profile.json",
-        "weights_txt": d / "weights.pt", "weights_list": d / "list.pt", "weights_evil": d / "evil.pt",
-        "unreadable": d / "unreadable.pt", "npz_bad": d / "bad.npz",
+        "empty": d / "empty.json",
+        "truncated": d / "truncated.json",
+        "version": d / "version.json",
+        "other_model": d / "other.json",
+        "bad_ratio": d / "ratio.json",
+        "bad_layer": d / "layer.json",
+        "bc_range": d / "bc.json",
+        "notjson": d / "notjson.json",
+        "profile_trunc": d / "profile.json",
+        "weights_txt": d / "weights.pt",
+        "weights_list": d / "list.pt",
+        "weights_evil": d / "evil.pt",
+        "unreadable": d / "unreadable.pt",
+        "npz_bad": d / "bad.npz",
     }
     f["empty"].write_text("")
     f["truncated"].write_text(good.read_text()[: len(good.read_text()) // 2])
     f["version"].write_text(json.dumps({**scheme, "schema_version": 99}))
     f["other_model"].write_text(json.dumps({**scheme, "fingerprint": "0000000000000000"}))
     f["bad_ratio"].write_text(json.dumps({**scheme, "weight_updates": [{**scheme["weight_updates"][0], "ratio": 1.5}]}))
-    f["bad_layer"].write_text(json.dumps({**scheme, "weight_updates": [{**scheme["weight_updates"][0], "layer": "nope"}]}))
+    f["bad_layer"].write_text(
+        json.dumps({**scheme, "weight_updates": [{**scheme["weight_updates"][0], "layer": "nope"}]})
+    )
     f["bc_range"].write_text(json.dumps({**BC, "manual_weight_idx": [5, 24]}))
     f["notjson"].write_text("{not json")
     f["profile_trunc"].write_text(open("profiles/mcunet-5fps-digits.json").read()[:500])
@@ -93,18 +109,28 @@ def cases(f):
         (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["bad_layer"])], "nope"),
         (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["bc_range"])], "5"),
         (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", "/nonexistent.json"], "nonexistent"),
-        (["profile", "resnet18", "-m", "sparse", "--scheme", str(f["truncated"]).replace("truncated", "scheme")],
-         "layer table differs"),
+        (
+            ["profile", "resnet18", "-m", "sparse", "--scheme", str(f["truncated"]).replace("truncated", "scheme")],
+            "layer table differs",
+        ),
         (["contrib", "minilearn-cifar10", "--data", "nowhere.npz", "--out", out], "nowhere"),
         (["contrib", "minilearn-cifar10", "--data", str(f["npz_bad"]), "--out", out], "npz"),
-        (["contrib", "minilearn-cifar10", "--data", "digits", "--weights", str(f["weights_txt"]), "--out", out],
-         "weights"),
-        (["contrib", "minilearn-cifar10", "--data", "digits", "--weights", str(f["weights_list"]), "--out", out],
-         "state_dict"),
-        (["contrib", "minilearn-cifar10", "--data", "digits", "--weights", str(f["weights_evil"]), "--out", out],
-         "weights"),
-        (["contrib", "minilearn-cifar10", "--data", "digits", "--weights", "/nonexistent.pt", "--out", out],
-         "nonexistent"),
+        (
+            ["contrib", "minilearn-cifar10", "--data", "digits", "--weights", str(f["weights_txt"]), "--out", out],
+            "weights",
+        ),
+        (
+            ["contrib", "minilearn-cifar10", "--data", "digits", "--weights", str(f["weights_list"]), "--out", out],
+            "state_dict",
+        ),
+        (
+            ["contrib", "minilearn-cifar10", "--data", "digits", "--weights", str(f["weights_evil"]), "--out", out],
+            "weights",
+        ),
+        (
+            ["contrib", "minilearn-cifar10", "--data", "digits", "--weights", "/nonexistent.pt", "--out", out],
+            "nonexistent",
+        ),
         (["contrib", "minilearn-cifar10", "--data", "digits", "--executor", "slurm", "--out", out], "slurm"),
         (["profile", "mcunet-5fps", "--json", "/nonexistent/dir/p.json"], "does not exist"),
         (["verify", "mcunet-5fps", "--steps", "0"], "--steps"),
@@ -124,9 +150,15 @@ def test_every_bad_input_is_one_line_exit_2_no_traceback_no_output(files, capsys
             main(args)
         cap = capsys.readouterr()
         lines = [line for line in cap.err.splitlines() if line.strip()]
-        ok = (exc.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
-              and needle.lower() in lines[0].lower() and "Traceback" not in cap.err + cap.out
-              and not out.exists() and not [p for p in os.listdir(files["dir"]) if p.endswith(".tmp")])
+        ok = (
+            exc.value.code == 2
+            and len(lines) == 1
+            and lines[0].startswith("error: ")
+            and needle.lower() in lines[0].lower()
+            and "Traceback" not in cap.err + cap.out
+            and not out.exists()
+            and not [p for p in os.listdir(files["dir"]) if p.endswith(".tmp")]
+        )
         if not ok:
             problems.append((args[:4], exc.value.code, cap.err.strip()[-300:]))
     assert not problems, "\n".join(map(str, problems))
@@ -137,10 +169,14 @@ def test_ctrl_c_during_contrib_exits_130_without_partial_profile(tmp_path):
     out = tmp_path / "p.json"
     # SIGINT handled the default way in the child, as in a terminal: a CI job started in the
     # background (``cmd &``, nohup) inherits an ignored SIGINT, and Python keeps it ignored
-    proc = subprocess.Popen([sys.executable, "-m", "memplan", "contrib", "minilearn-cifar10", "--data", "digits",
-                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MEMPLAN_NUM_THREADS": "1"},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memplan", "contrib", "minilearn-cifar10", "--data", "digits", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "MEMPLAN_NUM_THREADS": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     time.sleep(6)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

@@ -80,8 +80,9 @@ def test_hand_counted_cache_and_flops():
     assert e["stage_b_backward_flops_per_epoch"] == 10 * backward
     assert e["two_stage_training_flops"] == 10 * prefix + 3 * 10 * (suffix + backward)
     assert e["single_stage_training_flops"] == 3 * 10 * (prefix + suffix + backward)
-    assert e["flops_saving_ratio"] == pytest.approx((3 * (prefix + suffix + backward))
-                                                    / (prefix + 3 * (suffix + backward)))
+    assert e["flops_saving_ratio"] == pytest.approx(
+        (3 * (prefix + suffix + backward)) / (prefix + 3 * (suffix + backward))
+    )
     assert e["single_stage_frozen_forward_share"] == pytest.approx(prefix / (prefix + suffix + backward))
 
 
@@ -113,8 +114,9 @@ def test_stage_flops_match_flop_counter_on_resnet18():
     with FlopCounterMode(display=False) as bwd:
         nn.functional.cross_entropy(out, y).backward()
     backward = sum(bwd.get_flop_counts()["Global"].values())
-    e = api.profile(model, "cache-reuse", input_shape=(3, 32, 32), batch=batch, blocks=2, samples=samples,
-                    epochs=epochs).extras
+    e = api.profile(
+        model, "cache-reuse", input_shape=(3, 32, 32), batch=batch, blocks=2, samples=samples, epochs=epochs
+    ).extras
     assert e["stage_a_forward_flops"] == samples * ((forward - suffix) // batch)
     assert e["stage_b_forward_flops_per_epoch"] == samples * (suffix // batch)
     # memplan adds the classifier's bias gradient, 1 FLOP per logit (10 per sample); FlopCounterMode
@@ -129,8 +131,9 @@ def captured_224():
 
 def _cache_bytes(captured, fig) -> int:
     o = fig.options
-    prof = api.profile_captured(captured[fig.model], "cache-reuse", blocks=o["blocks"], bits=o["bits"],
-                                samples=o["samples"])
+    prof = api.profile_captured(
+        captured[fig.model], "cache-reuse", blocks=o["blocks"], bits=o["bits"], samples=o["samples"]
+    )
     assert prof.extras["cache_shape"] == [o["cut_shape"]]
     # hand count: samples x C x H x W x bits / 8
     c, h, w = o["cut_shape"]
@@ -165,12 +168,22 @@ def test_fig1a_four_block_training_flops():
     cap = api.capture_model("mobilenetv2", classes=1000)
     e = api.profile_captured(cap, "cache-reuse", blocks=4, samples=1).extras
     per_image = e["stage_b_forward_flops_per_epoch"] + e["stage_b_backward_flops_per_epoch"]
-    assert per_image == pytest.approx(by_key("cache-reuse.fig1a.mobilenetv2.lastk.last4.training_flops")
-                                      .in_base_units(), rel=0.06)
+    assert per_image == pytest.approx(
+        by_key("cache-reuse.fig1a.mobilenetv2.lastk.last4.training_flops").in_base_units(), rel=0.06
+    )
 
 
-@pytest.mark.parametrize("opts", [{"blocks": 1, "bits": 0}, {"blocks": 1, "bits": 33}, {"blocks": 1, "samples": 0},
-                                  {"blocks": 1, "epochs": -2}, {"blocks": 1, "bits": 2.5}, {"blocks": 1, "layers": 1}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"blocks": 1, "bits": 0},
+        {"blocks": 1, "bits": 33},
+        {"blocks": 1, "samples": 0},
+        {"blocks": 1, "epochs": -2},
+        {"blocks": 1, "bits": 2.5},
+        {"blocks": 1, "layers": 1},
+    ],
+)
 def test_bad_options(opts):
     with pytest.raises(BadOption):
         tiny_profile(**opts)

@@ -35,8 +35,18 @@ class BNAct(nn.BatchNorm2d):
         self.act = nn.ReLU(inplace=True)
 
     def forward(self, x):
-        return self.act(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                                     self.training or not self.track_running_stats, 0.1, self.eps))
+        return self.act(
+            F.batch_norm(
+                x,
+                self.running_mean,
+                self.running_var,
+                self.weight,
+                self.bias,
+                self.training or not self.track_running_stats,
+                0.1,
+                self.eps,
+            )
+        )
 
 
 class ConvSame(nn.Conv2d):
@@ -214,8 +224,9 @@ class Structured(nn.Module):
         return Out(maps, self.fc(f))
 
 
-@pytest.mark.parametrize("kind,output", [("tuple", None), ("tuple", 1), ("dict", "logits"), ("dict", None),
-                                         ("namedtuple", "logits")])
+@pytest.mark.parametrize(
+    "kind,output", [("tuple", None), ("tuple", 1), ("dict", "logits"), ("dict", None), ("namedtuple", "logits")]
+)
 def test_structured_outputs_and_defaulted_arguments(kind, output):
     torch.manual_seed(0)
     graph, _ = _exact(Structured(kind), (2, 3, 8, 8), "full", {}, classes=3, output=output)
@@ -300,8 +311,16 @@ class Sliced(nn.Module):
     def forward(self, x):
         c = self.active
         x = F.conv2d(x, self.conv.weight[:c], self.conv.bias[:c], padding=1)
-        x = F.batch_norm(x, self.bn.running_mean[:c], self.bn.running_var[:c], self.bn.weight[:c], self.bn.bias[:c],
-                         self.training, 0.1, self.bn.eps)
+        x = F.batch_norm(
+            x,
+            self.bn.running_mean[:c],
+            self.bn.running_var[:c],
+            self.bn.weight[:c],
+            self.bn.bias[:c],
+            self.training,
+            0.1,
+            self.bn.eps,
+        )
         x = F.relu(x).mean((2, 3))
         return F.linear(x, self.fc.weight[:, :c].contiguous(), self.fc.bias)
 
@@ -322,8 +341,11 @@ def test_parameters_read_through_slices_train_and_cost_exactly(method, opts, act
     applied = memplan.apply_strategy(copy.deepcopy(model), method, input_shape=(2, 3, 8, 8), **opts)
     assert torch.equal(applied.eval()(x), ref)
     trained = {n for n, p in applied.named_parameters() if p.requires_grad}
-    expected = {"last": {"fc.weight", "fc.bias"}, "norm": {"fc.weight", "fc.bias", "bn.weight", "bn.bias"},
-                "bias": {"fc.weight", "fc.bias", "bn.bias", "conv.bias"}}  # full, lastk --layers 2 (from conv): all
+    expected = {
+        "last": {"fc.weight", "fc.bias"},
+        "norm": {"fc.weight", "fc.bias", "bn.weight", "bn.bias"},
+        "bias": {"fc.weight", "fc.bias", "bn.bias", "conv.bias"},
+    }  # full, lastk --layers 2 (from conv): all
     assert trained == expected.get(method, set(dict(model.named_parameters())))
 
 
@@ -335,8 +357,9 @@ def test_paper_convention_refuses_parameters_it_has_no_rule_for():
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("call", [((2, 3), True), ((2, 3), False), ((-1, -2), True), (3, True), ((1,), False),
-                                  (None, False)])
+@pytest.mark.parametrize(
+    "call", [((2, 3), True), ((2, 3), False), ((-1, -2), True), (3, True), ((1,), False), (None, False)]
+)
 def test_mean_laid_out_as_its_kernel_lays_it_out(channels_last, call):
     """The capture's own ``mean`` output (it skips the meta kernel) has the shape and strides of
     the meta kernel's and of the CPU kernel's."""

@@ -25,8 +25,18 @@ def test_profile_json_stdout_is_only_json(capsys):
     data = json.loads(out)
     for key in ("model", "method", "mode", "batch", "resolution", "classes", "totals", "layers"):
         assert key in data
-    for key in ("params", "trainable_params", "macs", "forward_flops", "backward_flops", "saved_activation_bytes",
-                "weight_bytes", "gradient_bytes", "optimizer_bytes", "peak_bytes"):
+    for key in (
+        "params",
+        "trainable_params",
+        "macs",
+        "forward_flops",
+        "backward_flops",
+        "saved_activation_bytes",
+        "weight_bytes",
+        "gradient_bytes",
+        "optimizer_bytes",
+        "peak_bytes",
+    ):
         assert isinstance(data["totals"][key], int)
         assert key in data["layers"][0]
     assert data["resolution"] == 128 and data["classes"] == 1000
@@ -35,8 +45,9 @@ def test_profile_json_stdout_is_only_json(capsys):
 
 def test_profile_table_and_csv(tmp_path, capsys):
     csv_path = tmp_path / "layers.csv"
-    code, out, err = run(["profile", "resnet18", "-m", "lastk", "-k", "2", "-r", "64", "--per-layer", "--csv",
-                          str(csv_path)], capsys)
+    code, out, err = run(
+        ["profile", "resnet18", "-m", "lastk", "-k", "2", "-r", "64", "--per-layer", "--csv", str(csv_path)], capsys
+    )
     assert code == 0
     assert "saved activations" in out and "peak" in out and "layer4" not in err
     rows = csv_path.read_text().splitlines()
@@ -55,7 +66,9 @@ def test_user_model_from_file_and_factory(capsys):
     assert code == 0 and json.loads(out)["classes"] == 4
     code, out, _ = run(["profile", f"{DATA}:tiny_factory", "-r", "16", "--json", "-"], capsys)
     assert code == 0 and json.loads(out)["classes"] == 3
-    code, out, _ = run(["profile", "tests.data.user_models:TinyNet", "--classes", "6", "-r", "16", "--json", "-"], capsys)
+    code, out, _ = run(
+        ["profile", "tests.data.user_models:TinyNet", "--classes", "6", "-r", "16", "--json", "-"], capsys
+    )
     assert code == 0 and json.loads(out)["classes"] == 6
 
 
@@ -105,8 +118,11 @@ def test_untraceable_message_names_module_and_fix(capsys):
 
 def test_console_script_end_to_end(tmp_path):
     out = tmp_path / "p.json"
-    proc = subprocess.run([sys.executable, "-m", "memplan", "profile", "mbv2-w0.35", "-m", "bias", "--json", str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "memplan", "profile", "mbv2-w0.35", "-m", "bias", "--json", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["method"] == "bias"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]

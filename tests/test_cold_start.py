@@ -22,8 +22,15 @@ def test_import_memplan_loads_no_heavy_dependency():
     assert loaded_after("import memplan") == []
 
 
-@pytest.mark.parametrize("model, method", [("mcunet-5fps", "full"), ("mobilenetv3-small", "mobiletl"),
-                                           ("proxylessnas-mobile", "tinytl-l"), ("mobilenetv2", "bias")])
+@pytest.mark.parametrize(
+    "model, method",
+    [
+        ("mcunet-5fps", "full"),
+        ("mobilenetv3-small", "mobiletl"),
+        ("proxylessnas-mobile", "tinytl-l"),
+        ("mobilenetv2", "bias"),
+    ],
+)
 def test_profiling_zoo_networks_skips_torch_meta_references(model, method):
     code = f"import memplan\nmemplan.profile({model!r}, {method!r}, resolution=64)"
     assert not {"torch._dynamo", "sympy"} & set(loaded_after(code))

@@ -21,16 +21,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-from memplan.contrib import cache as fcache
-from memplan.contrib import load_profile, run_contrib
-from memplan.render.figures import plot_contrib
+from memplan.apply import apply_plan
+from memplan.contrib import cache as fcache, load_profile, run_contrib
 from memplan.contrib.data import digits_arrays, load_data
 from memplan.contrib.protocol import Protocol, RunSpec, grid, run_plan
-from memplan.graph import conv_table
 from memplan.contrib.runner import Worker
-from memplan.apply import apply_plan
 from memplan.errors import MemplanError
-from memplan.graph import capture, trace
+from memplan.graph import capture, conv_table, trace
+from memplan.render.figures import plot_contrib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +76,7 @@ def make_npz(path: Path, n: int = 24, side: int = 8, classes: int = 3, seed: int
         x = rng.normal(0, 0.3, (m, 3, side, side)).astype(np.float32)
         for i, c in enumerate(y):
             r = (c * side) // classes
-            x[i, :, r:r + side // classes, :] += 1.0
+            x[i, :, r : r + side // classes, :] += 1.0
         return x, y
 
     xtr, ytr = split(n)
@@ -97,7 +95,7 @@ def test_split_at_every_layer_reproduces_the_model():
     x = torch.randn(5, 3, 8, 8)
     want = model(x)
     graph = capture(model, (1, 3, 8, 8), gm=gm)
-    for layer in [l.name for l in conv_table(graph)] + ["classifier"]:
+    for layer in [c.name for c in conv_table(graph)] + ["classifier"]:
         prefix_graph, suffix_graph, names = fcache.split(gm, layer)
         values = fcache.run_prefix(fcache.submodel(model, prefix_graph), x, names)
         got = fcache.submodel(model, suffix_graph)(*values)
@@ -123,14 +121,16 @@ def test_quantise_follows_eq2_by_hand():
 def test_grid_counts_and_references():
     graph = capture(tiny_model(), (1, 3, 8, 8))
     layers = conv_table(graph)
-    assert [l.name for l in layers] == ["stem.0", "a.0", "b.0", "c.0"]
-    assert [l.bias for l in layers] == ["stem.1", "a.1", "b.1", "c.1"]  # BN shift carries the bias
+    assert [c.name for c in layers] == ["stem.0", "a.0", "b.0", "c.0"]
+    assert [c.bias for c in layers] == ["stem.1", "a.1", "b.1", "c.1"]  # BN shift carries the bias
     specs = grid(layers, Protocol(ratios=(0.125, 0.25, 0.5, 1.0)))
     assert len(specs) == 1 + 4 + 4 * 4  # classifier, k = 1..4, 4 convs x 4 ratios
     w = next(s for s in specs if s.kind == "weight" and s.layer == "a.0")
     assert w.k == 3 and w.reference == "bias:3"  # biases of a, b, c
     sub = grid(layers, Protocol(bias_ks=(1,), weight_layers=1))
-    assert sorted(s.id for s in sub) == sorted(["classifier", "bias:1", *(f"weight:c.0@{r}" for r in ("1/8", "1/4", "1/2", "1"))])
+    assert sorted(s.id for s in sub) == sorted(
+        ["classifier", "bias:1", *(f"weight:c.0@{r}" for r in ("1/8", "1/4", "1/2", "1"))]
+    )
 
 
 def test_run_trains_what_the_paper_says():
@@ -145,11 +145,21 @@ def test_run_trains_what_the_paper_says():
     # weights; biases (BN shifts) of a, b, c: 3 x 8 = 24; classifier 8 x 3 + 3 = 27
     run_model = applied(RunSpec("weight", 3, "a.0", 1, 0.25))
     trainable = {n: p.numel() for n, p in run_model.named_parameters() if p.requires_grad}
-    assert trainable == {"a.0.weight_sel": 144, "a.1.bias": 8, "b.1.bias": 8, "c.1.bias": 8,
-                         "classifier.weight": 24, "classifier.bias": 3}
+    assert trainable == {
+        "a.0.weight_sel": 144,
+        "a.1.bias": 8,
+        "b.1.bias": 8,
+        "c.1.bias": 8,
+        "classifier.weight": 24,
+        "classifier.bias": 3,
+    }
     bias_model = applied(RunSpec("bias", 2))
     assert sorted(n for n, p in bias_model.named_parameters() if p.requires_grad) == [
-        "b.1.bias", "c.1.bias", "classifier.bias", "classifier.weight"]
+        "b.1.bias",
+        "c.1.bias",
+        "classifier.bias",
+        "classifier.weight",
+    ]
     assert not any(m.training for m in bias_model.modules() if isinstance(m, nn.BatchNorm2d))
 
 
@@ -178,8 +188,10 @@ def test_profile_contents_roundtrip_and_plot(tmp_path):
     assert w.reference == "bias:3"
     assert w.delta == [x - y for x, y in zip(w.accuracy, runs["bias:3"].accuracy)]
     assert prof.weight["a.0"][0.5] == pytest.approx(sum(w.delta) / 2)
-    assert prof.bias[4] == pytest.approx(sum(a - b for a, b in zip(runs["bias:4"].accuracy, runs["classifier"].accuracy)) / 2)
-    assert [l.conv_index for l in prof.layers] == [0, 1, 2, 3]
+    assert prof.bias[4] == pytest.approx(
+        sum(a - b for a, b in zip(runs["bias:4"].accuracy, runs["classifier"].accuracy)) / 2
+    )
+    assert [c.conv_index for c in prof.layers] == [0, 1, 2, 3]
     assert set(prof.bias) == {1, 2, 3, 4} and set(prof.weight) == {"stem.0", "a.0", "b.0", "c.0"}
     assert all(r.train_s > 0 and r.eval_s > 0 for r in prof.runs)
     again = load_profile(out)
@@ -252,8 +264,9 @@ def test_sigkill_loses_only_runs_in_flight(tmp_path):
     out = tmp_path / "tiny.json"
     ckpt = out.with_suffix(".runs.jsonl")
     script = KILL_SCRIPT.format(root=str(ROOT), npz=str(npz), out=str(out))
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stderr=subprocess.PIPE,
-                            env={**os.environ, "MEMPLAN_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stderr=subprocess.PIPE, env={**os.environ, "MEMPLAN_NUM_THREADS": "1"}
+    )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if ckpt.is_file() and len(ckpt.read_text().splitlines()) >= 4:
@@ -262,7 +275,7 @@ def test_sigkill_loses_only_runs_in_flight(tmp_path):
     assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    finished = [json.loads(l)["run"]["id"] for l in ckpt.read_text().splitlines()[1:] if l.strip().endswith("}")]
+    finished = [json.loads(c)["run"]["id"] for c in ckpt.read_text().splitlines()[1:] if c.strip().endswith("}")]
     assert 3 <= len(finished) < 13
     prof = run_contrib(tiny_model(), data=str(npz), out=out, **TINY)
     assert prof.timing["runs_resumed"] == len(finished)
@@ -295,8 +308,20 @@ def test_ray_executor_matches_process_pool(tmp_path, capsys):
     from memplan.cli import main
 
     npz = make_npz(tmp_path / "task.npz", n=12, side=32)
-    common = ["contrib", "minilearn-cifar10", "--data", str(npz), "--seeds", "0", "--epochs", "1", "--ratios", "1",
-              "--batch-size", "8"]
+    common = [
+        "contrib",
+        "minilearn-cifar10",
+        "--data",
+        str(npz),
+        "--seeds",
+        "0",
+        "--epochs",
+        "1",
+        "--ratios",
+        "1",
+        "--batch-size",
+        "8",
+    ]
 
     def measure(out, *extra):
         with pytest.raises(SystemExit) as exc:
@@ -310,8 +335,12 @@ def test_ray_executor_matches_process_pool(tmp_path, capsys):
         on_ray = measure(tmp_path / "ray.json", "--executor", "ray", "--workers", "1")
     finally:
         ray.shutdown()
-    assert _accuracies(on_ray) == _accuracies(pooled) and len(on_ray.runs) == 7  # 3 convs: 3 bias + 3 weight + classifier
-    assert on_ray.weight == pooled.weight and on_ray.bias == pooled.bias and on_ray.probe_accuracy == pooled.probe_accuracy
+    assert (
+        _accuracies(on_ray) == _accuracies(pooled) and len(on_ray.runs) == 7
+    )  # 3 convs: 3 bias + 3 weight + classifier
+    assert (
+        on_ray.weight == pooled.weight and on_ray.bias == pooled.bias and on_ray.probe_accuracy == pooled.probe_accuracy
+    )
     assert on_ray.timing["executor"] == "ray" and pooled.timing["executor"] == "process"
 
 
@@ -395,7 +424,9 @@ def test_bad_data_give_one_line_errors(tmp_path):
     np.savez(tmp_path / "keys.npz", x_train=np.zeros((2, 8, 8)))
     (tmp_path / "empty_dir").mkdir()
     z = np.zeros((4, 8, 8), np.float32)
-    np.savez(tmp_path / "labels.npz", x_train=z, y_train=np.array([0.5, 1, 0, 1]), x_test=z, y_test=np.array([0, 1, 0, 1]))
+    np.savez(
+        tmp_path / "labels.npz", x_train=z, y_train=np.array([0.5, 1, 0, 1]), x_test=z, y_test=np.array([0, 1, 0, 1])
+    )
     for spec, words in cases.items():
         with pytest.raises(MemplanError) as e:
             load_data(spec, (3, 8, 8))
@@ -455,8 +486,9 @@ def test_mbv2_digits_full_grid_is_stable_across_seeds(tmp_path, request):
 
     tables = []
     for seeds in ((0, 1), (2, 3)):
-        prof = run_contrib("mbv2-w0.35", data="digits", workers=2, seeds=seeds, out=tmp_path / f"s{seeds[0]}.json",
-                           cache_dir=tmp_path)
+        prof = run_contrib(
+            "mbv2-w0.35", data="digits", workers=2, seeds=seeds, out=tmp_path / f"s{seeds[0]}.json", cache_dir=tmp_path
+        )
         tables.append([d for *_, d in prof.weight_table()])
         # 2 cores: the runs' CPU seconds over 2 workers (wall time on a machine shared with other
         # jobs says more about the other jobs), plus everything outside the runs

@@ -65,7 +65,8 @@ def check(entry: corpus.Entry, method: str) -> None:
     # 1. saved bytes: exact, or not exact and flagged in the report
     assert r.bytes_exact or r.flagged, (
         f"{where}: pytorch mode predicts {r.predicted_bytes} B, saved_tensors_hooks measured {r.measured_bytes} B "
-        f"({100 * r.rel_error:+.3f}%) and nothing is flagged (no observed / unknown ops)")
+        f"({100 * r.rel_error:+.3f}%) and nothing is flagged (no observed / unknown ops)"
+    )
     # 2. FLOPs
     assert r.predicted_fwd_flops == r.measured_fwd_flops, f"{where}: forward FLOPs"
     assert r.predicted_bwd_flops == r.measured_bwd_flops, f"{where}: backward FLOPs (grad-input + grad-weight)"
@@ -74,17 +75,25 @@ def check(entry: corpus.Entry, method: str) -> None:
     assert r.loss_identical, f"{where}: train-mode loss after apply_strategy differs from plain autograd's"
     assert r.grads_close, f"{where}: gradients after apply_strategy differ from plain autograd's: {r.grad_mismatch}"
     assert r.applied_predicted == r.applied_measured, (
-        f"{where}: applied mode predicts {r.applied_predicted} B, measured {r.applied_measured} B")
+        f"{where}: applied mode predicts {r.applied_predicted} B, measured {r.applied_measured} B"
+    )
 
 
 # ----------------------------------------------------------------------------- default: one per family
 def _missing(family: str):
-    return pytest.param(None, None, id=f"{family}-missing", marks=pytest.mark.skip(
-        reason=f"corpus package missing ({corpus.INSTALL}): {corpus.MISSING[family]}"))
+    return pytest.param(
+        None,
+        None,
+        id=f"{family}-missing",
+        marks=pytest.mark.skip(reason=f"corpus package missing ({corpus.INSTALL}): {corpus.MISSING[family]}"),
+    )
 
 
-@pytest.mark.parametrize("entry,method", [pytest.param(e, m, id=f"{e.id}-{m}") for e in corpus.ONE_PER_FAMILY
-                                          for m in corpus.STRATEGIES] + [_missing(f) for f in corpus.MISSING])
+@pytest.mark.parametrize(
+    "entry,method",
+    [pytest.param(e, m, id=f"{e.id}-{m}") for e in corpus.ONE_PER_FAMILY for m in corpus.STRATEGIES]
+    + [_missing(f) for f in corpus.MISSING],
+)
 def test_one_per_family(entry, method):
     check(entry, method)
 
@@ -100,8 +109,17 @@ def pytest_generate_tests(metafunc):
     if metafunc.function.__name__ != "test_whole_corpus":
         return
     if not _slow_selected(metafunc.config):
-        metafunc.parametrize("entry,method", [pytest.param(None, None, id="whole-corpus", marks=pytest.mark.skip(
-            reason="whole corpus (~120 models x 5 strategies): select it with -m slow"))])
+        metafunc.parametrize(
+            "entry,method",
+            [
+                pytest.param(
+                    None,
+                    None,
+                    id="whole-corpus",
+                    marks=pytest.mark.skip(reason="whole corpus (~120 models x 5 strategies): select it with -m slow"),
+                )
+            ],
+        )
         return
     params = [_missing(f) for f in corpus.MISSING]
     for e in corpus.entries():
@@ -136,8 +154,9 @@ def test_registry():
 def _conv_macs(model: torch.nn.Module, resolution: int) -> tuple[int, int]:
     """(number of conv calls, conv MACs) of one forward at batch 1, by FlopCounterMode."""
     calls = []
-    hooks = [m.register_forward_hook(lambda *_: calls.append(1)) for m in model.modules()
-             if isinstance(m, torch.nn.Conv2d)]
+    hooks = [
+        m.register_forward_hook(lambda *_: calls.append(1)) for m in model.modules() if isinstance(m, torch.nn.Conv2d)
+    ]
     with torch.no_grad(), FlopCounterMode(display=False) as fc:
         model.eval()(torch.zeros(1, 3, resolution, resolution))
     for h in hooks:

@@ -32,7 +32,9 @@ def test_shipped_imagenet_weights_load_with_weights_only():
     model = zoo.build("efficientnet-lite0", 1000)
     assert set(state) == set(model.state_dict())
     assert all(state[k].shape == v.shape for k, v in model.state_dict().items())
-    params = sum(v.numel() for k, v in state.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked")))
+    params = sum(
+        v.numel() for k, v in state.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))
+    )
     assert params == sum(p.numel() for p in model.parameters()) == 4_652_008
     # a 5-class head for transfer: everything but the classifier loads
     small = zoo.build("efficientnet-lite0", 5)

@@ -55,10 +55,36 @@ from .test_flops import measure_flops
 
 #: op kinds the generator must produce over a CI run (checked, so the generator cannot quietly shrink)
 GENERATED_KINDS = {
-    "conv", "linear", "batchnorm", "groupnorm", "layernorm", "relu", "hardtanh", "leaky_relu", "hardswish",
-    "hardsigmoid", "silu", "gelu", "sigmoid", "tanh", "elu", "add", "mul", "cat", "view", "getitem",
-    "maxpool", "avgpool", "adaptive_avgpool", "adaptive_maxpool", "dropout", "interpolate", "pad", "matmul",
-    "softmax", "mean",
+    "conv",
+    "linear",
+    "batchnorm",
+    "groupnorm",
+    "layernorm",
+    "relu",
+    "hardtanh",
+    "leaky_relu",
+    "hardswish",
+    "hardsigmoid",
+    "silu",
+    "gelu",
+    "sigmoid",
+    "tanh",
+    "elu",
+    "add",
+    "mul",
+    "cat",
+    "view",
+    "getitem",
+    "maxpool",
+    "avgpool",
+    "adaptive_avgpool",
+    "adaptive_maxpool",
+    "dropout",
+    "interpolate",
+    "pad",
+    "matmul",
+    "softmax",
+    "mean",
 }
 
 #: the padding="same" warning about a zero-padded input copy is expected (and costed)
@@ -140,31 +166,64 @@ def test_applied_mode_matches_measurement_after_apply_plan(data):
 HEAD = Head("adaptive_avg", "module", None, None, None, None, True)
 #: minimal reproductions of what the fuzzer found (each a former byte mismatch in ``pytorch`` mode)
 REGRESSIONS = {
-    "dropout p=0 keeps nothing": (ConvU(Conv(4, 3, pad=1)), DropoutU("dropout", 0.0, False),
-                                  DropoutU("functional", 0.0, False)),
+    "dropout p=0 keeps nothing": (
+        ConvU(Conv(4, 3, pad=1)),
+        DropoutU("dropout", 0.0, False),
+        DropoutU("functional", 0.0, False),
+    ),
     "Dropout2d keeps one mask value per channel": (ConvU(Conv(4, 3, pad=1)), DropoutU("dropout2d", 0.5, False)),
-    "BatchNorm without running stats uses batch stats in eval": (ConvU(Conv(4, 3, pad=1, norm=Norm("bn", stats=False))),),
+    "BatchNorm without running stats uses batch stats in eval": (
+        ConvU(Conv(4, 3, pad=1, norm=Norm("bn", stats=False))),
+    ),
     "ELU keeps its input": (ConvU(Conv(4, 3, pad=1, act=Act("elu", "functional"))), ConvU(Conv(4, 1))),
     "in-place torch.* / F.*_ activations": tuple(
         ConvU(Conv(4, 3 if i == 0 else 1, pad=int(i == 0), act=Act(kind, "torch", True)))
-        for i, kind in enumerate(["hardtanh", "leaky_relu", "elu", "sigmoid", "tanh"])),
-    "bmm keeps transposed operands as views": (ConvU(Conv(4, 3, pad=1)), MatmulU("gram", False, "torch", "bmm"),
-                                               MatmulU("gram_t", True, "method", "operator")),
-    "4-dim matmul and 2-dim @ 3-dim": (ConvU(Conv(4, 3, pad=1)), MatmulU("spatial", True, "torch", "operator"),
-                                        MatmulU("left", False, "reshape", "operator")),
+        for i, kind in enumerate(["hardtanh", "leaky_relu", "elu", "sigmoid", "tanh"])
+    ),
+    "bmm keeps transposed operands as views": (
+        ConvU(Conv(4, 3, pad=1)),
+        MatmulU("gram", False, "torch", "bmm"),
+        MatmulU("gram_t", True, "method", "operator"),
+    ),
+    "4-dim matmul and 2-dim @ 3-dim": (
+        ConvU(Conv(4, 3, pad=1)),
+        MatmulU("spatial", True, "torch", "operator"),
+        MatmulU("left", False, "reshape", "operator"),
+    ),
     "conv padding modes and padding='same'": tuple(
-        ConvU(Conv(4, k, pad=pad, pad_mode=mode)) for k, pad, mode in
-        [(3, 1, "reflect"), (3, 1, "replicate"), (3, 1, "circular"), (4, "same", "zeros"), (2, "same", "reflect")]),
+        ConvU(Conv(4, k, pad=pad, pad_mode=mode))
+        for k, pad, mode in [
+            (3, 1, "reflect"),
+            (3, 1, "replicate"),
+            (3, 1, "circular"),
+            (4, "same", "zeros"),
+            (2, "same", "reflect"),
+        ]
+    ),
     # a permuted-back channels-last tensor: conv and BatchNorm keep that layout, LayerNorm does not;
     # the ReLU keeps the tensor the next Linear flattens (a view or a copy, depending on the layout)
-    "layouts: conv / norms after a channels-last permute": (ConvU(Conv(4, 3, pad=1)),) + tuple(
-        u for conv in [Conv(4, 1, act=Act("relu")), Conv(4, 1, norm=Norm("bn"), act=Act("relu")),
-                       Conv(4, 3, pad=1, pad_mode="reflect", norm=Norm("ln_w"), act=Act("relu"))]
-        for u in (ChannelMixU(4, False, None, False), ConvU(conv))) + (ChannelMixU(4, False, None, False),),
-    "reflect / replicate padding keep their input": (ConvU(Conv(4, 3, pad=1)),) + tuple(
-        PadU(pads, mode, form) for pads, mode in [((1, 1, 1, 1), "reflect"), ((1, 0, 0, 1), "replicate"),
-                                                  ((1, 1, 0, 0), "constant"), ((0, 1, 1, 0), "circular")]
-        for form in ("functional", "module")),
+    "layouts: conv / norms after a channels-last permute": (ConvU(Conv(4, 3, pad=1)),)
+    + tuple(
+        u
+        for conv in [
+            Conv(4, 1, act=Act("relu")),
+            Conv(4, 1, norm=Norm("bn"), act=Act("relu")),
+            Conv(4, 3, pad=1, pad_mode="reflect", norm=Norm("ln_w"), act=Act("relu")),
+        ]
+        for u in (ChannelMixU(4, False, None, False), ConvU(conv))
+    )
+    + (ChannelMixU(4, False, None, False),),
+    "reflect / replicate padding keep their input": (ConvU(Conv(4, 3, pad=1)),)
+    + tuple(
+        PadU(pads, mode, form)
+        for pads, mode in [
+            ((1, 1, 1, 1), "reflect"),
+            ((1, 0, 0, 1), "replicate"),
+            ((1, 1, 0, 0), "constant"),
+            ((0, 1, 1, 0), "circular"),
+        ]
+        for form in ("functional", "module")
+    ),
 }
 
 
@@ -217,7 +276,12 @@ def test_ops_without_rules_are_observed_and_counted(method):
         assert prof.observed_ops == {"cumsum": 2, "PixelShuffle": 1, "Doubled": 1, "Tensor.cumsum": 1}
         assert "observed" in prof.conventions
         assert [layer.target for layer in prof.layers if layer.kind == "unknown"] == [
-            "cumsum", "cumsum", "PixelShuffle", "Doubled", "Tensor.cumsum"]
+            "cumsum",
+            "cumsum",
+            "PixelShuffle",
+            "Doubled",
+            "Tensor.cumsum",
+        ]
     prof = compute(graph, plan, get_mode("pytorch"))
     apply_plain(model, graph, plan)
     meas = saved_bytes(model, torch.randn(2, 3, 6, 6), torch.randint(0, 4, (2,)))
@@ -238,19 +302,33 @@ def test_op_that_cannot_run_on_meta_is_replayed_on_cpu():
     prof = compute(graph, plan, get_mode("pytorch"))
     assert prof.observed_ops == {"MetaIncapable": 1} and prof.unknown_ops == {}
     apply_plain(model, graph, plan)
-    assert prof.totals.saved_activation_bytes == saved_bytes(model, torch.randn(2, 3, 6, 6),
-                                                             torch.randint(0, 2, (2,))).bytes
+    assert (
+        prof.totals.saved_activation_bytes
+        == saved_bytes(model, torch.randn(2, 3, 6, 6), torch.randint(0, 2, (2,))).bytes
+    )
 
 
 def test_applied_shared_activation():
     """Found by the fuzzer: apply_plan swaps a module once for all its calls, so the lean
     decision must be one per module (it was per call)."""
     # conv -> [conv -> relu -> conv] + proj(x) -> the same relu again (ResNet BasicBlock style)
-    spec = NetSpec(1, 2, (4, 4), (
-        ConvU(Conv(2, 1, bias=False)),
-        ResidualU(body=(Conv(2, 1, bias=False, act=Act("relu")), Conv(1, 1, bias=False)), proj=Conv(1, 1, bias=False),
-                  add="plus", post=Act("relu"), share_act=True),
-    ), Head("adaptive_avg", "module", None, None, None, None, False), classes=2)
+    spec = NetSpec(
+        1,
+        2,
+        (4, 4),
+        (
+            ConvU(Conv(2, 1, bias=False)),
+            ResidualU(
+                body=(Conv(2, 1, bias=False, act=Act("relu")), Conv(1, 1, bias=False)),
+                proj=Conv(1, 1, bias=False),
+                add="plus",
+                post=Act("relu"),
+                share_act=True,
+            ),
+        ),
+        Head("adaptive_avg", "module", None, None, None, None, False),
+        classes=2,
+    )
     model = build(spec)
     graph = capture(model, spec.input_shape)
     plan = Plan("full", {n.name: Train(1.0) for n in graph.param_nodes()})

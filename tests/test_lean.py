@@ -120,11 +120,11 @@ def test_frozen_conv_matches_plain(name):
 @pytest.mark.parametrize("name", ["stride2_pad", "dilation", "groups2", "depthwise", "conv1d"])
 def test_frozen_conv_gradcheck(name):
     from memplan.nn.lean.conv import _FrozenConvFn
+
     case = CONV_CASES[name]
     lean = FrozenConv.from_module(make_conv(case, dtype=torch.float64))
     x = conv_input(case, size=5, dtype=torch.float64).requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda x, b: _FrozenConvFn.apply(x, b, lean.weight, lean),
-                                    (x, lean.bias))
+    assert torch.autograd.gradcheck(lambda x, b: _FrozenConvFn.apply(x, b, lean.weight, lean), (x, lean.bias))
 
 
 def test_frozen_conv_shares_parameters_and_bias_only_without_input_grad():
@@ -170,10 +170,10 @@ def test_frozen_linear(shape):
 
 def test_frozen_linear_gradcheck():
     from memplan.nn.lean.conv import _FrozenLinearFn
+
     lin = nn.Linear(5, 3, dtype=torch.float64)
     x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, b: _FrozenLinearFn.apply(x, b, lin.weight.detach()),
-                                    (x, lin.bias))
+    assert torch.autograd.gradcheck(lambda x, b: _FrozenLinearFn.apply(x, b, lin.weight.detach()), (x, lin.bias))
 
 
 # ----------------------------------------------------------------------------- SubChannelConv
@@ -212,11 +212,13 @@ def test_subchannel_matches_plain(name, ratio):
 @pytest.mark.parametrize("name", ["stride2_pad", "depthwise", "conv1d"])
 def test_subchannel_gradcheck(name):
     from memplan.nn.lean.conv import _SubChannelConvFn
+
     case = CONV_CASES[name]
     lean = SubChannelConv.from_module(make_conv(case, dtype=torch.float64), 0.5)
     x = conv_input(case, size=5, dtype=torch.float64).requires_grad_(True)
     assert torch.autograd.gradcheck(
-        lambda x, w, b: _SubChannelConvFn.apply(x, w, b, lean), (x, lean.weight_sel, lean.bias))
+        lambda x, w, b: _SubChannelConvFn.apply(x, w, b, lean), (x, lean.weight_sel, lean.bias)
+    )
 
 
 def test_subchannel_depthwise_multiplier():
@@ -275,15 +277,15 @@ def test_subchannel_unselected_weights_stay_bit_identical(name, opt):
     dim, index = (1, lean.idx) if lean.groups == 1 else (0, lean.rows)
     keep = torch.ones(w0.shape[dim], dtype=torch.bool)
     keep[index] = False
-    assert torch.equal(merged.index_select(dim, keep.nonzero().flatten()),
-                       w0.index_select(dim, keep.nonzero().flatten()))
+    assert torch.equal(
+        merged.index_select(dim, keep.nonzero().flatten()), w0.index_select(dim, keep.nonzero().flatten())
+    )
     assert torch.equal(conv.weight, w0)  # the shared Parameter itself untouched
     assert not torch.equal(merged.index_select(dim, index), w0.index_select(dim, index))
     lean.write_back()
     assert torch.equal(conv.weight, merged)
     x = conv_input(case)
-    assert torch.equal(lean(x), F.conv2d(x, merged, conv.bias, lean.stride, lean.padding,
-                                         lean.dilation, lean.groups))
+    assert torch.equal(lean(x), F.conv2d(x, merged, conv.bias, lean.stride, lean.padding, lean.dilation, lean.groups))
 
 
 # ----------------------------------------------------------------------------- ShiftOnlyNorm
@@ -319,6 +321,7 @@ def test_shift_only_norm_matches_eval_bn():
 
 def test_shift_only_norm_gradcheck():
     from memplan.nn.lean.norm import _ShiftNormFn
+
     lean = ShiftOnlyNorm.from_module(make_bn(3, dtype=torch.float64))
     x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, b: _ShiftNormFn.apply(x, b, lean), (x, lean.bias))
@@ -361,6 +364,7 @@ def test_masked_activation_exact(name, inplace):
 
 def test_masked_relu6_from_hardtanh_and_gradcheck():
     from memplan.nn.lean.activations import _MaskActFn
+
     assert type(MaskedReLU6.from_module(nn.ReLU6())) is MaskedReLU6
     assert type(MaskedReLU6.from_module(nn.Hardtanh(-2, 2))) is MaskedHardtanh
     x = (torch.rand(4, 5, dtype=torch.float64) * 10 - 2).requires_grad_(True)
@@ -398,9 +402,14 @@ def test_lean_inverted_residual_block_saves_only_the_ideal():
     plain = nn.Sequential(pw1, bn1, nn.ReLU6(), dw, bn2, nn.ReLU6(), pw2)
     ref = copy.deepcopy(plain)
     lean = nn.Sequential(
-        SubChannelConv.from_module(pw1, 0.25), ShiftOnlyNorm.from_module(bn1),
-        MaskedReLU6.from_module(plain[2]), FrozenConv.from_module(dw),
-        ShiftOnlyNorm.from_module(bn2), MaskedReLU6.from_module(plain[5]), FrozenConv.from_module(pw2))
+        SubChannelConv.from_module(pw1, 0.25),
+        ShiftOnlyNorm.from_module(bn1),
+        MaskedReLU6.from_module(plain[2]),
+        FrozenConv.from_module(dw),
+        ShiftOnlyNorm.from_module(bn2),
+        MaskedReLU6.from_module(plain[5]),
+        FrozenConv.from_module(pw2),
+    )
     x = torch.randn(b, c, hw, hw)
     assert torch.equal(lean(x), ref(x))
     mask = math.ceil(b * e * hw * hw / 8)

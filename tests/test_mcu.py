@@ -45,8 +45,17 @@ def test_forward_peak_is_the_first_expand_conv_without_patches(mcunet):
 def test_patch_stage_extents_follow_the_receptive_field():
     """Three stride-2 3x3 convs on 32x32, 2x2 patches: the stage output (4x4) splits into 2x2 patches;
     back through the convs a patch needs (2-1)*2+3 = 5, then 11, then 23 pixels of input."""
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.Conv2d(8, 8, 3, 2, 1), nn.ReLU(),
-                        nn.Conv2d(8, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 16, 1), nn.Flatten(), nn.Linear(256, 10))
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, 2, 1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, 2, 1),
+        nn.ReLU(),
+        nn.Conv2d(8, 16, 3, 2, 1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 1),
+        nn.Flatten(),
+        nn.Linear(256, 10),
+    )
     graph = capture(net, (1, 3, 32, 32))
     stage = patch_stage(graph, buffers(graph), McuSettings(patches=2))
     convs = [n for n in graph.nodes if n.kind == "conv"]
@@ -87,9 +96,9 @@ def test_fully_stated_measurements_within_10_percent(measured_rows):
     """Figure 10(a)'s full-update peaks (every layer trains: nothing left open) and TinyEngine's own
     PEAK_MEM for the 49kb scheme."""
     stated = [r for r in measured_rows.values() if r.low is None]
-    assert {r.key for r in stated} == {f"tinytraining.fig10a.{m}.full.memory"
-                                       for m in ("mbv2-w0.35", "proxylessnas-w0.3", "mcunet-5fps")} | {
-        "tinytraining.tinyengine.mcunet-5fps.sparse.49kb.arena"}
+    assert {r.key for r in stated} == {
+        f"tinytraining.fig10a.{m}.full.memory" for m in ("mbv2-w0.35", "proxylessnas-w0.3", "mcunet-5fps")
+    } | {"tinytraining.tinyengine.mcunet-5fps.sparse.49kb.arena"}
     for r in stated:
         assert abs(r.error) <= 0.10, (r.key, r.ours, r.published)
 

@@ -34,18 +34,28 @@ def test_plan_trains_the_layers_after_the_cut():
     graph = capture(zoo.build("minilearn-kws"), (1, 1, 62, 12))
     plan = make_plan(graph, "minilearn")
     assert plan.method == "minilearn" and plan.norm_train == set()
-    assert {k: (t.weight, t.bias) for k, t in plan.train.items()} == {"features.8": (1.0, True),
-                                                                      "classifier": (1.0, True)}
+    assert {k: (t.weight, t.bias) for k, t in plan.train.items()} == {
+        "features.8": (1.0, True),
+        "classifier": (1.0, True),
+    }
     assert set(make_plan(graph, "minilearn", cut=2).train) == {"features.6", "features.8", "classifier"}
-    assert set(make_plan(graph, "minilearn", cut=4).train) == {"features.0", "features.3", "features.6",
-                                                               "features.8", "classifier"}
+    assert set(make_plan(graph, "minilearn", cut=4).train) == {
+        "features.0",
+        "features.3",
+        "features.6",
+        "features.8",
+        "classifier",
+    }
 
 
 # (model, cut, Table 1 row whose output is cached, shape of that output)
 TABLE1 = [
-    ("minilearn-kws", 1, "conv1d3", [64, 11, 4]), ("minilearn-kws", 2, "maxpool2", [32, 13, 6]),
-    ("minilearn-kws", 3, "maxpool1", [16, 29, 8]), ("minilearn-kws", 4, "input", [1, 62, 12]),
-    ("minilearn-cifar10", 1, "maxpool2", [32, 6, 6]), ("minilearn-cifar10", 2, "maxpool1", [32, 15, 15]),
+    ("minilearn-kws", 1, "conv1d3", [64, 11, 4]),
+    ("minilearn-kws", 2, "maxpool2", [32, 13, 6]),
+    ("minilearn-kws", 3, "maxpool1", [16, 29, 8]),
+    ("minilearn-kws", 4, "input", [1, 62, 12]),
+    ("minilearn-cifar10", 1, "maxpool2", [32, 6, 6]),
+    ("minilearn-cifar10", 2, "maxpool1", [32, 15, 15]),
     ("minilearn-cifar10", 3, "input", [3, 32, 32]),
 ]
 
@@ -71,8 +81,7 @@ def test_storage_is_features_plus_int8_model():
 def test_published_model_sizes():
     # Figure 7 text: the original KWS network uses 61 KB (KiB): its int8 parameters
     kws = api.profile("minilearn-kws", "minilearn").extras["model_bytes"]
-    assert kws == pytest.approx(by_key("minilearn.fig7.minilearn-kws.inference.pruning0.ram").in_base_units(),
-                                rel=0.01)
+    assert kws == pytest.approx(by_key("minilearn.fig7.minilearn-kws.inference.pruning0.ram").in_base_units(), rel=0.01)
     # the original CIFAR network's 23 KB: 3x3 convs 3->32, 32->32, 32->32 and FC 512x10, 24,522 B = 23.9 KiB
     cifar = api.profile("minilearn-cifar10", "minilearn").extras["model_bytes"]
     assert cifar == 3 * 32 * 9 + 32 + 2 * (32 * 32 * 9 + 32) + 512 * 10 + 10 == 24_522
@@ -176,11 +185,18 @@ class Residual(nn.Module):
         return self.fc((y + self.b(y)).mean((2, 3)))
 
 
-@pytest.mark.parametrize("model,opts", [
-    ("minilearn-kws", {"prune": 1.0}), ("minilearn-kws", {"prune": -0.1}), ("minilearn-kws", {"prune_norm": "l3"}),
-    ("minilearn-kws", {"cut": 5}), ("minilearn-kws", {"cut": 0}), ("minilearn-kws", {"samples": 0}),
-    ("minilearn-kws", {"blocks": 2}),
-])
+@pytest.mark.parametrize(
+    "model,opts",
+    [
+        ("minilearn-kws", {"prune": 1.0}),
+        ("minilearn-kws", {"prune": -0.1}),
+        ("minilearn-kws", {"prune_norm": "l3"}),
+        ("minilearn-kws", {"cut": 5}),
+        ("minilearn-kws", {"cut": 0}),
+        ("minilearn-kws", {"samples": 0}),
+        ("minilearn-kws", {"blocks": 2}),
+    ],
+)
 def test_bad_options(model, opts):
     with pytest.raises(BadOption):
         api.profile(model, "minilearn", **opts)
@@ -195,8 +211,9 @@ def test_unsupported_pruning_paths_are_refused():
 
 def test_norm_between_pruned_convs_keeps_its_channels():
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3), nn.Flatten(),
-                        nn.Linear(2 * 2 * 2, 3))
+    net = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3), nn.Flatten(), nn.Linear(2 * 2 * 2, 3)
+    )
     net[1].running_mean.copy_(torch.arange(4.0))
     with torch.no_grad():
         net[0].weight[1] *= 10  # filters 1 and 3 have the largest norms

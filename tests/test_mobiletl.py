@@ -41,10 +41,15 @@ def test_plan_hand_checked():
     cap = memplan.capture_model(mini_net(), batch=2, input_shape=(3, 8, 8))
     plan = memplan.make_plan(cap.graph, "mobiletl", blocks=1)
     assert plan.train == {
-        f"{B1}.expand.conv": Train(1.0), f"{B1}.expand.bn": Train(0.0, True),  # internal: shift only
-        f"{B1}.dw.conv": Train(1.0), f"{B1}.dw.bn": Train(0.0, True),
-        f"{B1}.project.conv": Train(1.0), f"{B1}.project.bn": Train(1.0, True),  # last norm: fully
-        "head.conv": Train(1.0), "head.bn": Train(1.0, True), "classifier": Train(1.0, True),
+        f"{B1}.expand.conv": Train(1.0),
+        f"{B1}.expand.bn": Train(0.0, True),  # internal: shift only
+        f"{B1}.dw.conv": Train(1.0),
+        f"{B1}.dw.bn": Train(0.0, True),
+        f"{B1}.project.conv": Train(1.0),
+        f"{B1}.project.bn": Train(1.0, True),  # last norm: fully
+        "head.conv": Train(1.0),
+        "head.bn": Train(1.0, True),
+        "classifier": Train(1.0, True),
     }
     assert plan.norm_train == {f"{B1}.project.bn", "head.bn"}
     assert plan.approx == {f"{B1}.expand.act", f"{B1}.dw.act"}  # h-swish in the block, not the head's
@@ -58,8 +63,11 @@ def test_trainable_params_hand_count():
 def test_kept_tensors_hand_checked():
     # ideal mode, batch 2, 8x8 maps, fp32; "feature" = 2 x C x 64 x 4 B
     p = mini_profile(blocks=1)
-    kept = {lc.name: lc.saved_activation_bytes for lc in p.layers
-            if lc.saved_activation_bytes and lc.kind != "cross_entropy"}
+    kept = {
+        lc.name: lc.saved_activation_bytes
+        for lc in p.layers
+        if lc.saved_activation_bytes and lc.kind != "cross_entropy"
+    }
     assert kept == {
         f"{B1}.expand.conv": 2 * 8 * 64 * 4,  # block input
         f"{B1}.expand.act": 2 * 16 * 64 // 8,  # sign-approximated h-swish: 1-bit mask
@@ -78,9 +86,16 @@ def test_kept_tensors_hand_checked():
     assert full.layer(f"{B1}.expand.act").saved_activation_bytes == 2 * 16 * 64 * 4
 
 
-@pytest.mark.parametrize("which,full", [
-    ("last", {"project"}), ("all", {"expand", "dw", "project"}), ("none", set()), ("expand", {"expand"}),
-    ("dw", {"dw"})])
+@pytest.mark.parametrize(
+    "which,full",
+    [
+        ("last", {"project"}),
+        ("all", {"expand", "dw", "project"}),
+        ("none", set()),
+        ("expand", {"expand"}),
+        ("dw", {"dw"}),
+    ],
+)
 def test_full_norms_ablation(which, full):
     cap = memplan.capture_model(mini_net(), batch=2, input_shape=(3, 8, 8))
     plan = memplan.make_plan(cap.graph, "mobiletl", blocks=1, full_norms=which)
@@ -123,7 +138,9 @@ def test_table3_trainable_params(method, key):
 # 8x24 bits, fc2 input 8x24, the h-sigmoid input 8x96 and the gate 8x96 (fp32).
 E = BLOCK_BATCH * 96 * 7 * 7
 TABLE1_HAND = {
-    "conv": 230_400 + 192, "mbv2": 2 * 9_216 + 2_400 + 3 * 192, "mbv3": 2 * 9_216 + 2_400 + 3 * 192 + 2_328 + 2_400,
+    "conv": 230_400 + 192,
+    "mbv2": 2 * 9_216 + 2_400 + 3 * 192,
+    "mbv3": 2 * 9_216 + 2_400 + 3 * 192 + 2_328 + 2_400,
 }
 STORED_HAND = {
     "conv": E * 4 * 2 + E // 8,  # 305,760 B
@@ -135,8 +152,14 @@ STORED_HAND = {
 
 @pytest.mark.parametrize("kind", BLOCK_KINDS)
 def test_table1_blocks(kind):
-    p = memplan.profile(mobiletl_block_net(kind), "full", mode="ideal", batch=BLOCK_BATCH, input_shape=BLOCK_INPUT,
-                        block_names=[BLOCK_NAME])
+    p = memplan.profile(
+        mobiletl_block_net(kind),
+        "full",
+        mode="ideal",
+        batch=BLOCK_BATCH,
+        input_shape=BLOCK_INPUT,
+        block_names=[BLOCK_NAME],
+    )
     block = [lc for lc in p.layers if lc.block == BLOCK_NAME]
     params = sum(lc.params for lc in block)
     train_bns = sum(1 for lc in block if lc.kind == "batchnorm")

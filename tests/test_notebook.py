@@ -25,6 +25,7 @@ def test_notebook_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMPLAN_NUM_THREADS", "1")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     t0 = time.perf_counter()
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     assert time.perf_counter() - t0 < 60

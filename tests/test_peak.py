@@ -33,10 +33,19 @@ from .helpers import real_model
 TOLERANCE = 0.05
 METHODS = ["full", "last", "norm", "bias", "lastk", "mobiletl"]
 #: the default subset: (model, method) at batch 4, 64 px (native shape for the MiniLearn nets)
-DEFAULT = [("mcunet-5fps", "full"), ("mcunet-5fps", "bias"), ("mobilenetv3-small", "full"),
-           ("mobilenetv3-small", "bias"), ("resnet18", "full"), ("resnet18", "bias"), ("mbv2-w0.35", "last"),
-           ("proxylessnas-w0.3", "mobiletl"), ("efficientnet-b0", "norm"), ("mobilenetv2", "lastk"),
-           ("minilearn-kws", "lastk")]
+DEFAULT = [
+    ("mcunet-5fps", "full"),
+    ("mcunet-5fps", "bias"),
+    ("mobilenetv3-small", "full"),
+    ("mobilenetv3-small", "bias"),
+    ("resnet18", "full"),
+    ("resnet18", "bias"),
+    ("mbv2-w0.35", "last"),
+    ("proxylessnas-w0.3", "mobiletl"),
+    ("efficientnet-b0", "norm"),
+    ("mobilenetv2", "lastk"),
+    ("minilearn-kws", "lastk"),
+]
 
 
 def _options(graph, method):
@@ -88,8 +97,13 @@ def test_peak_within_5_percent_after_calibration(name, method, record_property):
     assert abs(predicted - measured) <= TOLERANCE * measured, (predicted, measured)
 
 
-GRID = [(n, m, r, b) for n in zoo.names() for m in METHODS
-        for r in ((32, 64) if zoo.get_entry(n).resolution >= 64 else (None,)) for b in (2, 4)]
+GRID = [
+    (n, m, r, b)
+    for n in zoo.names()
+    for m in METHODS
+    for r in ((32, 64) if zoo.get_entry(n).resolution >= 64 else (None,))
+    for b in (2, 4)
+]
 
 
 @pytest.mark.slow
@@ -152,9 +166,14 @@ def test_not_modelled_in_analytic_modes():
 # ------------------------------------------------------------------ the Tiny Training Engine schedule
 
 
-@pytest.mark.parametrize("name,method,shape", [("resnet18", "full", (2, 3, 32, 32)),
-                                               ("mcunet-5fps", "full", (4, 3, 64, 64)),
-                                               ("mobilenetv3-small", "lastk", (4, 3, 64, 64))])
+@pytest.mark.parametrize(
+    "name,method,shape",
+    [
+        ("resnet18", "full", (2, 3, 32, 32)),
+        ("mcunet-5fps", "full", (4, 3, 64, 64)),
+        ("mobilenetv3-small", "lastk", (4, 3, 64, 64)),
+    ],
+)
 def test_tte_prediction_and_lower_measured_peak(name, method, shape):
     """``--schedule tte`` predicts the measured peak of ``step_in_backward`` within 5%, and the
     in-place update measures lower than the standard step where parameter gradients matter."""
@@ -206,13 +225,21 @@ def test_peak_core_by_hand():
     bytes) -> 25 + 3 + 7 + 4 = 39 (standard) or 25 + 3 + 4 = 32 (in place, with a 6-byte workspace: 38)."""
     from memplan.costs.peak import Step, simulate_step
 
-    step = Step(forward=[10, 30, 20], held=40, released=[0, 0, 15], grad_alloc=[3, 0, 5], grad_free=[0, 0, 5],
-                param_grads=[4, 9, 7], runs_backward=[True, False, True])
+    step = Step(
+        forward=[10, 30, 20],
+        held=40,
+        released=[0, 0, 15],
+        grad_alloc=[3, 0, 5],
+        grad_free=[0, 0, 5],
+        param_grads=[4, 9, 7],
+        runs_backward=[True, False, True],
+    )
     r = simulate_step(step, static=100)
     assert (r.peak, r.where, r.phase, r.at) == (152, 2, "backward", [139, 130, 152])
     assert r.parts == {"held": 40, "gradients": 5, "param_grads": 7}
     tte = simulate_step(Step(**{**step.__dict__, "in_place_update": True, "workspace": [6, 0, 0]}), static=0)
     assert (tte.peak, tte.at) == (52, [38, 30, 52])
-    forward_only = simulate_step(Step(**{**step.__dict__, "held": 0, "released": [0, 0, 0], "param_grads": [0, 0, 0]}),
-                                 static=1)
+    forward_only = simulate_step(
+        Step(**{**step.__dict__, "held": 0, "released": [0, 0, 0], "param_grads": [0, 0, 0]}), static=1
+    )
     assert (forward_only.peak, forward_only.where, forward_only.phase) == (31, 1, "forward")

@@ -47,8 +47,10 @@ def test_profile_device_fits_and_does_not_fit(capsys):
     assert dev["mode"] == "mcu" and not dev["fits"] and dev["margin_bytes"] < 0
     code, out, _ = run(["profile", "mcunet-5fps", "-m", "full", "--target", "stm32f746"], capsys)
     assert "does not fit stm32f746 by" in out
-    code, out, _ = run(["profile", "mcunet-5fps", "-m", "bias", "--mode", "tinytraining", "--target", "stm32f746",
-                        "--json", "-"], capsys)
+    code, out, _ = run(
+        ["profile", "mcunet-5fps", "-m", "bias", "--mode", "tinytraining", "--target", "stm32f746", "--json", "-"],
+        capsys,
+    )
     dev = json.loads(out)["extras"]["device"]
     assert dev["mode"] == "tinytraining" and "reserve" in dev["budget"]  # an explicit mode is kept
 
@@ -62,16 +64,19 @@ def test_device_is_the_deprecated_spelling_of_target(capsys):
     assert code == 2 and "deprecated" in err.splitlines()[0] and "unknown device 'toaster'" in err.splitlines()[1]
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["profile", "mcunet-5fps", "--schedule", "fast"], "unknown schedule 'fast'"),
-    (["profile", "mcunet-5fps", "--calibration", "/nonexistent/cal.json"], "does not exist"),
-    (["profile", "mcunet-5fps", "--target", "toaster"], "unknown device 'toaster'"),
-    (["profile", "mcunet-5fps", "--target", "stm32f746", "--device", "nrf52840"], "not both"),
-    (["calibrate", "mcunet-5fps", "--batch", "0"], "--batch must be a positive integer"),
-    (["calibrate", "mcunet-5fps", "--backend", "tpu"], "unknown calibration backend 'tpu'"),
-    (["calibrate", "mcunet-5fps", "--threads", "0"], "--threads must be a positive integer"),
-    (["calibrate", "no-such-model"], "no-such-model"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["profile", "mcunet-5fps", "--schedule", "fast"], "unknown schedule 'fast'"),
+        (["profile", "mcunet-5fps", "--calibration", "/nonexistent/cal.json"], "does not exist"),
+        (["profile", "mcunet-5fps", "--target", "toaster"], "unknown device 'toaster'"),
+        (["profile", "mcunet-5fps", "--target", "stm32f746", "--device", "nrf52840"], "not both"),
+        (["calibrate", "mcunet-5fps", "--batch", "0"], "--batch must be a positive integer"),
+        (["calibrate", "mcunet-5fps", "--backend", "tpu"], "unknown calibration backend 'tpu'"),
+        (["calibrate", "mcunet-5fps", "--threads", "0"], "--threads must be a positive integer"),
+        (["calibrate", "no-such-model"], "no-such-model"),
+    ],
+)
 def test_bad_inputs_are_one_line_exit_2(args, needle, capsys):
     code, _, err = run(args, capsys)
     assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err

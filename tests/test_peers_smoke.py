@@ -51,7 +51,13 @@ def test_core_on_tiny_depthwise_model(peers):
 
     text = peers.render_text(rows)
     assert "memplan" in text and "exact" in text
-    settings = {"torch": "torch", "threads": 1, "batch": 2, "classes": 100, "seconds": 1.0,
-                "resolutions": {case.name: 16}}
+    settings = {
+        "torch": "torch",
+        "threads": 1,
+        "batch": 2,
+        "classes": 100,
+        "seconds": 1.0,
+        "resolutions": {case.name: 16},
+    }
     md = peers.render_markdown(rows, installed, settings)
     assert md.count("| tiny-depthwise |") == len(rows)

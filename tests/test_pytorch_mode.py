@@ -22,8 +22,10 @@ def test_zoo_models_all_strategies_byte_exact(name):
         assert prof.totals.saved_activation_bytes == meas.bytes, (name, method, meas.tensors)
 
 
-@pytest.mark.parametrize("name,batch,res", [("mcunet-5fps", 3, 48), ("mobilenetv3-small", 1, 64),
-                                            ("resnet18", 5, 40), ("proxylessnas-mobile", 4, 56)])
+@pytest.mark.parametrize(
+    "name,batch,res",
+    [("mcunet-5fps", 3, 48), ("mobilenetv3-small", 1, 64), ("resnet18", 5, 40), ("proxylessnas-mobile", 4, 56)],
+)
 def test_other_batch_sizes_and_resolutions(name, batch, res):
     model = real_model(name, classes=7)
     shape = small_shape(name, batch=batch, resolution=res)
@@ -65,8 +67,15 @@ def test_functional_ops_byte_exact(method):
 
 
 def test_inplace_and_views_share_storage():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True), nn.Conv2d(4, 4, 1),
-                          nn.Hardswish(inplace=True), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(4, 4, 1),
+        nn.Hardswish(inplace=True),
+        nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 3),
+    )
     for method in ["full", "bias", "norm"]:
         prof, meas = predicted_and_measured(model, (2, 3, 8, 8), method, {}, classes=3)
         assert prof.totals.saved_activation_bytes == meas.bytes, (method, meas.tensors)

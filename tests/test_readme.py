@@ -22,8 +22,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-RUNNERS = {"bash": ["bash", "-e", "-o", "pipefail", "-c"], "sh": ["bash", "-e", "-o", "pipefail", "-c"],
-           "python": [sys.executable, "-c"]}
+RUNNERS = {
+    "bash": ["bash", "-e", "-o", "pipefail", "-c"],
+    "sh": ["bash", "-e", "-o", "pipefail", "-c"],
+    "python": [sys.executable, "-c"],
+}
 FLAGS = ("slow", "no-run")
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 TIMEOUT = 600
@@ -52,7 +55,7 @@ def read_blocks(text: str) -> list[Block]:
         indent, fence, info = m["indent"], m["fence"], m["info"].strip().split()
         body, j = [], i + 1
         while j < len(lines) and not re.match(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[j]):
-            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j].lstrip())
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j].lstrip())
             j += 1
         blocks.append(Block(i + 1, info[0] if info else "", info[1:], "\n".join(body) + "\n"))
         i = j + 1
@@ -101,11 +104,17 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
 def test_readme_block_runs(block, workdir):
-    env = {**os.environ, "MEMPLAN_NUM_THREADS": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run([*RUNNERS[block.language], block.code], cwd=workdir, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT)
-    assert done.returncode == 0, f"{block.id} exited {done.returncode}\n{block.code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    env = {
+        **os.environ,
+        "MEMPLAN_NUM_THREADS": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    done = subprocess.run(
+        [*RUNNERS[block.language], block.code], cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert done.returncode == 0, (
+        f"{block.id} exited {done.returncode}\n{block.code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
 
 
 def test_ci_runs_exactly_the_readme_test_command():

@@ -38,15 +38,23 @@ SCHEMES = ROOT / "memplan" / "data" / "schemes"
 # ----------------------------------------------------------------------------- idx / Fashion-MNIST
 def write_idx(path: Path, arr: np.ndarray, gz: bool = True) -> Path:
     """An idx file written by hand: magic 0 0 0x08 ndim, big-endian uint32 sizes, uint8 data."""
-    raw = bytes([0, 0, 0x08, arr.ndim]) + b"".join(struct.pack(">I", d) for d in arr.shape) + arr.astype(np.uint8).tobytes()
+    raw = (
+        bytes([0, 0, 0x08, arr.ndim])
+        + b"".join(struct.pack(">I", d) for d in arr.shape)
+        + arr.astype(np.uint8).tobytes()
+    )
     path.write_bytes(gzip.compress(raw) if gz else raw)
     return path
 
 
 def fake_fashion(root: Path, n_train: int = 40, n_test: int = 20, classes: int = 4) -> Path:
     rng = np.random.default_rng(0)
-    arrays = [rng.integers(0, 256, (n_train, 28, 28)), np.arange(n_train) % classes,
-              rng.integers(0, 256, (n_test, 28, 28)), np.arange(n_test) % classes]
+    arrays = [
+        rng.integers(0, 256, (n_train, 28, 28)),
+        np.arange(n_train) % classes,
+        rng.integers(0, 256, (n_test, 28, 28)),
+        np.arange(n_test) % classes,
+    ]
     for stem, arr in zip(FASHION_MNIST_FILES, arrays):
         write_idx(root / (stem + ".gz"), arr)
     return root
@@ -76,8 +84,9 @@ def test_fashion_mnist_source_and_validation_split(tmp_path, monkeypatch):
         assert torch.bincount(y).tolist() == [n] * 4
     # the validation images come from the training split and are disjoint from the kept training images
     raw = read_idx(tmp_path / "train-images-idx3-ubyte.gz")
-    same = prepare(RawTask("f", "", raw, np.arange(40) % 4, raw[:4], np.arange(4)), (1, 28, 28), validation=2,
-                   train_per_class=3)
+    same = prepare(
+        RawTask("f", "", raw, np.arange(40) % 4, raw[:4], np.arange(4)), (1, 28, 28), validation=2, train_per_class=3
+    )
     train_rows = {bytes(x.numpy().tobytes()) for x in same.x_train}
     assert not any(bytes(x.numpy().tobytes()) in train_rows for x in same.x_val)
     assert data.validation_task().x_test is data.x_val  # what contribution runs see: no test split
@@ -88,8 +97,9 @@ def test_fashion_mnist_source_and_validation_split(tmp_path, monkeypatch):
 
 
 def test_validation_options_are_checked(tmp_path):
-    raw = RawTask("t", "", np.zeros((10, 4, 4), np.uint8), np.arange(10) % 2, np.zeros((4, 4, 4), np.uint8),
-                  np.arange(4) % 2)
+    raw = RawTask(
+        "t", "", np.zeros((10, 4, 4), np.uint8), np.arange(10) % 2, np.zeros((4, 4, 4), np.uint8), np.arange(4) % 2
+    )
     assert prepare(raw, None, validation=0.4).x_val.shape[0] == 4  # 2 of each class's 5
     for bad in (5, 1.5, -1, True):
         with pytest.raises(BadData):
@@ -116,7 +126,7 @@ def make_npz(path: Path, n: int = 24, side: int = 32, classes: int = 3) -> Path:
         y = np.arange(m) % classes
         x = rng.normal(0, 0.3, (m, 3, side, side)).astype(np.float32)
         for i, c in enumerate(y):
-            x[i, :, (c * side) // classes:(c * side) // classes + side // classes] += 1.0
+            x[i, :, (c * side) // classes : (c * side) // classes + side // classes] += 1.0
         return x, y
 
     (xtr, ytr), (xte, yte) = split(n), split(n)
@@ -126,8 +136,9 @@ def make_npz(path: Path, n: int = 24, side: int = 32, classes: int = 3) -> Path:
 
 def test_runs_are_measured_on_the_validation_split(tmp_path):
     npz = make_npz(tmp_path / "task.npz", n=30)
-    prof = run_contrib("minilearn-cifar10", data=str(npz), out=tmp_path / "p.json", validation=4,
-                       costing_resolution=64, **TINY_GRID)
+    prof = run_contrib(
+        "minilearn-cifar10", data=str(npz), out=tmp_path / "p.json", validation=4, costing_resolution=64, **TINY_GRID
+    )
     assert prof.evaluated_on == "validation" and prof.dataset["validation"] == 12 and prof.dataset["train"] == 18
     assert prof.resolution.runs == 32 and prof.resolution.costing == 64
     assert "validation split" in prof.description
@@ -170,10 +181,17 @@ class TwoConv(nn.Module):
 
 def _tt(optimizer="sgd", **mode_options):
     cap = capture_model(TwoConv(), input_shape=(3, 8, 8))
-    scheme = Scheme(model="two", fingerprint=fingerprint(cap.graph), input_shape=[3, 8, 8], bias_update=1,
-                    weight_updates=[WeightUpdate(layer="c1", conv_index=1, ratio=0.5)], mode="tinytraining")
-    return profile_captured(cap, "sparse", mode="tinytraining", scheme=scheme, optimizer=optimizer,
-                            mode_options=mode_options)
+    scheme = Scheme(
+        model="two",
+        fingerprint=fingerprint(cap.graph),
+        input_shape=[3, 8, 8],
+        bias_update=1,
+        weight_updates=[WeightUpdate(layer="c1", conv_index=1, ratio=0.5)],
+        mode="tinytraining",
+    )
+    return profile_captured(
+        cap, "sparse", mode="tinytraining", scheme=scheme, optimizer=optimizer, mode_options=mode_options
+    )
 
 
 def test_tinytraining_optimizer_state_and_accumulation_by_hand():
@@ -203,12 +221,16 @@ def test_tinytraining_optimizer_state_and_accumulation_by_hand():
 
 def test_tinytraining_momentum_doubles_the_update_memory_of_the_papers_scheme():
     cap = capture_model("mcunet-5fps", resolution=128, classes=10)
-    cfg = {"n_bias_update": 22, "manual_weight_idx": [21, 24, 27, 30, 36, 39],
-           "weight_update_ratio": [1, 1, 1, 1, 0.125, 0.25]}
+    cfg = {
+        "n_bias_update": 22,
+        "manual_weight_idx": [21, 24, 27, 30, 36, 39],
+        "weight_update_ratio": [1, 1, 1, 1, 0.125, 0.25],
+    }
     scheme = Scheme.from_backward_config(cfg, graph=cap.graph)
     plain = profile_captured(cap, "sparse", mode="tinytraining", scheme=scheme).extras["tinytraining"]
-    mom = profile_captured(cap, "sparse", mode="tinytraining", scheme=scheme,
-                           optimizer="sgd-momentum").extras["tinytraining"]
+    mom = profile_captured(cap, "sparse", mode="tinytraining", scheme=scheme, optimizer="sgd-momentum").extras[
+        "tinytraining"
+    ]
     assert round(plain["total_kib"], 1) == 99.8  # the paper's "100KB" scheme
     assert mom["optimizer_state_bits"] == plain["weight_bits"]
     assert mom["total_bits"] == plain["activation_bits"] + 2 * plain["weight_bits"]
@@ -226,8 +248,22 @@ def test_mode_options_are_checked():
 
 def test_cli_mode_options(capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["profile", "mcunet-5fps", "--method", "bias", "--mode", "tinytraining", "--optimizer", "sgd-momentum",
-              "-O", "state_bits=32", "--json", "-"])
+        main(
+            [
+                "profile",
+                "mcunet-5fps",
+                "--method",
+                "bias",
+                "--mode",
+                "tinytraining",
+                "--optimizer",
+                "sgd-momentum",
+                "-O",
+                "state_bits=32",
+                "--json",
+                "-",
+            ]
+        )
     assert exc.value.code == 0
     p = json.loads(capsys.readouterr().out)
     assert p["totals"]["optimizer_bytes"] > 0 and p["extras"]["tinytraining"]["state_bits"] == 32
@@ -246,7 +282,9 @@ def test_correlations_against_definitions():
     out = correlations(x, y, bootstrap=500, seed=1)
     assert out["spearman"] == pytest.approx(0.8)
     xm, ym = np.mean(x), np.mean(y)
-    r = sum((a - xm) * (b - ym) for a, b in zip(x, y)) / np.sqrt(sum((a - xm) ** 2 for a in x) * sum((b - ym) ** 2 for b in y))
+    r = sum((a - xm) * (b - ym) for a, b in zip(x, y)) / np.sqrt(
+        sum((a - xm) ** 2 for a in x) * sum((b - ym) ** 2 for b in y)
+    )
     assert out["pearson"] == pytest.approx(r)
     assert out["pearson_ci"][0] <= out["pearson"] <= out["pearson_ci"][1]
 
@@ -255,8 +293,17 @@ def test_validate_end_to_end_on_a_tiny_profile(tmp_path):
     from memplan.search.validate import default_budgets, validate_profile
 
     npz = make_npz(tmp_path / "task.npz", n=30)
-    prof = run_contrib("minilearn-cifar10", data=str(npz), out=tmp_path / "p.json", validation=4,
-                       seeds=(0,), epochs=1, batch_size=8, probe_epochs=2, ratios=(0.5, 1.0))
+    prof = run_contrib(
+        "minilearn-cifar10",
+        data=str(npz),
+        out=tmp_path / "p.json",
+        validation=4,
+        seeds=(0,),
+        epochs=1,
+        batch_size=8,
+        probe_epochs=2,
+        ratios=(0.5, 1.0),
+    )
     check = validate_profile(tmp_path / "p.json", ["2KB", "8KB"], per_budget=2, bootstrap=100)
     assert len(check.points) >= 4 and all(p.memory_bytes <= p.budget_bytes for p in check.points)
     assert -1 <= check.pearson <= 1 or np.isnan(check.pearson)

@@ -14,19 +14,27 @@ from memplan.models import zoo
 from memplan.reproduce import reproduce, reproduce_figure
 from memplan.reproduce.figures import FIGURES, NOT_MODELED, UNIT_SCALE, by_key
 
-ACCEPTANCE = [
-    "tinytl.table2.proxylessnas-mobile.last.memory",
-    "tinytl.table2.proxylessnas-mobile.tinytl-b.memory",
-    "tinytl.table2.proxylessnas-mobile.norm.memory",
-    "tinytl.table2.proxylessnas-mobile.full.memory",
-    "tinytl.table3.mobilenetv2-w1.4.full.memory",
-    "mobiletl.table3.proxylessnas-mobile.last.memory",
-    "mobiletl.fig4.mobilenetv3-small.full.activation_memory",
-    "tinytraining.fig11.mcunet-5fps.sparse.100kb.memory",
-] + [f"mobiletl.table3.proxylessnas-mobile.{m}.trainable_params"
-     for m in ("full", "norm", "bias", "lastk", "last", "tinytl-b", "tinytl-l", "tinytl-lb", "mobiletl")] + [
-    f"mobiletl.table1.{b}-block.{q}" for b in ("conv", "mbv2", "mbv3")
-    for q in ("inference.params", "full.activation_memory")]
+ACCEPTANCE = (
+    [
+        "tinytl.table2.proxylessnas-mobile.last.memory",
+        "tinytl.table2.proxylessnas-mobile.tinytl-b.memory",
+        "tinytl.table2.proxylessnas-mobile.norm.memory",
+        "tinytl.table2.proxylessnas-mobile.full.memory",
+        "tinytl.table3.mobilenetv2-w1.4.full.memory",
+        "mobiletl.table3.proxylessnas-mobile.last.memory",
+        "mobiletl.fig4.mobilenetv3-small.full.activation_memory",
+        "tinytraining.fig11.mcunet-5fps.sparse.100kb.memory",
+    ]
+    + [
+        f"mobiletl.table3.proxylessnas-mobile.{m}.trainable_params"
+        for m in ("full", "norm", "bias", "lastk", "last", "tinytl-b", "tinytl-l", "tinytl-lb", "mobiletl")
+    ]
+    + [
+        f"mobiletl.table1.{b}-block.{q}"
+        for b in ("conv", "mbv2", "mbv3")
+        for q in ("inference.params", "full.activation_memory")
+    ]
+)
 
 
 @pytest.mark.parametrize("key", ACCEPTANCE)
@@ -43,16 +51,22 @@ def analytic_kib(model: nn.Module, shape: tuple[int, ...], scheme: dict) -> floa
     its output and a 32-bit bias; per updated weight (ratio r, n = int(C_in r) input channels) the
     kept input at 8 bits and the 8-bit weight copy. KiB = bits / 8 / 1024."""
     convs, fc_in = [], []
-    hooks = [m.register_forward_hook(lambda m, i, o: convs.append((m, i[0].shape, o.shape)))
-             for m in model.modules() if isinstance(m, nn.Conv2d)]
-    hooks += [m.register_forward_hook(lambda m, i, o: fc_in.append(m.in_features))
-              for m in model.modules() if isinstance(m, nn.Linear)]
+    hooks = [
+        m.register_forward_hook(lambda m, i, o: convs.append((m, i[0].shape, o.shape)))
+        for m in model.modules()
+        if isinstance(m, nn.Conv2d)
+    ]
+    hooks += [
+        m.register_forward_hook(lambda m, i, o: fc_in.append(m.in_features))
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+    ]
     with torch.no_grad():
         model.eval()(torch.zeros(shape))
     for h in hooks:
         h.remove()
     bits = fc_in[-1] * 8
-    for _, _, out in convs[len(convs) - scheme["n_bias_update"]:]:
+    for _, _, out in convs[len(convs) - scheme["n_bias_update"] :]:
         bits += math.prod(out[1:]) + out[1] * 32
     for idx, ratio in zip(sorted(scheme["manual_weight_idx"]), scheme["weight_update_ratio"]):
         m, inp, _ = convs[idx]
@@ -67,8 +81,9 @@ def test_mcunet_100kb_scheme_matches_the_analytic_formula():
     fig = by_key("tinytraining.fig11.mcunet-5fps.sparse.100kb.memory")
     o = fig.options
     torch.manual_seed(0)
-    expected = analytic_kib(zoo.build("mcunet-5fps", o["num_classes"]), (1, 3, o["resolution"], o["resolution"]),
-                            o["scheme"])
+    expected = analytic_kib(
+        zoo.build("mcunet-5fps", o["num_classes"]), (1, 3, o["resolution"], o["resolution"]), o["scheme"]
+    )
     row = reproduce_figure(fig)
     assert row.ours == expected
     assert round(expected, 1) == 99.8 and math.floor(expected) == 99  # accounting.md §4; the authors' label "99kb"

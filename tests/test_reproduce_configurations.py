@@ -42,8 +42,13 @@ def test_no_two_configurations_share_a_value(rows):
         # representative setting with the range over the plausible ones, and says so
         if r.ours is not None and r.low is None:
             printed[(r.quantity, r.unit, format_ours(r.ours))].append(r)
-    shared = [(a.key, b.key, a.ours) for group in printed.values() for i, a in enumerate(group) for b in group[i + 1:]
-              if configuration(a.key) != configuration(b.key) and a.published != b.published]
+    shared = [
+        (a.key, b.key, a.ours)
+        for group in printed.values()
+        for i, a in enumerate(group)
+        for b in group[i + 1 :]
+        if configuration(a.key) != configuration(b.key) and a.published != b.published
+    ]
     assert not shared, shared
 
 
@@ -96,8 +101,9 @@ def test_minilearn_kws_pruned_network_within_5_percent(rows):
     assert abs(r.error) <= 0.05
 
 
-@pytest.mark.parametrize("method", ["full", "norm", "bias", "lastk", "last", "tinytl-b", "tinytl-l", "tinytl-lb",
-                                    "mobiletl"])
+@pytest.mark.parametrize(
+    "method", ["full", "norm", "bias", "lastk", "last", "tinytl-b", "tinytl-l", "tinytl-lb", "mobiletl"]
+)
 def test_mobiletl_table3_flops_within_3_percent(rows, method):
     """MobileTL counts every op as one FLOP; ours counts conv / linear as 2 x MAC and every other op
     at memplan's per-element cost (other_ops), which differs from MobileTL's in detail: within 3%."""

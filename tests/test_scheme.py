@@ -55,10 +55,17 @@ def small_graph(classes: int = 4, width: int = 16, side: int = 8, batch: int = 1
 
 def small_scheme(graph, **changes) -> Scheme:
     """Biases of the last 3 convs (c1, c2, c3); c1 weight at 1/2, c2 (depthwise) at 1/4, c3 whole."""
-    fields = dict(model="smallnet", fingerprint=fingerprint(graph), input_shape=[3, 8, 8], bias_update=3,
-                  weight_updates=[WeightUpdate(layer="c1", conv_index=1, ratio=0.5),
-                                  WeightUpdate(layer="c2", conv_index=2, ratio=0.25),
-                                  WeightUpdate(layer="c3", conv_index=3, ratio=1.0)])
+    fields = dict(
+        model="smallnet",
+        fingerprint=fingerprint(graph),
+        input_shape=[3, 8, 8],
+        bias_update=3,
+        weight_updates=[
+            WeightUpdate(layer="c1", conv_index=1, ratio=0.5),
+            WeightUpdate(layer="c2", conv_index=2, ratio=0.25),
+            WeightUpdate(layer="c3", conv_index=3, ratio=1.0),
+        ],
+    )
     return Scheme(**{**fields, **changes})
 
 
@@ -93,8 +100,11 @@ def test_scheme_to_plan_hand_checked():
     plan = scheme_to_plan(graph, small_scheme(graph))
     # c1, c2 have no bias: their BN shift is the bias (eval mode); c3 has its own bias; fc always trains
     assert plan.train == {
-        "b1": Train(0.0, True), "b2": Train(0.0, True),
-        "c1": Train(0.5, False), "c2": Train(0.25, False), "c3": Train(1.0, True),
+        "b1": Train(0.0, True),
+        "b2": Train(0.0, True),
+        "c1": Train(0.5, False),
+        "c2": Train(0.25, False),
+        "c3": Train(1.0, True),
         "fc": Train(1.0, True),
     }
     assert plan.norm_train == set() and plan.approx == set()
@@ -102,8 +112,9 @@ def test_scheme_to_plan_hand_checked():
 
 def test_norm_modes_and_activation_approx():
     graph = small_graph()
-    plan = scheme_to_plan(graph, small_scheme(graph, norm_modes={"b0": "train", "b1": "affine"},
-                                              activation_approx=["a2"]))
+    plan = scheme_to_plan(
+        graph, small_scheme(graph, norm_modes={"b0": "train", "b1": "affine"}, activation_approx=["a2"])
+    )
     assert plan.train["b0"] == Train(1.0, True) and plan.train["b1"] == Train(1.0, True)
     assert plan.norm_train == {"b0"} and plan.approx == {"a2"}
 
@@ -113,8 +124,13 @@ def test_norm_modes_and_activation_approx():
 
 def test_json_round_trip(tmp_path):
     graph = small_graph()
-    s = small_scheme(graph, budget_bytes=100 * 1024, predicted={"total_bytes": 2252.0}, summed_delta_acc=1.5,
-                     provenance=new_provenance("memplan plan smallnet", "abc123"))
+    s = small_scheme(
+        graph,
+        budget_bytes=100 * 1024,
+        predicted={"total_bytes": 2252.0},
+        summed_delta_acc=1.5,
+        provenance=new_provenance("memplan plan smallnet", "abc123"),
+    )
     path = tmp_path / "s.json"
     s.save(path)
     data = json.loads(path.read_text())
@@ -137,9 +153,16 @@ def test_backward_config_round_trip():
     graph = small_graph()
     s = small_scheme(graph)
     bc = s.to_backward_config()
-    assert bc == {"enable_backward_config": 1, "n_bias_update": 3, "manual_weight_idx": [1, 2, 3],
-                  "weight_update_ratio": [0.5, 0.25, 1.0], "weight_select_criteria": "magnitude+",
-                  "pw1_weight_only": 0, "quantize_gradient": 0, "train_scale": 0}
+    assert bc == {
+        "enable_backward_config": 1,
+        "n_bias_update": 3,
+        "manual_weight_idx": [1, 2, 3],
+        "weight_update_ratio": [0.5, 0.25, 1.0],
+        "weight_select_criteria": "magnitude+",
+        "pw1_weight_only": 0,
+        "quantize_gradient": 0,
+        "train_scale": 0,
+    }
     back = Scheme.from_backward_config(json.loads(json.dumps(bc)), graph, model=s.model, provenance=s.provenance)
     assert back == s
     assert back.to_backward_config() == bc
@@ -147,22 +170,27 @@ def test_backward_config_round_trip():
 
 def test_backward_config_forms():
     graph = small_graph()
-    lists = Scheme.from_backward_config({"n_bias_update": 3, "manual_weight_idx": [1, 3],
-                                         "weight_update_ratio": [0.5, 1]}, graph)
-    dashed = Scheme.from_backward_config({"n_bias_update": 3, "manual_weight_idx": "1-3",
-                                          "weight_update_ratio": "0.5-1"}, graph)
-    assert lists.weight_updates == dashed.weight_updates == [WeightUpdate(layer="c1", conv_index=1, ratio=0.5),
-                                                             WeightUpdate(layer="c3", conv_index=3, ratio=1.0)]
+    lists = Scheme.from_backward_config(
+        {"n_bias_update": 3, "manual_weight_idx": [1, 3], "weight_update_ratio": [0.5, 1]}, graph
+    )
+    dashed = Scheme.from_backward_config(
+        {"n_bias_update": 3, "manual_weight_idx": "1-3", "weight_update_ratio": "0.5-1"}, graph
+    )
+    assert (
+        lists.weight_updates
+        == dashed.weight_updates
+        == [WeightUpdate(layer="c1", conv_index=1, ratio=0.5), WeightUpdate(layer="c3", conv_index=3, ratio=1.0)]
+    )
     # n_weight_update without manual_weight_idx: the last n convs, whole weights; "all" = every conv
     last2 = Scheme.from_backward_config({"n_bias_update": "all", "n_weight_update": 2}, graph)
     assert last2.bias_update == 4 and [(w.conv_index, w.ratio) for w in last2.weight_updates] == [(2, 1.0), (3, 1.0)]
     # ratio 0 = bias only (already covered by n_bias_update): dropped
-    zero = Scheme.from_backward_config({"n_bias_update": 3, "manual_weight_idx": [1, 2],
-                                        "weight_update_ratio": [0, 0.25]}, graph)
+    zero = Scheme.from_backward_config(
+        {"n_bias_update": 3, "manual_weight_idx": [1, 2], "weight_update_ratio": [0, 0.25]}, graph
+    )
     assert [w.conv_index for w in zero.weight_updates] == [2]
     # pw1_weight_only keeps only 1x1 convs that expand (c1: 8 -> 16), as tiny-training filters
-    pw1 = Scheme.from_backward_config({"n_bias_update": 3, "manual_weight_idx": [1, 2, 3], "pw1_weight_only": 1},
-                                      graph)
+    pw1 = Scheme.from_backward_config({"n_bias_update": 3, "manual_weight_idx": [1, 2, 3], "pw1_weight_only": 1}, graph)
     assert [w.layer for w in pw1.weight_updates] == ["c1"] and pw1.backward_flags.pw1_weight_only
 
 
@@ -174,7 +202,13 @@ def test_published_mcunet_scheme_imports():
     s = Scheme.from_backward_config(bc, cap.graph)
     assert s.bias_update == 22 and s.model == "mcunet-5fps" and s.input_shape == [3, 128, 128]
     assert [(w.conv_index, w.ratio) for w in s.weight_updates] == [
-        (21, 1.0), (24, 1.0), (27, 1.0), (30, 1.0), (36, 0.125), (39, 0.25)]
+        (21, 1.0),
+        (24, 1.0),
+        (27, 1.0),
+        (30, 1.0),
+        (36, 0.125),
+        (39, 0.25),
+    ]
     # all pw1 convs (architectures.md: conv 39 is block 13's 1x1 expansion to 576 channels)
     assert [w.layer for w in s.weight_updates][-1] == "blocks.13.conv.expand.conv"
     out = s.to_backward_config()
@@ -224,36 +258,70 @@ def test_validation_errors_name_the_field(tmp_path):
 def test_plan_errors():
     graph = small_graph()
     wu = WeightUpdate
-    one_line_error(scheme_to_plan, graph, small_scheme(graph, weight_updates=[wu(layer="c9", conv_index=3, ratio=1)]),
-                   match="names layer 'c9', but no conv has that name")
-    one_line_error(scheme_to_plan, graph, small_scheme(graph, weight_updates=[wu(layer="c1", conv_index=3, ratio=1)]),
-                   match="conv 3 is 'c3'")
-    one_line_error(scheme_to_plan, graph, small_scheme(graph, weight_updates=[wu(layer="c3", conv_index=4, ratio=1)]),
-                   match="conv index 4 is out of range")
-    text = one_line_error(scheme_to_plan, graph,
-                          small_scheme(graph, weight_updates=[wu(layer="c0", conv_index=0, ratio=1)]),
-                          match="outside the bias-update range")
+    one_line_error(
+        scheme_to_plan,
+        graph,
+        small_scheme(graph, weight_updates=[wu(layer="c9", conv_index=3, ratio=1)]),
+        match="names layer 'c9', but no conv has that name",
+    )
+    one_line_error(
+        scheme_to_plan,
+        graph,
+        small_scheme(graph, weight_updates=[wu(layer="c1", conv_index=3, ratio=1)]),
+        match="conv 3 is 'c3'",
+    )
+    one_line_error(
+        scheme_to_plan,
+        graph,
+        small_scheme(graph, weight_updates=[wu(layer="c3", conv_index=4, ratio=1)]),
+        match="conv index 4 is out of range",
+    )
+    text = one_line_error(
+        scheme_to_plan,
+        graph,
+        small_scheme(graph, weight_updates=[wu(layer="c0", conv_index=0, ratio=1)]),
+        match="outside the bias-update range",
+    )
     assert "convs 1 to 3" in text
     one_line_error(scheme_to_plan, graph, small_scheme(graph, bias_update=5), match="the model has 4")
     one_line_error(scheme_to_plan, graph, small_scheme(graph, norm_modes={"nope": "train"}), match="unknown layer")
     one_line_error(scheme_to_plan, graph, small_scheme(graph, activation_approx=["c1"]), match="a conv layer")
     other = small_graph(width=24)
-    one_line_error(scheme_to_plan, other, small_scheme(graph),
-                   match="scheme was planned for smallnet; this model's layer table differs")
-    one_line_error(Scheme.from_backward_config, {"n_bias_update": 1, "manual_weight_idx": [0]}, graph,
-                   match="outside the bias-update range")
-    one_line_error(Scheme.from_backward_config, {"n_bias_update": 3, "manual_weight_idx": [1, 2],
-                                                 "weight_update_ratio": [1]}, graph, match="pairs 2")
+    one_line_error(
+        scheme_to_plan,
+        other,
+        small_scheme(graph),
+        match="scheme was planned for smallnet; this model's layer table differs",
+    )
+    one_line_error(
+        Scheme.from_backward_config,
+        {"n_bias_update": 1, "manual_weight_idx": [0]},
+        graph,
+        match="outside the bias-update range",
+    )
+    one_line_error(
+        Scheme.from_backward_config,
+        {"n_bias_update": 3, "manual_weight_idx": [1, 2], "weight_update_ratio": [1]},
+        graph,
+        match="pairs 2",
+    )
     one_line_error(Scheme.from_backward_config, {"n_bias_update": 3, "colour": 1}, graph, match="unknown key")
-    one_line_error(Scheme.from_backward_config, {"n_bias_update": 3, "manual_weight_idx": [3, 1]}, graph,
-                   match="not sorted")
-    one_line_error(Scheme.from_backward_config, {"n_bias_update": 3, "manual_weight_idx": [3],
-                                                 "weight_update_ratio": [4]}, graph, match="'weight_updates.0.ratio'")
+    one_line_error(
+        Scheme.from_backward_config, {"n_bias_update": 3, "manual_weight_idx": [3, 1]}, graph, match="not sorted"
+    )
+    one_line_error(
+        Scheme.from_backward_config,
+        {"n_bias_update": 3, "manual_weight_idx": [3], "weight_update_ratio": [4]},
+        graph,
+        match="'weight_updates.0.ratio'",
+    )
 
 
 def test_export_refuses_what_backward_config_cannot_hold():
     graph = small_graph()
     one_line_error(small_scheme(graph, activation_approx=["a2"]).to_backward_config, match="activation_approx")
-    mixed = [WeightUpdate(layer="c1", conv_index=1, ratio=0.5, select="random"),
-             WeightUpdate(layer="c3", conv_index=3, ratio=1.0)]
+    mixed = [
+        WeightUpdate(layer="c1", conv_index=1, ratio=0.5, select="random"),
+        WeightUpdate(layer="c3", conv_index=3, ratio=1.0),
+    ]
     one_line_error(small_scheme(graph, weight_updates=mixed).to_backward_config, match="mixes channel selection")

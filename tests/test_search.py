@@ -24,11 +24,10 @@ import memplan
 from memplan.api import capture_model
 from memplan.contrib import ContribProfile, Protocol
 from memplan.contrib.profile import Noise
-from memplan.graph import conv_table
 from memplan.costs.engine import compute
 from memplan.errors import MemplanError
+from memplan.graph import conv_layers, conv_table, is_pw1
 from memplan.modes import get_mode
-from memplan.graph import conv_layers, is_pw1
 from memplan.plan import fingerprint, load_scheme, scheme_to_plan
 from memplan.render.figures import plot_search
 from memplan.search import BudgetError, budget_convention, load_device, run_search
@@ -45,8 +44,9 @@ from .test_scheme import SmallNet
 torch.set_num_threads(1)
 
 
-def synthetic_profile(graph, seed: int = 0, layers: int | None = None, max_k: int | None = None,
-                      classes: int = 10) -> ContribProfile:
+def synthetic_profile(
+    graph, seed: int = 0, layers: int | None = None, max_k: int | None = None, classes: int = 10
+) -> ContribProfile:
     """A SYNTHETIC contribution profile (not measured): Δacc in points, quantised to 0.04
     (one test image in 2,500), bias gains saturating in k, weight gains growing with depth and
     ratio, largest for pw1 convs, small noise. ``layers``: weight entries for the last N convs
@@ -57,19 +57,32 @@ def synthetic_profile(graph, seed: int = 0, layers: int | None = None, max_k: in
     q = lambda x: round(round(x / 0.04) * 0.04, 6)  # noqa: E731
     bias = {k: q(12 * (1 - math.exp(-k / 5)) + rng.uniform(-0.3, 0.3)) for k in range(1, (max_k or n) + 1)}
     weight = {}
-    for i, c in enumerate(convs[-(layers or n):]):
+    for i, c in enumerate(convs[-(layers or n) :]):
         pos = (n - (layers or n) + i + 1) / n
-        peak = (3.0 if is_pw1(c) else 0.8) * pos ** 1.5
-        weight[c.name] = {r: q(peak * (1 - math.exp(-4 * r)) / (1 - math.exp(-4)) + rng.uniform(-0.1, 0.1))
-                          for r in (0.125, 0.25, 0.5, 1.0)}
+        peak = (3.0 if is_pw1(c) else 0.8) * pos**1.5
+        weight[c.name] = {
+            r: q(peak * (1 - math.exp(-4 * r)) / (1 - math.exp(-4)) + rng.uniform(-0.1, 0.1))
+            for r in (0.125, 0.25, 0.5, 1.0)
+        }
     layer_rows = conv_table(graph)
     return ContribProfile(
-        model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:]),
-        weights={"source": "SYNTHETIC (tests/test_search.py)"}, dataset={"name": "synthetic", "classes": classes},
-        protocol=Protocol(), description="SYNTHETIC: made-up Δacc for testing the search; nothing was measured",
-        probe_accuracy=0.0, layers=layer_rows, bias=bias, bias_std={k: 0.0 for k in bias}, weight=weight,
+        model=graph.model_name,
+        fingerprint=fingerprint(graph),
+        input_shape=list(graph.input_shape[1:]),
+        weights={"source": "SYNTHETIC (tests/test_search.py)"},
+        dataset={"name": "synthetic", "classes": classes},
+        protocol=Protocol(),
+        description="SYNTHETIC: made-up Δacc for testing the search; nothing was measured",
+        probe_accuracy=0.0,
+        layers=layer_rows,
+        bias=bias,
+        bias_std={k: 0.0 for k in bias},
+        weight=weight,
         weight_std={name: {r: 0.0 for r in row} for name, row in weight.items()},
-        noise=Noise(accuracy_std=0.0, delta_std=0.0, seeds=1), runs=[], timing={})
+        noise=Noise(accuracy_std=0.0, delta_std=0.0, seeds=1),
+        runs=[],
+        timing={},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +102,26 @@ def milp_optimum(space, table, budget: int) -> float:
     nk, no = len(ks), len(opts)
     c = -np.array([space.bias_gain[k] for k in ks] + [g for _, _, g in opts])
     rows, lo, hi = [], [], []
-    rows.append([1] * nk + [0] * no); lo.append(1); hi.append(1)
-    rows.append([table.base[k] for k in ks] + [table.extra[(i, r)] for i, r, _ in opts]); lo.append(-np.inf); hi.append(budget)
+    rows.append([1] * nk + [0] * no)
+    lo.append(1)
+    hi.append(1)
+    rows.append([table.base[k] for k in ks] + [table.extra[(i, r)] for i, r, _ in opts])
+    lo.append(-np.inf)
+    hi.append(budget)
     for layer in space.layers:  # at most one ratio, and only if depth k reaches the layer
-        row = [-1 if space.first(k) <= layer.conv_index else 0 for k in ks] + [1 if i == layer.conv_index else 0
-                                                                              for i, _, _ in opts]
-        rows.append(row); lo.append(-np.inf); hi.append(0)
-    res = milp(c, constraints=LinearConstraint(np.array(rows, dtype=float), lo, hi), integrality=np.ones(nk + no),
-               bounds=Bounds(0, 1), options={"mip_rel_gap": 0})
+        row = [-1 if space.first(k) <= layer.conv_index else 0 for k in ks] + [
+            1 if i == layer.conv_index else 0 for i, _, _ in opts
+        ]
+        rows.append(row)
+        lo.append(-np.inf)
+        hi.append(0)
+    res = milp(
+        c,
+        constraints=LinearConstraint(np.array(rows, dtype=float), lo, hi),
+        integrality=np.ones(nk + no),
+        bounds=Bounds(0, 1),
+        options={"mip_rel_gap": 0},
+    )
     assert res.status == 0
     return -res.fun
 
@@ -135,8 +160,7 @@ def test_exact_matches_milp_on_mcunet(mcunet):
 
 def test_exact_respects_cap_and_pw1(mcunet):
     cap, profile, _, _, _ = mcunet
-    space = build_space(cap.graph, contributions_of(profile), pw1_only=True, max_weight_layers=3,
-                        ratios=(0.25, 1.0))
+    space = build_space(cap.graph, contributions_of(profile), pw1_only=True, max_weight_layers=3, ratios=(0.25, 1.0))
     table = build_table(MemoryModel(space, "tinytraining"))
     ex = solve_exact(space, table, 120_000)
     convs = conv_layers(cap.graph)
@@ -201,8 +225,9 @@ def test_run_search_writes_scheme_within_budget(mcunet, tmp_path):
     scheme = load_scheme(out)
     assert scheme.budget_bytes == 100_000 and scheme.mode == "tinytraining"
     assert scheme.provenance.profile_hash == r.profile_hash
-    prof = memplan.profile("mcunet-5fps", method="sparse", scheme=str(out), mode="tinytraining", classes=10,
-                           resolution=128)
+    prof = memplan.profile(
+        "mcunet-5fps", method="sparse", scheme=str(out), mode="tinytraining", classes=10, resolution=128
+    )
     assert prof.totals.total_bytes == r.memory_bytes == scheme.predicted["memory_bytes"] <= 100_000
     assert scheme.summed_delta_acc == pytest.approx(r.summed_delta_acc)
 
@@ -218,10 +243,19 @@ def test_non_additive_metric_uses_evolution_with_compute():
     assert not check_additivity(memory, table, probe_candidates(space)).additive
     budget = (table.base[0] + table.base[space.ks[-1]]) // 2 + 64
     with pytest.raises(MemplanError, match="not additive"):
-        run_search(SmallNet(), budget, profile=profile, input_shape=(3, 8, 8), mode="ideal", metric="peak",
-                   method="exact")
-    r = run_search(SmallNet(), budget, profile=profile, input_shape=(3, 8, 8), mode="ideal", metric="peak",
-                   generations=3, population=8)
+        run_search(
+            SmallNet(), budget, profile=profile, input_shape=(3, 8, 8), mode="ideal", metric="peak", method="exact"
+        )
+    r = run_search(
+        SmallNet(),
+        budget,
+        profile=profile,
+        input_shape=(3, 8, 8),
+        mode="ideal",
+        metric="peak",
+        generations=3,
+        population=8,
+    )
     assert r.method == "evolution" and not r.additive and r.exact is None and r.gap_to_exact is None
     plan = scheme_to_plan(graph, r.scheme)
     assert compute(graph, plan, get_mode("ideal")).totals.peak_bytes == r.memory_bytes <= budget
@@ -275,9 +309,17 @@ def test_plot_writes_both_figures(mcunet, tmp_path):
 # ------------------------------------------------------------------ budgets, devices, errors
 
 
-@pytest.mark.parametrize("text,convention", [("100KB", "1000-based"), ("100 kB", "1000-based"),
-                                             ("100KiB", "1024-based"), ("0.1MB", "1000-based"), ("100000", "bytes"),
-                                             (100000, "bytes")])
+@pytest.mark.parametrize(
+    "text,convention",
+    [
+        ("100KB", "1000-based"),
+        ("100 kB", "1000-based"),
+        ("100KiB", "1024-based"),
+        ("0.1MB", "1000-based"),
+        ("100000", "bytes"),
+        (100000, "bytes"),
+    ],
+)
 def test_budget_convention(text, convention):
     assert budget_convention(text).startswith(convention)
 
@@ -304,8 +346,12 @@ def test_budget_xor_device(mcunet):
 def test_device_profiles():
     """Datasheet figures: STM32F746 320 KiB SRAM / 1 MiB flash; nRF52840 256 KiB / 1 MiB;
     Raspberry Pi 1 Model A 256 MiB; Jetson Nano 2GB 2 GiB."""
-    expected = {"stm32f746": (320 * 1024, 1024**2), "nrf52840": (256 * 1024, 1024**2),
-                "raspberry-pi-1-model-a": (256 * 1024**2, None), "jetson-nano-2gb": (2 * 1024**3, None)}
+    expected = {
+        "stm32f746": (320 * 1024, 1024**2),
+        "nrf52840": (256 * 1024, 1024**2),
+        "raspberry-pi-1-model-a": (256 * 1024**2, None),
+        "jetson-nano-2gb": (2 * 1024**3, None),
+    }
     assert sorted(device_names()) == sorted(expected)
     for name, (sram, flash) in expected.items():
         dev = load_device(name)
@@ -316,8 +362,16 @@ def test_device_profiles():
         assert any("reserve" in n for n in dev.notes) and any("Source" in n for n in dev.notes)
         assert any("runtime_bytes" in n for n in dev.notes)
         raw = json.loads((DEVICES_DIR / f"{name}.json").read_text())
-        assert set(raw) == {"name", "description", "sram_bytes", "flash_bytes", "reserve_bytes", "mode",
-                            "runtime_bytes", "notes"}
+        assert set(raw) == {
+            "name",
+            "description",
+            "sram_bytes",
+            "flash_bytes",
+            "reserve_bytes",
+            "mode",
+            "runtime_bytes",
+            "notes",
+        }
     with pytest.raises(MemplanError, match="unknown device"):
         load_device("esp32-made-up")
 
@@ -365,8 +419,14 @@ def test_shipped_scheme_regenerates_identically():
     path = next((p for p in SHIPPED if "100KB" in p.name), SHIPPED[0])
     shipped = load_scheme(path)
     profile = _profile_with_hash(shipped.provenance.profile_hash)
-    again = run_search(shipped.model, shipped.budget_bytes, profile_path=profile, mode=shipped.mode,
-                       input_shape=shipped.input_shape, command=shipped.provenance.command).scheme
+    again = run_search(
+        shipped.model,
+        shipped.budget_bytes,
+        profile_path=profile,
+        mode=shipped.mode,
+        input_shape=shipped.input_shape,
+        command=shipped.provenance.command,
+    ).scheme
     drop = {"provenance": {"date"}}
     assert again.model_dump(exclude=drop) == shipped.model_dump(exclude=drop)
 
@@ -375,8 +435,9 @@ def test_shipped_scheme_regenerates_identically():
 def test_shipped_schemes_fit_their_budgets():
     for path in SHIPPED:
         scheme = load_scheme(path)
-        prof = memplan.profile(scheme.model, method="sparse", scheme=str(path), mode=scheme.mode,
-                               input_shape=tuple(scheme.input_shape))
+        prof = memplan.profile(
+            scheme.model, method="sparse", scheme=str(path), mode=scheme.mode, input_shape=tuple(scheme.input_shape)
+        )
         assert prof.totals.total_bytes == scheme.predicted["memory_bytes"] <= scheme.budget_bytes
 
 

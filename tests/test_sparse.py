@@ -52,8 +52,10 @@ def test_sparse_reads_scheme_json_backward_config_dict_and_object(tmp_path):
     s = small_scheme(graph)
     s.save(tmp_path / "s.json")
     (tmp_path / "bc.json").write_text(json.dumps(s.to_backward_config()))
-    plans = [make_plan(graph, "sparse", scheme=src) for src in
-             (s, str(tmp_path / "s.json"), tmp_path / "bc.json", s.to_backward_config(), s.model_dump())]
+    plans = [
+        make_plan(graph, "sparse", scheme=src)
+        for src in (s, str(tmp_path / "s.json"), tmp_path / "bc.json", s.to_backward_config(), s.model_dump())
+    ]
     assert all(p.train == plans[0].train and p.method == "sparse" for p in plans)
 
 
@@ -102,8 +104,11 @@ def test_ideal_kept_tensors_hand_checked():
     # input (16 x 64 x 4 B); ReLU6 after b1 / b2 a 1-bit mask of 16 x 64; shift-only BNs nothing;
     # fc its 8 inputs; c0 / b0 / a0 run forward only
     p = tiny_profile(small_scheme(small_graph()), mode="ideal")
-    kept = {lc.name: lc.saved_activation_bytes for lc in p.layers
-            if lc.saved_activation_bytes and lc.kind != "cross_entropy"}
+    kept = {
+        lc.name: lc.saved_activation_bytes
+        for lc in p.layers
+        if lc.saved_activation_bytes and lc.kind != "cross_entropy"
+    }
     assert kept == {"c1": 1024, "a1": 128, "c2": 1024, "a2": 128, "c3": 4096, "fc": 32}
 
 
@@ -111,8 +116,9 @@ def test_pytorch_mode_matches_autograd_on_the_sparse_plan():
     torch.manual_seed(0)
     model = memplan.models.zoo.build("mcunet-5fps", 10)
     graph = memplan.capture(model, (2, 3, 48, 48), name="mcunet-5fps")
-    plan = make_plan(graph, "sparse", scheme=by_key("tinytraining.fig11.mcunet-5fps.sparse.100kb.memory")
-                     .options["scheme"])
+    plan = make_plan(
+        graph, "sparse", scheme=by_key("tinytraining.fig11.mcunet-5fps.sparse.100kb.memory").options["scheme"]
+    )
     predicted = compute(graph, plan, get_mode("pytorch")).totals.saved_activation_bytes
     apply_plain(model, graph, plan)
     measured = saved_bytes(model, torch.randn(2, 3, 48, 48), torch.randint(0, 10, (2,)))

@@ -167,8 +167,12 @@ def test_lite_strategies_need_branches():
 
 
 def test_lite_options_reach_the_transform():
-    cap = capture_model("proxylessnas-mobile", resolution=64, method="tinytl-lb",
-                        method_options={"lite_kernel": 3, "lite_groups": 4, "lite_norm": "group"})
+    cap = capture_model(
+        "proxylessnas-mobile",
+        resolution=64,
+        method="tinytl-lb",
+        method_options={"lite_kernel": 3, "lite_groups": 4, "lite_norm": "group"},
+    )
     convs = [n for n in cap.graph.nodes if is_lite(n.name) and n.kind == "conv" and n.name.endswith("conv1")]
     assert len(convs) == 19
     assert all(n.attrs["kernel_size"] in ((3, 3), (1, 1)) and n.attrs["groups"] == 4 for n in convs)
@@ -214,8 +218,7 @@ class _Tiny(nn.Module):
 #  last: nothing kept -> max(1280, 1536, 1024, 1024, 1088, 52) = 1536; params 45 x 4 + 376 x 1 = 556
 #  bias: only the ReLU mask (16) -> conv2 at 576 + 16 + 512 = 1104 < 1536 (conv1);
 #        params (8 + 8 + 45) x 4 + 360 = 604
-@pytest.mark.parametrize("method, per_sample, params", [("full", 2896, 1684), ("last", 1536, 556),
-                                                        ("bias", 1536, 604)])
+@pytest.mark.parametrize("method, per_sample, params", [("full", 2896, 1684), ("last", 1536, 556), ("bias", 1536, 604)])
 def test_tinytl_mode_hand_count(method, per_sample, params):
     p = memplan.profile(_Tiny(), method, mode="tinytl", batch=2, input_shape=(3, 8, 8))
     assert p.totals.total_bytes == p.totals.peak_bytes == 2 * per_sample + params
@@ -239,8 +242,10 @@ def table2():
     return capture_model(tinytl_net(102), batch=8, resolution=224)
 
 
-@pytest.mark.parametrize("method, reproduced", [("full", 390.8), ("norm", 192.4), ("last", 30.8),
-                                                ("tinytl-b", 31.7), ("tinytl-l", None), ("tinytl-lb", None)])
+@pytest.mark.parametrize(
+    "method, reproduced",
+    [("full", 390.8), ("norm", 192.4), ("last", 30.8), ("tinytl-b", 31.7), ("tinytl-l", None), ("tinytl-lb", None)],
+)
 def test_tinytl_table2(table2, method, reproduced):
     p = profile_captured(table2, method, mode="tinytl")
     close(p.totals.total_bytes, f"{TT2}.{method}.memory", reproduced)
@@ -261,14 +266,19 @@ def test_tinytl_plain_network(method, reproduced):
 
 
 def test_tinytl_at_320px():
-    p = memplan.profile("proxylessnas-mobile", "tinytl-lb", mode="tinytl", batch=8, resolution=320, classes=102,
-                        norm="group")
+    p = memplan.profile(
+        "proxylessnas-mobile", "tinytl-lb", mode="tinytl", batch=8, resolution=320, classes=102, norm="group"
+    )
     close(p.totals.total_bytes, f"{TT2}.tinytl-lb.res320.memory", None)
 
 
-@pytest.mark.parametrize("name, key, reproduced", [("mobilenetv2-w1.4", "tinytl.table3.mobilenetv2-w1.4.full.memory",
-                                                    644.2),
-                                                   ("resnet50", "tinytl.table3.resnet50.full.memory", 807.6)])
+@pytest.mark.parametrize(
+    "name, key, reproduced",
+    [
+        ("mobilenetv2-w1.4", "tinytl.table3.mobilenetv2-w1.4.full.memory", 644.2),
+        ("resnet50", "tinytl.table3.resnet50.full.memory", 807.6),
+    ],
+)
 def test_tinytl_table3(name, key, reproduced):
     p = memplan.profile(name, "full", mode="tinytl", batch=8, classes=102)
     close(p.totals.total_bytes, key, reproduced)
@@ -279,20 +289,38 @@ def test_compare_cli_tinytl(capsys):
 
     methods = "full,last,norm,bias,tinytl-b,tinytl-l,tinytl-lb,lastk:3"
     with pytest.raises(SystemExit) as exc:
-        main(["compare", "proxylessnas-mobile", "--classes", "100", "--batch", "8", "--mode", "tinytl",
-              "--methods", methods])
+        main(
+            [
+                "compare",
+                "proxylessnas-mobile",
+                "--classes",
+                "100",
+                "--batch",
+                "8",
+                "--mode",
+                "tinytl",
+                "--methods",
+                methods,
+            ]
+        )
     out = capsys.readouterr().out
     assert exc.value.code == 0
     for m in ("full", "last", "norm", "bias", "tinytl-b", "tinytl-l", "tinytl-lb", "lastk(blocks=3)"):
         assert any(line.startswith(m + " ") for line in out.splitlines()), m
     # MobileTL Table 3 (same network, 100 classes): trainable parameters, and FT-Last 29.0 MB
     # reproduced exactly under this convention (accounting.md)
-    rows = memplan.compare("proxylessnas-mobile", [m if ":" not in m else ("lastk", {"blocks": 3})
-                                                   for m in methods.split(",")],
-                           mode="tinytl", classes=100, batch=8)
+    rows = memplan.compare(
+        "proxylessnas-mobile",
+        [m if ":" not in m else ("lastk", {"blocks": 3}) for m in methods.split(",")],
+        mode="tinytl",
+        classes=100,
+        batch=8,
+    )
     keys = ["full", "last", "norm", "bias", "tinytl-b", "tinytl-l", None, "lastk"]
     for row, key in zip(rows, keys):
         if key is not None:
-            assert row.totals.trainable_params == by_key(f"mobiletl.table3.proxylessnas-mobile.{key}"
-                                                         ".trainable_params").value, key
+            assert (
+                row.totals.trainable_params
+                == by_key(f"mobiletl.table3.proxylessnas-mobile.{key}.trainable_params").value
+            ), key
     assert round(rows[1].totals.total_bytes / MB, 1) == by_key("mobiletl.table3.proxylessnas-mobile.last.memory").value

@@ -26,10 +26,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memplan
+from memplan.apply import apply_plain
 from memplan.check import check
 from memplan.costs.engine import compute
 from memplan.costs.observe import flop_counter
-from memplan.apply import apply_plain
 from memplan.graph import capture
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
@@ -76,8 +76,10 @@ def check_model(entry: tc.TEntry, resolution: int, methods=STRATEGIES) -> list[s
         torch.manual_seed(3)
         fwd, bwd = measured_flops(model, x, y)
         if (t.forward_flops, t.backward_grad_input_flops + t.backward_grad_weight_flops) != (fwd, bwd):
-            problems.append(f"{where}: FLOPs predicted {t.forward_flops} / "
-                            f"{t.backward_grad_input_flops + t.backward_grad_weight_flops}, measured {fwd} / {bwd}")
+            problems.append(
+                f"{where}: FLOPs predicted {t.forward_flops} / "
+                f"{t.backward_grad_input_flops + t.backward_grad_weight_flops}, measured {fwd} / {bwd}"
+            )
         model = copy.deepcopy(base)
         model_modules(model, graph)
         r = check(model, graph, plan)
@@ -131,13 +133,20 @@ class Attention(nn.Module):
             mask = self.bias.unsqueeze(0)
         elif self.mask == "bool":
             mask = torch.ones(n, n, dtype=torch.bool).tril()
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                                             is_causal=self.causal)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=self.causal
+        )
         return self.head(out.transpose(1, 2).reshape(b, n, c).mean(1))
 
 
-SDPA_CASES = [("split", None, 0.0, False), ("fused", None, 0.0, False), ("split", "param", 0.0, False),
-              ("split", "bool", 0.0, False), ("split", None, 0.1, False), ("fused", None, 0.0, True)]
+SDPA_CASES = [
+    ("split", None, 0.0, False),
+    ("fused", None, 0.0, False),
+    ("split", "param", 0.0, False),
+    ("split", "bool", 0.0, False),
+    ("split", None, 0.1, False),
+    ("fused", None, 0.0, True),
+]
 
 
 @pytest.mark.parametrize("case", SDPA_CASES, ids=lambda c: "-".join(map(str, c)))

@@ -53,8 +53,10 @@ def test_verify_sparse_scheme_option_and_module_input_left_untouched():
     config = {"n_bias_update": 6, "n_weight_update": 2, "weight_update_ratio": [0.5, 0.25]}
     report = verify(model, "sparse", batch=2, resolution=32, scheme=config, optimizer="sgd-momentum")
     assert report.ok and report.applied.predicted_saved < report.pytorch.predicted_saved
-    assert all(type(m).__module__.startswith("torch.nn") or type(m).__module__.startswith("memplan.models.zoo")
-               for m in model.modules())
+    assert all(
+        type(m).__module__.startswith("torch.nn") or type(m).__module__.startswith("memplan.models.zoo")
+        for m in model.modules()
+    )
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert all(p.requires_grad for p in model.parameters())
 

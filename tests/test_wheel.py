@@ -56,14 +56,30 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
     shutil.copytree(ROOT / "memplan", src / "memplan", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["MEMPLAN_NUM_THREADS"] = "1"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-          "-w", str(tmp / "dist"), str(src)], tmp, env)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        tmp,
+        env,
+    )
     wheel = next((tmp / "dist").glob("memplan-*.whl"))
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp, env)
     python = venv / "bin" / "python"
-    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp,
-                     env).stdout.strip())
+    site = Path(
+        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp, env).stdout.strip()
+    )
     deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (site / "_memplan_test_deps.pth").write_text("\n".join(sorted(deps)) + "\n")
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", str(wheel)], tmp, env)

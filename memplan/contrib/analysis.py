@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from pydantic import ValidationError
@@ -38,6 +39,7 @@ from .runner import Context, linear_probe, resolve_device
 from .setup import DIGITS_RESOLUTION, DIGITS_TRAIN_PER_CLASS, build_setup, default_cache_dir  # noqa: F401 (re-exported)
 from .weights import save_state
 
+
 def _protocol(options: dict[str, Any]) -> Protocol:
     try:
         return Protocol(**{k: v for k, v in options.items() if v is not None})
@@ -51,11 +53,17 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
     ks = "all k = 1..L" if p.bias_ks is None else f"k in {list(p.bias_ks)} and those the weight runs need"
     wl = "every conv" if p.weight_layers is None else f"the last {p.weight_layers} convs"
     ratios = ", ".join(ratio_label(r) for r in p.ratios)
-    cache_text = ("feature cache of the frozen prefix " + ("exact fp32" if p.bits is None else f"quantised to {p.bits} bits")
-                  if cache else "no feature cache (every step runs the whole model)")
-    where = (f"the validation split ({data.x_val.shape[0]} images carved from the training data; the "
-             f"{data.x_test.shape[0]} test images are left for final evaluations)" if data.x_val is not None
-             else f"the test split ({data.x_test.shape[0]} images)")
+    cache_text = (
+        "feature cache of the frozen prefix " + ("exact fp32" if p.bits is None else f"quantised to {p.bits} bits")
+        if cache
+        else "no feature cache (every step runs the whole model)"
+    )
+    where = (
+        f"the validation split ({data.x_val.shape[0]} images carved from the training data; the "
+        f"{data.x_test.shape[0]} test images are left for final evaluations)"
+        if data.x_val is not None
+        else f"the test split ({data.x_test.shape[0]} images)"
+    )
     return (
         f"Contribution analysis (Lin et al., NeurIPS 2022, Sec. 2.2 / Fig. 5) of {name} "
         f"(L = {n_layers} convs) at input {'x'.join(map(str, shape))} on {data.name} "
@@ -72,10 +80,25 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
 
 
 def _progress(enabled: bool, total: int, done: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    bar = Progress(TextColumn("contrib"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("ETA"), TimeRemainingColumn(), disable=not enabled, transient=False)
+    bar = Progress(
+        TextColumn("contrib"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        disable=not enabled,
+        transient=False,
+    )
     task = bar.add_task("runs", total=total, completed=done)
     return bar, task
 
@@ -134,24 +157,64 @@ def run_contrib(
         raise BadOption(f"threads must be a positive integer, got {threads!r}")
     device = resolve_device(device)
     EXECUTORS.choose(executor)  # an unknown executor fails before any work
-    protocol = _protocol(dict(seeds=None if seeds is None else tuple(seeds), epochs=epochs, batch_size=batch_size,
-                              lr_classifier=lr_classifier, lr_bias=lr_bias, lr_weight=lr_weight, momentum=momentum,
-                              probe_epochs=probe_epochs, probe_lr=probe_lr,
-                              ratios=None if ratios is None else tuple(ratios),
-                              bias_ks=None if bias_ks is None else tuple(bias_ks), weight_layers=weight_layers,
-                              select=select, bits=bits))
+    protocol = _protocol(
+        dict(
+            seeds=None if seeds is None else tuple(seeds),
+            epochs=epochs,
+            batch_size=batch_size,
+            lr_classifier=lr_classifier,
+            lr_bias=lr_bias,
+            lr_weight=lr_weight,
+            momentum=momentum,
+            probe_epochs=probe_epochs,
+            probe_lr=probe_lr,
+            ratios=None if ratios is None else tuple(ratios),
+            bias_ks=None if bias_ks is None else tuple(bias_ks),
+            weight_layers=weight_layers,
+            select=select,
+            bits=bits,
+        )
+    )
     with num_threads(threads or default_threads(1)):  # pretraining and the probe run here, before any worker
-        return _measure(model, weights, data, out, protocol, workers=workers, executor=executor, address=address,
-                        cache=cache, resolution=resolution, costing_resolution=costing_resolution,
-                        split=dict(train_per_class=train_per_class, validation=validation,
-                                   test_per_class=test_per_class), cache_dir=cache_dir,
-                        threads=threads or default_threads(workers), device=device, progress=progress)
+        return _measure(
+            model,
+            weights,
+            data,
+            out,
+            protocol,
+            workers=workers,
+            executor=executor,
+            address=address,
+            cache=cache,
+            resolution=resolution,
+            costing_resolution=costing_resolution,
+            split=dict(train_per_class=train_per_class, validation=validation, test_per_class=test_per_class),
+            cache_dir=cache_dir,
+            threads=threads or default_threads(workers),
+            device=device,
+            progress=progress,
+        )
 
 
-def _measure(model: str, weights: str | os.PathLike | None, data: str, out: str | os.PathLike | None,
-             protocol: Protocol, *, workers: int, executor: str, address: str | None, cache: bool,
-             resolution: int | None, costing_resolution: int | None, split: dict[str, Any],
-             cache_dir: str | os.PathLike | None, threads: int, device: str, progress: bool) -> ContribProfile:
+def _measure(
+    model: str,
+    weights: str | os.PathLike | None,
+    data: str,
+    out: str | os.PathLike | None,
+    protocol: Protocol,
+    *,
+    workers: int,
+    executor: str,
+    address: str | None,
+    cache: bool,
+    resolution: int | None,
+    costing_resolution: int | None,
+    split: dict[str, Any],
+    cache_dir: str | os.PathLike | None,
+    threads: int,
+    device: str,
+    progress: bool,
+) -> ContribProfile:
     t_start = time.perf_counter()
     if costing_resolution is not None and (not isinstance(costing_resolution, int) or costing_resolution < 1):
         raise BadOption(f"costing_resolution must be a positive integer, got {costing_resolution!r}")
@@ -189,23 +252,47 @@ def _measure(model: str, weights: str | os.PathLike | None, data: str, out: str 
     bar, bar_task = _progress(progress, len(specs), len(specs) - len(todo))
     t_grid = time.perf_counter()
     with bar:
-        for record in execute(ctx, todo, workers=workers, executor=executor, address=address,
-                              key=identity["backbone"] + identity["data"]["digest"]):
+        for record in execute(
+            ctx,
+            todo,
+            workers=workers,
+            executor=executor,
+            address=address,
+            key=identity["backbone"] + identity["data"]["digest"],
+        ):
             finished[record["id"]] = record
             if ckpt is not None:
                 ckpt.append(record)
             bar.advance(bar_task)
     wall = time.perf_counter() - t_start
     profile = assemble(
-        specs, finished, layers, model=name, fingerprint=fingerprint(graph), input_shape=list(shape),
-        weights=source, dataset=setup.dataset, protocol=protocol, resolution=resolution_record,
+        specs,
+        finished,
+        layers,
+        model=name,
+        fingerprint=fingerprint(graph),
+        input_shape=list(shape),
+        weights=source,
+        dataset=setup.dataset,
+        protocol=protocol,
+        resolution=resolution_record,
         evaluated_on="validation" if task.x_val is not None else "test",
-        description=describe(name, shape, task, protocol, len(layers), cache), probe_accuracy=probe_acc,
-        timing={"wall_s": round(wall, 2), "grid_wall_s": round(time.perf_counter() - t_grid, 2),
-                "runs_executed": len(todo), "runs_resumed": len(specs) - len(todo), "workers": workers,
-                "threads_per_worker": threads, "executor": executor, "cache": cache, "device": device,
-                "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2),
-                "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2)})
+        description=describe(name, shape, task, protocol, len(layers), cache),
+        probe_accuracy=probe_acc,
+        timing={
+            "wall_s": round(wall, 2),
+            "grid_wall_s": round(time.perf_counter() - t_grid, 2),
+            "runs_executed": len(todo),
+            "runs_resumed": len(specs) - len(todo),
+            "workers": workers,
+            "threads_per_worker": threads,
+            "executor": executor,
+            "cache": cache,
+            "device": device,
+            "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2),
+            "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2),
+        },
+    )
     if out is not None:
         profile.save(out)
     return profile

@@ -134,22 +134,27 @@ def run_prefix(prefix: nn.Module, x: Tensor, names: list[str]) -> list[Tensor]:
     """Frontier values of every sample of ``x`` (forward in chunks of EVAL_CHUNK)."""
     parts: list[list[Tensor]] = [[] for _ in names]
     for start in range(0, x.shape[0], EVAL_CHUNK):
-        chunk = x[start:start + EVAL_CHUNK]
+        chunk = x[start : start + EVAL_CHUNK]
         values = prefix(chunk)
         for i, (name, v) in enumerate(zip(names, values)):
             if not isinstance(v, Tensor) or v.dim() == 0 or v.shape[0] != chunk.shape[0]:
-                raise MemplanError(f"cannot cache before this layer: value {name!r} is not a per-sample tensor",
-                                   "run without the feature cache")
+                raise MemplanError(
+                    f"cannot cache before this layer: value {name!r} is not a per-sample tensor",
+                    "run without the feature cache",
+                )
             parts[i].append(v)
     return [torch.cat(p) for p in parts]
 
 
-def build(prefix: nn.Module, names: list[str], x_train: Tensor, x_test: Tensor,
-          bits: int | None) -> tuple[Features, Features]:
+def build(
+    prefix: nn.Module, names: list[str], x_train: Tensor, x_test: Tensor, bits: int | None
+) -> tuple[Features, Features]:
     """(train, test) features of a split; with ``bits`` quantised with the train split's ranges."""
     train, test = run_prefix(prefix, x_train, names), run_prefix(prefix, x_test, names)
     if bits is None:
         return Features(train), Features(test)
     ranges = [channel_ranges(t) for t in train]
-    return (Features([quantise(t, bits, r) for t, r in zip(train, ranges)]),
-            Features([quantise(t, bits, r) for t, r in zip(test, ranges)]))
+    return (
+        Features([quantise(t, bits, r) for t, r in zip(train, ranges)]),
+        Features([quantise(t, bits, r) for t, r in zip(test, ranges)]),
+    )

@@ -36,8 +36,9 @@ class Checkpoint:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
-                raise MemplanError(f"checkpoint {self.path} is corrupt at line {i + 1}",
-                                   "delete it to start over") from None
+                raise MemplanError(
+                    f"checkpoint {self.path} is corrupt at line {i + 1}", "delete it to start over"
+                ) from None
         if good != len(raw):  # drop the torn tail so the next append starts a fresh line
             with open(self.path, "r+b") as f:
                 f.truncate(good)
@@ -45,8 +46,11 @@ class Checkpoint:
             return None
         if rows[0]["identity"] != self.identity:
             diff = sorted(k for k in self.identity if rows[0]["identity"].get(k) != self.identity[k])
-            raise MemplanError(f"checkpoint {self.path} was written for another configuration (differs in: "
-                               f"{', '.join(diff) or 'keys'})", "delete it, or write to another --out")
+            raise MemplanError(
+                f"checkpoint {self.path} was written for another configuration (differs in: "
+                f"{', '.join(diff) or 'keys'})",
+                "delete it, or write to another --out",
+            )
         return {row["run"]["id"]: row["run"] for row in rows[1:] if "run" in row}
 
     def _append(self, obj: dict[str, Any], mode: str = "a") -> None:

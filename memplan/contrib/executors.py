@@ -98,8 +98,9 @@ def _run_in_process(spec: RunSpec) -> dict:
 def run_pool(ctx: Context, specs: Sequence[RunSpec], workers: int) -> Iterator[dict]:
     """Runs on ``workers`` spawned processes (spawn: safe with torch's thread pools)."""
     pending = list(reversed(specs))
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_process,
-                               initargs=(ctx, os.getpid()))
+    pool = ProcessPoolExecutor(
+        workers, mp_context=mp.get_context("spawn"), initializer=_init_process, initargs=(ctx, os.getpid())
+    )
     running: set[Future] = set()
     try:
         while pending or running:
@@ -176,8 +177,15 @@ def run_local(ctx: Context, specs: Sequence[RunSpec], workers: int, address: str
 EXECUTORS.add("ray", run_ray)
 
 
-def execute(ctx: Context, specs: Sequence[RunSpec], *, workers: int = 1, executor: str = "process",
-            address: str | None = None, key: str = "") -> Iterator[dict]:
+def execute(
+    ctx: Context,
+    specs: Sequence[RunSpec],
+    *,
+    workers: int = 1,
+    executor: str = "process",
+    address: str | None = None,
+    key: str = "",
+) -> Iterator[dict]:
     """Records of ``specs`` as they finish, on the chosen executor (``key`` names the context)."""
     run = EXECUTORS.choose(executor)
     if not isinstance(workers, int) or workers < 1:

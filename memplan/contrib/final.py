@@ -13,8 +13,9 @@ here only: no learning rate, epoch count or scheme is chosen on it.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..graph import LayerGraph
 from ..plan import Plan, Scheme, scheme_to_plan
@@ -48,11 +49,19 @@ class Result:
 class Evaluator:
     """Trains configurations from ``profile``'s setup and measures them on the test split."""
 
-    def __init__(self, profile: ContribProfile, *, seeds: Sequence[int] | None = None, threads: int = 1,
-                 cache: bool = True, device: str = "cpu"):
+    def __init__(
+        self,
+        profile: ContribProfile,
+        *,
+        seeds: Sequence[int] | None = None,
+        threads: int = 1,
+        cache: bool = True,
+        device: str = "cpu",
+    ):
         self.profile = profile
-        self.protocol = profile.protocol if seeds is None else profile.protocol.model_copy(
-            update={"seeds": tuple(seeds)})
+        self.protocol = (
+            profile.protocol if seeds is None else profile.protocol.model_copy(update={"seeds": tuple(seeds)})
+        )
         self.threads = threads
         device = resolve_device(device)
         with num_threads(threads):
@@ -60,10 +69,18 @@ class Evaluator:
             task = self.setup.task
             seen = task.validation_task() if task.x_val is not None else task
             self.probe_validation = linear_probe(self.setup.net, self.setup.head, seen, profile.protocol, device)
-            test_task = Data(task.name, task.description + " [test split]", task.x_train, task.y_train, task.x_test,
-                             task.y_test, task.classes)
-            self.worker = Worker(Context(self.setup.name, self.setup.net, test_task, self.protocol, cache, threads,
-                                         device))
+            test_task = Data(
+                task.name,
+                task.description + " [test split]",
+                task.x_train,
+                task.y_train,
+                task.x_test,
+                task.y_test,
+                task.classes,
+            )
+            self.worker = Worker(
+                Context(self.setup.name, self.setup.net, test_task, self.protocol, cache, threads, device)
+            )
 
     @property
     def graph(self) -> LayerGraph:
@@ -74,8 +91,9 @@ class Evaluator:
         with num_threads(self.threads):
             split = first_trained(self.worker.graph, make(self.worker.graph))
             rec = self.worker.train_plan(make, split, self.protocol)
-        return Result(label, rec["accuracy"], rec["trainable_params"], rec["train_s"] + rec["eval_s"] + rec["cache_s"],
-                      extra)
+        return Result(
+            label, rec["accuracy"], rec["trainable_params"], rec["train_s"] + rec["eval_s"] + rec["cache_s"], extra
+        )
 
     def scheme(self, label: str, scheme: Scheme, **extra: Any) -> Result:
         """A sparse-update scheme (biases of the last k convs, weights at ratios, classifier)."""
@@ -88,9 +106,11 @@ class Evaluator:
     def describe(self) -> str:
         t = self.setup.task
         p = self.protocol
-        return (f"{self.setup.name} from {self.setup.weights.get('source')} on {t.name}: trained on the "
-                f"{t.x_train.shape[0]} training images, tested on the {t.x_test.shape[0]} test images at "
-                f"{'x'.join(map(str, self.setup.shape))}; the profile's protocol ({p.epochs} epochs SGD, batch "
-                f"{p.batch_size}, lr classifier {p.lr_classifier} / biases {p.lr_bias} / weights {p.lr_weight}), "
-                f"seeds {list(p.seeds)}; linear probe {self.probe_validation:.2f}% on validation "
-                f"(profile: {self.profile.probe_accuracy:.2f}%)")
+        return (
+            f"{self.setup.name} from {self.setup.weights.get('source')} on {t.name}: trained on the "
+            f"{t.x_train.shape[0]} training images, tested on the {t.x_test.shape[0]} test images at "
+            f"{'x'.join(map(str, self.setup.shape))}; the profile's protocol ({p.epochs} epochs SGD, batch "
+            f"{p.batch_size}, lr classifier {p.lr_classifier} / biases {p.lr_bias} / weights {p.lr_weight}), "
+            f"seeds {list(p.seeds)}; linear probe {self.probe_validation:.2f}% on validation "
+            f"(profile: {self.profile.probe_accuracy:.2f}%)"
+        )

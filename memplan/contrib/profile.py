@@ -49,8 +49,10 @@ class RunRecord(BaseModel):
     eval_s: float = Field(description="evaluation seconds, all seeds")
     cache_s: float = Field(description="seconds building this run's feature cache (0 when reused)")
     cpu_s: float = Field(description="CPU seconds of the worker process for this run, all threads")
-    cache_bytes: int | None = Field(None, description="bytes of the cached features (train + test) the run read; "
-                                                     "0 without cache, None when not recorded")
+    cache_bytes: int | None = Field(
+        None,
+        description="bytes of the cached features (train + test) the run read; 0 without cache, None when not recorded",
+    )
 
 
 class Noise(BaseModel):
@@ -67,8 +69,10 @@ class Resolution(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     runs: int = Field(description="input side the contribution runs trained and evaluated at")
-    costing: int = Field(description="input side the schemes are costed at (memplan search); equal to runs "
-                                     "unless the runs were made smaller for speed")
+    costing: int = Field(
+        description="input side the schemes are costed at (memplan search); equal to runs "
+        "unless the runs were made smaller for speed"
+    )
 
 
 class ContribProfile(BaseModel):
@@ -82,7 +86,9 @@ class ContribProfile(BaseModel):
     dataset: dict[str, Any]
     protocol: Protocol
     description: str = Field(description="how the numbers were measured, in words")
-    probe_accuracy: float = Field(description="accuracy (evaluated_on split) of the linear probe every run starts from, %")
+    probe_accuracy: float = Field(
+        description="accuracy (evaluated_on split) of the linear probe every run starts from, %"
+    )
     layers: list[ConvLayer]
     bias: dict[int, float] = Field(description="k -> Δacc_b[:k], mean over seeds")
     bias_std: dict[int, float]
@@ -91,11 +97,14 @@ class ContribProfile(BaseModel):
     noise: Noise
     runs: list[RunRecord]
     timing: dict[str, Any] = Field(description="wall seconds and how the runs were executed")
-    resolution: Resolution | None = Field(None, description="run and costing resolution (None: profiles before "
-                                                            "issue 13; the runs used input_shape)")
+    resolution: Resolution | None = Field(
+        None, description="run and costing resolution (None: profiles before issue 13; the runs used input_shape)"
+    )
     evaluated_on: Literal["validation", "test"] = Field(
-        "test", description="the split every accuracy of the runs was measured on: a validation split carved from "
-                            "the training data, or (profiles before issue 13) the test split")
+        "test",
+        description="the split every accuracy of the runs was measured on: a validation split carved from "
+        "the training data, or (profiles before issue 13) the test split",
+    )
 
     @property
     def run_resolution(self) -> int:
@@ -111,9 +120,11 @@ class ContribProfile(BaseModel):
 
     def weight_table(self) -> list[tuple[str, int, float, float]]:
         """(layer, conv index, ratio, Δacc) rows in conv order, then ratio."""
-        index = {l.name: l.conv_index for l in self.layers}
-        return sorted(((name, index[name], r, d) for name, row in self.weight.items() for r, d in row.items()),
-                      key=lambda row: (row[1], row[2]))
+        index = {c.name: c.conv_index for c in self.layers}
+        return sorted(
+            ((name, index[name], r, d) for name, row in self.weight.items() for r, d in row.items()),
+            key=lambda row: (row[1], row[2]),
+        )
 
 
 def load_profile(path: str | os.PathLike) -> ContribProfile:
@@ -138,16 +149,32 @@ def run_record(raw: dict[str, Any], reference: dict[str, Any] | None) -> RunReco
     accs = [float(a) for a in raw["accuracy"]]
     delta = None if reference is None else [a - b for a, b in zip(accs, reference["accuracy"])]
     return RunRecord(
-        id=raw["id"], kind=raw["kind"], k=raw["k"], layer=raw["layer"], conv_index=raw["conv_index"],
-        ratio=raw["ratio"], seeds=raw["seeds"], accuracy=accs, accuracy_mean=statistics.fmean(accs),
-        accuracy_std=_std(accs), reference=None if reference is None else reference["id"], delta=delta,
-        delta_mean=None if delta is None else statistics.fmean(delta), delta_std=None if delta is None else _std(delta),
-        trainable_params=raw["trainable_params"], train_s=raw["train_s"], eval_s=raw["eval_s"], cache_s=raw["cache_s"],
-        cpu_s=raw["cpu_s"], cache_bytes=raw.get("cache_bytes"))
+        id=raw["id"],
+        kind=raw["kind"],
+        k=raw["k"],
+        layer=raw["layer"],
+        conv_index=raw["conv_index"],
+        ratio=raw["ratio"],
+        seeds=raw["seeds"],
+        accuracy=accs,
+        accuracy_mean=statistics.fmean(accs),
+        accuracy_std=_std(accs),
+        reference=None if reference is None else reference["id"],
+        delta=delta,
+        delta_mean=None if delta is None else statistics.fmean(delta),
+        delta_std=None if delta is None else _std(delta),
+        trainable_params=raw["trainable_params"],
+        train_s=raw["train_s"],
+        eval_s=raw["eval_s"],
+        cache_s=raw["cache_s"],
+        cpu_s=raw["cpu_s"],
+        cache_bytes=raw.get("cache_bytes"),
+    )
 
 
-def assemble(specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[ConvLayer],
-             **fields: Any) -> ContribProfile:
+def assemble(
+    specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[ConvLayer], **fields: Any
+) -> ContribProfile:
     """The profile of a finished grid: ``raw`` maps run ids to worker records."""
     runs = [run_record(raw[s.id], None if s.reference is None else raw[s.reference]) for s in specs]
     runs.sort(key=lambda r: (r.kind != "classifier", r.kind == "weight", -r.k, r.ratio or 0))
@@ -156,13 +183,20 @@ def assemble(specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[
     for r in runs:
         if r.kind == "weight":
             weight.setdefault(r.layer, {})[r.ratio] = r
-    by_conv = sorted(weight, key=lambda name: next(l.conv_index for l in layers if l.name == name))
+    by_conv = sorted(weight, key=lambda name: next(c.conv_index for c in layers if c.name == name))
     deltas = [r.delta_std for r in runs if r.delta_std is not None]
-    noise = Noise(accuracy_std=statistics.fmean(r.accuracy_std for r in runs),
-                  delta_std=statistics.fmean(deltas) if deltas else 0.0, seeds=len(runs[0].seeds))
+    noise = Noise(
+        accuracy_std=statistics.fmean(r.accuracy_std for r in runs),
+        delta_std=statistics.fmean(deltas) if deltas else 0.0,
+        seeds=len(runs[0].seeds),
+    )
     return ContribProfile(
         layers=list(layers),
-        bias={k: bias[k].delta_mean for k in sorted(bias)}, bias_std={k: bias[k].delta_std for k in sorted(bias)},
+        bias={k: bias[k].delta_mean for k in sorted(bias)},
+        bias_std={k: bias[k].delta_std for k in sorted(bias)},
         weight={name: {r: weight[name][r].delta_mean for r in sorted(weight[name])} for name in by_conv},
         weight_std={name: {r: weight[name][r].delta_std for r in sorted(weight[name])} for name in by_conv},
-        noise=noise, runs=runs, **fields)
+        noise=noise,
+        runs=runs,
+        **fields,
+    )

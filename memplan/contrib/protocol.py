@@ -90,8 +90,7 @@ class RunSpec:
         return "classifier" if self.kind == "classifier" else f"bias:{self.k}"
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "k": self.k, "layer": self.layer, "conv_index": self.conv_index,
-                "ratio": self.ratio}
+        return {"kind": self.kind, "k": self.k, "layer": self.layer, "conv_index": self.conv_index, "ratio": self.ratio}
 
     @property
     def reference(self) -> str | None:
@@ -109,9 +108,9 @@ def grid(layers: list[ConvLayer], protocol: Protocol) -> list[RunSpec]:
     for k in protocol.bias_ks or ():
         if not 1 <= k <= n:
             raise BadOption(f"bias depth k={k} is out of range", f"the model has {n} convs (k = 1..{n})")
-    wl = layers if protocol.weight_layers is None else layers[-protocol.weight_layers:]
+    wl = layers if protocol.weight_layers is None else layers[-protocol.weight_layers :]
     ks = set(range(1, n + 1)) if protocol.bias_ks is None else set(protocol.bias_ks)
-    ks |= {n - l.conv_index for l in wl}
+    ks |= {n - c.conv_index for c in wl}
     runs = [RunSpec("classifier", 0)]
     for k in sorted(ks, reverse=True):
         runs.append(RunSpec("bias", k))
@@ -128,8 +127,14 @@ def run_scheme(spec: RunSpec, graph: LayerGraph, model: str, protocol: Protocol)
     if spec.kind == "weight":
         updates = [WeightUpdate(layer=spec.layer, conv_index=spec.conv_index, ratio=spec.ratio, select=protocol.select)]
     shape = list(graph.input_shape[1:])
-    return Scheme(model=model, fingerprint=fingerprint(graph), input_shape=shape, bias_update=spec.k,
-                  weight_updates=updates, mode="contrib")
+    return Scheme(
+        model=model,
+        fingerprint=fingerprint(graph),
+        input_shape=shape,
+        bias_update=spec.k,
+        weight_updates=updates,
+        mode="contrib",
+    )
 
 
 def run_plan(spec: RunSpec, graph: LayerGraph, model: str, protocol: Protocol) -> Plan:

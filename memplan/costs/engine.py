@@ -36,8 +36,14 @@ def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tup
     saved = mode.saved(op)
     how = "rule"
     lc = LayerCost(
-        name=n.name, kind=n.kind, target=n.target, output_shape=list(n.out.shape) if n.out else [],
-        block=n.block, grad_input=op.grad_input, grad_weight=op.weight_grad, grad_bias=op.bias_grad,
+        name=n.name,
+        kind=n.kind,
+        target=n.target,
+        output_shape=list(n.out.shape) if n.out else [],
+        block=n.block,
+        grad_input=op.grad_input,
+        grad_weight=op.weight_grad,
+        grad_bias=op.bias_grad,
     )
     if saved is None or fl is None:
         obs = observe(op)
@@ -45,8 +51,12 @@ def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tup
         if saved is None:
             saved = list(obs.saved) if obs.saved is not None else [Saved(obs.bounds[1], None, "upper bound")]
         if fl is None:
-            fl = Flops(forward=obs.forward_flops, grad_input=obs.grad_input_flops,
-                       grad_weight=obs.grad_weight_flops, grad_bias=obs.grad_bias_flops)
+            fl = Flops(
+                forward=obs.forward_flops,
+                grad_input=obs.grad_input_flops,
+                grad_weight=obs.grad_weight_flops,
+                grad_bias=obs.grad_bias_flops,
+            )
             lc.macs = fl.forward // 2
             lc.forward_flops = fl.forward
             lc.backward_grad_input_flops, lc.backward_grad_weight_flops = fl.grad_input, fl.grad_weight
@@ -79,9 +89,17 @@ def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tup
     return lc, saved, how
 
 
-def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd", frozen_bits: int = 32,
-            meta: dict[str, Any] | None = None, schedule: str | None = None,
-            calibration: Calibration | str | None = "cpu") -> Profile:
+def compute(
+    graph: LayerGraph,
+    plan: Plan,
+    mode: Mode,
+    *,
+    optimizer: str = "sgd",
+    frozen_bits: int = 32,
+    meta: dict[str, Any] | None = None,
+    schedule: str | None = None,
+    calibration: Calibration | str | None = "cpu",
+) -> Profile:
     """Profile ``plan`` on ``graph`` under ``mode``. ``meta`` fills the descriptive fields.
 
     ``schedule``: the training step of the simulated peak (``memplan.costs.peak.SCHEDULES``:
@@ -123,24 +141,43 @@ def compute(graph: LayerGraph, plan: Plan, mode: Mode, *, optimizer: str = "sgd"
         lc.peak_bytes = summary.at[op.node.index]
     meta = dict(meta or {})
     return Profile(
-        model=meta.pop("model", graph.model_name), method=plan.method, mode=mode.name, batch=graph.batch,
-        resolution=meta.pop("resolution", None), classes=meta.pop("classes", graph.classes),
-        input_shape=list(graph.input_shape), optimizer=optimizer, frozen_bits=frozen_bits,
-        options=dict(plan.options), totals=totals, layers=layers,
-        peak_layer=graph.nodes[summary.peak_index].name, peak_phase=summary.peak_phase, unknown_ops=unknown,
-        observed_ops=observed, capture=graph.capture, schedule=schedule, workspace=workspace,
-        conventions={**CONVENTIONS, "mode": mode.description, **(_observed_convention(mode) if observed or unknown
-                                                                    else {})},
+        model=meta.pop("model", graph.model_name),
+        method=plan.method,
+        mode=mode.name,
+        batch=graph.batch,
+        resolution=meta.pop("resolution", None),
+        classes=meta.pop("classes", graph.classes),
+        input_shape=list(graph.input_shape),
+        optimizer=optimizer,
+        frozen_bits=frozen_bits,
+        options=dict(plan.options),
+        totals=totals,
+        layers=layers,
+        peak_layer=graph.nodes[summary.peak_index].name,
+        peak_phase=summary.peak_phase,
+        unknown_ops=unknown,
+        observed_ops=observed,
+        capture=graph.capture,
+        schedule=schedule,
+        workspace=workspace,
+        conventions={
+            **CONVENTIONS,
+            "mode": mode.description,
+            **(_observed_convention(mode) if observed or unknown else {}),
+        },
         extras={**meta, **summary.extras},
     )
 
 
-def _peak_options(views: list, mode: Mode, schedule: str,
-                  calibration: Calibration | str | None) -> tuple[PeakOptions, dict[str, Any]]:
+def _peak_options(
+    views: list, mode: Mode, schedule: str, calibration: Calibration | str | None
+) -> tuple[PeakOptions, dict[str, Any]]:
     """The simulated step's options and ``Profile.workspace``."""
     if not mode.kernel_workspaces:
-        return PeakOptions(schedule), {"status": "not modelled",
-                                       "source": f"mode {mode.name!r} does not run PyTorch kernels"}
+        return PeakOptions(schedule), {
+            "status": "not modelled",
+            "source": f"mode {mode.name!r} does not run PyTorch kernels",
+        }
     if calibration is None:
         return PeakOptions(schedule), {"status": "not modelled", "source": "no calibration requested"}
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
@@ -151,9 +188,12 @@ def _peak_options(views: list, mode: Mode, schedule: str,
 
 
 def _observed_convention(mode: Mode) -> dict[str, str]:
-    text = ("ops without a cost rule (observed_ops) are costed by replaying them alone on meta tensors: what eager "
-            "PyTorch saves for them, FLOPs of their conv / matmul work")
+    text = (
+        "ops without a cost rule (observed_ops) are costed by replaying them alone on meta tensors: what eager "
+        "PyTorch saves for them, FLOPs of their conv / matmul work"
+    )
     if mode.name != "pytorch":
         text += f"; mode {mode.name!r} uses those observed bytes too"
-    return {"observed": text + "; unknown_ops could not be replayed and count the upper bound of their inputs + "
-                               "outputs"}
+    return {
+        "observed": text + "; unknown_ops could not be replayed and count the upper bound of their inputs + outputs"
+    }

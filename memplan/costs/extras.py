@@ -115,8 +115,9 @@ def stage_ram(graph: LayerGraph, plan: Plan, profile: Profile, stage: str) -> in
     opts = plan.options
     if opts["stage"] != stage:
         plan = minilearn(graph, opts["cut"], opts["samples"], opts["bits"], stage)
-        profile = compute(graph, plan, get_mode(profile.mode), optimizer=profile.optimizer,
-                          frozen_bits=profile.frozen_bits)
+        profile = compute(
+            graph, plan, get_mode(profile.mode), optimizer=profile.optimizer, frozen_bits=profile.frozen_bits
+        )
     return split_sum(graph, profile, stage_start(graph, opts["cut"], stage), "total_bytes")[1]
 
 

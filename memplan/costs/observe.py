@@ -106,9 +106,10 @@ class Replay:
             trains = {"weight": op.train.weight > 0, "bias": op.train.bias}
             for pname, p in node.module.named_parameters():
                 self.params[pname] = torch.empty_like(p, device=device).requires_grad_(trains[role(pname)])
-            self.buffers = {k: torch.empty_like(b, device=device) if device == "meta" else torch.zeros_like(b,
-                                                                                                          device=device)
-                            for k, b in node.module.named_buffers()}
+            self.buffers = {
+                k: torch.empty_like(b, device=device) if device == "meta" else torch.zeros_like(b, device=device)
+                for k, b in node.module.named_buffers()
+            }
 
     def run(self) -> Any:
         fxn = self.node.fx
@@ -119,8 +120,9 @@ class Replay:
         return torch.func.functional_call(self.node.module, {**self.params, **self.buffers}, self.args, self.kwargs)
 
 
-def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-                        *args, out_shape=None, **kwargs) -> int:
+def conv_backward_flops(
+    grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed, *args, out_shape=None, **kwargs
+) -> int:
     """Group-aware FLOPs of ``aten.convolution_backward`` for ``FlopCounterMode(custom_mapping=...)``.
 
     torch 2.13's own formula over-counts the weight gradient of grouped / depthwise convs by
@@ -151,9 +153,11 @@ def flash_cpu_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, out_s
 
 
 #: formulas FlopCounterMode lacks or gets wrong on the CPU
-FLOP_FORMULAS = {torch.ops.aten.convolution_backward: conv_backward_flops,
-                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: flash_cpu_flops,
-                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: flash_cpu_backward_flops}
+FLOP_FORMULAS = {
+    torch.ops.aten.convolution_backward: conv_backward_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: flash_cpu_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: flash_cpu_backward_flops,
+}
 
 
 def flop_counter():
@@ -187,9 +191,11 @@ def _replay(op: OpView, device: str) -> Observed:
     flops = {"input": 0, "weight": 0, "bias": 0}
     roots = [t for t in outs if t.requires_grad and t.grad_fn is not None]
     if roots:
-        wrt = {"input": [t for t in rp.inputs if t.requires_grad],
-               "weight": [p for n, p in rp.params.items() if p.requires_grad and role(n) == "weight"],
-               "bias": [p for n, p in rp.params.items() if p.requires_grad and role(n) == "bias"]}
+        wrt = {
+            "input": [t for t in rp.inputs if t.requires_grad],
+            "weight": [p for n, p in rp.params.items() if p.requires_grad and role(n) == "weight"],
+            "bias": [p for n, p in rp.params.items() if p.requires_grad and role(n) == "bias"],
+        }
         grads = [torch.ones_like(t) if device == "cpu" else torch.empty_like(t) for t in roots]
         for key, tensors in wrt.items():
             if tensors:
@@ -225,6 +231,11 @@ def observe(op: OpView) -> Observed:
 
 
 def _unbounded(op: OpView, error: str) -> Observed:
-    hi = sum({t.storage: t.nbytes for t in [*op.node.in_tensors, *op.node.outs]
-              if t.storage not in op.graph.param_storages}.values())
+    hi = sum(
+        {
+            t.storage: t.nbytes
+            for t in [*op.node.in_tensors, *op.node.outs]
+            if t.storage not in op.graph.param_storages
+        }.values()
+    )
     return Observed(None, error=" ".join(error.split())[:200], bounds=(0, hi))

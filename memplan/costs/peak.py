@@ -157,8 +157,14 @@ def _activation_grads(graph: LayerGraph, views: list[OpView]) -> tuple[list[int]
     return grad_alloc, grad_free
 
 
-def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]], param_grads: list[int],
-                  static: int, options: PeakOptions | None = None) -> tuple[int, int, str, list[int]]:
+def simulate_peak(
+    graph: LayerGraph,
+    views: list[OpView],
+    saved: list[list[Saved]],
+    param_grads: list[int],
+    static: int,
+    options: PeakOptions | None = None,
+) -> tuple[int, int, str, list[int]]:
     """Return (peak bytes, index of the op where it occurs, "forward" | "backward", and per op
     the most memory in use while it runs, forward or backward): eager PyTorch's step (module
     docstring) run through :func:`simulate_step`."""
@@ -181,8 +187,11 @@ def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved
     for sid in batch:
         producer.pop(sid, None)
     for items in saved:  # storages kept for backward that no op produced: the targets
-        batch.update(s.storage for s in items if s.storage is not None and s.storage not in producer
-                     and s.storage not in graph.param_storages)
+        batch.update(
+            s.storage
+            for s in items
+            if s.storage is not None and s.storage not in producer and s.storage not in graph.param_storages
+        )
     static += sum(graph.storages[sid] for sid in batch)
     for sid, p in producer.items():
         if sid in graph.param_storages:
@@ -205,7 +214,16 @@ def simulate_peak(graph: LayerGraph, views: list[OpView], saved: list[list[Saved
             held += graph.storages[sid]
             released[i] += graph.storages[sid]
     grad_alloc, grad_free = _activation_grads(graph, views)
-    step = Step(forward, held, released, grad_alloc, grad_free, param_grads, [v.req_out for v in views],
-                in_place_update=options.schedule == "tte", workspace=options.workspace_backward)
+    step = Step(
+        forward,
+        held,
+        released,
+        grad_alloc,
+        grad_free,
+        param_grads,
+        [v.req_out for v in views],
+        in_place_update=options.schedule == "tte",
+        workspace=options.workspace_backward,
+    )
     result = simulate_step(step, static)
     return result.peak, result.where, result.phase, result.at

@@ -120,6 +120,6 @@ class Profile:
 
 CONVENTIONS = {
     "flops": "FLOPs = 2 x MACs for conv/linear/matmul (forward_flops, backward_flops); norms, "
-             "activations, adds, multiplies, pooling and the loss are in *_other_flops",
+    "activations, adds, multiplies, pooling and the loss are in *_other_flops",
     "bytes": "integers in bytes; printed kB/MB are 1000-based, KiB/MiB 1024-based",
 }

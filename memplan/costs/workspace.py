@@ -106,10 +106,13 @@ class Calibration:
                     self.entries = {**other.entries, **self.entries}
             except BadOption:
                 pass  # a broken file is replaced
-        doc = {"version": CALIBRATION_VERSION, "machine": self.machine,
-               "units": "bytes: most memory in use during the op beyond its outputs (forward) or the gradients "
-                        "it returns (backward)",
-               "entries": dict(sorted(self.entries.items()))}
+        doc = {
+            "version": CALIBRATION_VERSION,
+            "machine": self.machine,
+            "units": "bytes: most memory in use during the op beyond its outputs (forward) or the gradients "
+            "it returns (backward)",
+            "entries": dict(sorted(self.entries.items())),
+        }
         write_text(path, json.dumps(doc, indent=1) + "\n")
         self.path = path
         return path
@@ -117,8 +120,11 @@ class Calibration:
 
 def _read(path: Path) -> Calibration:
     data = read_json(path, "calibration file", BadOption)
-    if data.get("version") != CALIBRATION_VERSION or not isinstance(data.get("entries"), dict) \
-            or not isinstance(data.get("machine"), dict):
+    if (
+        data.get("version") != CALIBRATION_VERSION
+        or not isinstance(data.get("entries"), dict)
+        or not isinstance(data.get("machine"), dict)
+    ):
         raise BadOption(f"calibration file {path} has an unknown format", "run memplan calibrate again")
     return Calibration(dict(data["machine"]), dict(data["entries"]), path)
 
@@ -207,8 +213,10 @@ def kernel_label(op: OpView, threads: int | None = None) -> str | None:
     norm = f" train={op.norm_train}" if node.kind in NORM_KINDS else ""
     ins = " ".join(_tensor_sig(t) for t in node.in_tensors)
     req = "".join("1" if r else "0" for r in op.req_in)
-    return (f"{node.kind} {_call_sig(op)} in=[{ins}] req={req} out={int(op.req_out)} params=[{params}]{norm} "
-            f"threads={threads}")
+    return (
+        f"{node.kind} {_call_sig(op)} in=[{ins}] req={req} out={int(op.req_out)} params=[{params}]{norm} "
+        f"threads={threads}"
+    )
 
 
 def _trains(op: OpView, pname: str) -> bool:

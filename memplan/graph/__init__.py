@@ -18,6 +18,27 @@ from .layout import flatten
 from .model import LayerGraph, Node, Param, TensorInfo, role
 from .trace import LeafTracer, trace
 
-__all__ = ["flatten", "capture", "select_output", "train_mode", "role", "trace", "LeafTracer", "LayerGraph", "Node", "TensorInfo", "Param", "find_blocks",
-           "module_kind", "node_kind", "ConvLayer", "SELECT_RULES", "bias_carrier", "conv_layers", "conv_padding",
-           "conv_table", "is_pw1", "sub_channels"]
+__all__ = [
+    "flatten",
+    "capture",
+    "select_output",
+    "train_mode",
+    "role",
+    "trace",
+    "LeafTracer",
+    "LayerGraph",
+    "Node",
+    "TensorInfo",
+    "Param",
+    "find_blocks",
+    "module_kind",
+    "node_kind",
+    "ConvLayer",
+    "SELECT_RULES",
+    "bias_carrier",
+    "conv_layers",
+    "conv_padding",
+    "conv_table",
+    "is_pw1",
+    "sub_channels",
+]

@@ -14,7 +14,8 @@ The flash kernel's output is laid out like its query (dense, in the query's stri
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -32,9 +33,13 @@ def _probe(shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype, gra
     return t.requires_grad_(grad) if grad and dtype.is_floating_point else t
 
 
-def cpu_backend(tensors: Sequence[tuple[Sequence[int], Sequence[int], torch.dtype, bool] | None],
-                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                enable_gqa: bool = False) -> str:
+def cpu_backend(
+    tensors: Sequence[tuple[Sequence[int], Sequence[int], torch.dtype, bool] | None],
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> str:
     """The kernel eager CPU runs for query, key, value and mask given as (shape, strides, dtype,
     requires_grad) (mask None: no mask): ``flash``, ``math`` or the backend's number."""
     batch = tensors[0][0][0] if tensors[0][0] else 0
@@ -46,8 +51,10 @@ def cpu_backend(tensors: Sequence[tuple[Sequence[int], Sequence[int], torch.dtyp
 def sdpa_backend(op: Any) -> str:
     """The CPU kernel of a captured F.scaled_dot_product_attention node under a plan: ``op`` is a
     ``memplan.plan.OpView`` (its operands and which of them need a gradient)."""
-    specs = [(t.shape, t.layout, t.dtype, op.operand_grad(n)) if (t := op.operand(n)) is not None else None
-             for n in SDPA_ARGS[:4]]
+    specs = [
+        (t.shape, t.layout, t.dtype, op.operand_grad(n)) if (t := op.operand(n)) is not None else None
+        for n in SDPA_ARGS[:4]
+    ]
     a = op.node.attrs
     return cpu_backend(specs, a["dropout_p"], a["is_causal"], a["scale"], a["enable_gqa"])
 

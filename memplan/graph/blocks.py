@@ -3,7 +3,7 @@ assignment of every traced node to the block it runs in."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -15,15 +15,17 @@ from .model import LayerGraph
 def _count_layers(m: nn.Module) -> int:
     """Layers inside ``m``: modules owning a weight of two or more dims (conv, linear, and
     custom layers that call ``F.conv2d`` with their own weight)."""
-    return sum(1 for sub in m.modules() if isinstance(getattr(sub, "weight", None), torch.Tensor)
-               and sub.weight.dim() >= 2)
+    return sum(
+        1 for sub in m.modules() if isinstance(getattr(sub, "weight", None), torch.Tensor) and sub.weight.dim() >= 2
+    )
 
 
 def find_blocks(model: nn.Module) -> list[str]:
     """Structural block rule.
 
     A block is a module that is not an ``nn.Sequential`` / ``nn.ModuleList``, contains at
-    least two layers (conv, linear: modules with a weight of 2+ dims), is a child of an ``nn.Sequential`` / ``nn.ModuleList``,
+    least two layers (conv, linear: modules with a weight of 2+ dims), is a child of an ``nn.Sequential`` /
+    ``nn.ModuleList``,
     and has no ancestor that is already a block. This finds inverted-residual / MBConv /
     ResNet units in the usual model layouts; pass explicit ``block_names`` otherwise.
     """
@@ -55,6 +57,8 @@ def _assign_blocks(graph: LayerGraph, blocks: Sequence[str], explicit: bool) -> 
     if explicit:
         missing = [b for b in blocks if b not in ordered]
         if missing:
-            raise MemplanError(f"block {missing[0]!r} is not a module of the traced model",
-                               "name blocks by module qualname, e.g. 'features.3'")
+            raise MemplanError(
+                f"block {missing[0]!r} is not a module of the traced model",
+                "name blocks by module qualname, e.g. 'features.3'",
+            )
     graph.blocks = ordered

@@ -11,106 +11,22 @@ name and the layer is named after the module owning them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 
 from ..errors import MemplanError, TraceFailure
+from .attrs import _call_args, _call_attrs, _functional_attrs, _module_attrs, _param_source
 from .blocks import _assign_blocks, find_blocks
-from .kinds import FUNCTIONAL_LAYERS, function_name
+from .kinds import FUNCTIONAL_LAYERS
 from .layout import _MetaRunner, _pad_mode, flatten
 from .model import LayerGraph, Node, Param, TensorInfo, role
 from .record import record
 from .trace import trace
-
-
-def _call_args(node: fx.Node, names: Sequence[str]) -> dict[str, Any]:
-    """The call's arguments by name (positional ones matched to ``names``)."""
-    bound = dict(zip(names, node.args))
-    bound.update(node.kwargs)
-    return bound
-
-
-def _module_attrs(mod: nn.Module, kind: str) -> dict[str, Any]:
-    attrs: dict[str, Any] = {}
-    for key in ("kernel_size", "stride", "padding", "dilation", "groups", "inplace", "output_size", "p",
-                "padding_mode", "num_groups", "normalized_shape"):
-        if hasattr(mod, key):
-            attrs[key] = getattr(mod, key)
-    if kind == "conv":
-        attrs["weight_shape"] = tuple(mod.weight.shape)
-    if kind == "batchnorm":
-        attrs["running_stats"] = getattr(mod, "running_mean", None) is not None
-    if kind == "dropout":
-        attrs["training"] = True  # the step runs in train mode (dropout active)
-        attrs["feature"] = isinstance(mod, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d))
-    return attrs
-
-
-def _functional_attrs(kind: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Attributes of a functional layer call (``ops.FUNCTIONAL_LAYERS``), as a module would have them."""
-    attrs: dict[str, Any] = {}
-    if kind == "conv":
-        w = args["weight"]
-        nd = len(w.shape) - 2
-        tup = lambda v: tuple(v) if isinstance(v, (list, tuple)) else (v,) * nd  # noqa: E731
-        attrs.update(kernel_size=tuple(w.shape[2:]), stride=tup(args.get("stride", 1)),
-                     padding=args.get("padding", 0) if isinstance(args.get("padding", 0), str)
-                     else tup(args.get("padding", 0)),
-                     dilation=tup(args.get("dilation", 1)), groups=int(args.get("groups", 1)),
-                     padding_mode="zeros", weight_shape=tuple(w.shape))
-    elif kind == "batchnorm":
-        attrs["running_stats"] = args.get("running_mean") is not None
-    elif kind == "groupnorm":
-        attrs["num_groups"] = args["num_groups"]
-    elif kind == "sdpa":
-        attrs.update({k: args.get(k, d) for k, d in (("dropout_p", 0.0), ("is_causal", False), ("scale", None),
-                                                      ("enable_gqa", False))})
-    elif kind == "layernorm":
-        shape = args["normalized_shape"]
-        attrs["normalized_shape"] = tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)
-    return attrs
-
-
-def _call_attrs(node: fx.Node, kind: str) -> dict[str, Any]:
-    """Attributes of a function / method call read from its arguments."""
-    attrs: dict[str, Any] = {}
-    fn = node.target if isinstance(node.target, str) else function_name(node.target)
-    attrs["inplace"] = bool(node.kwargs.get("inplace", False)) or fn.endswith("_") or (
-        fn.startswith("i") and kind in {"add", "sub", "mul"}
-    )
-    if kind == "adaptive_avgpool":
-        attrs["output_size"] = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
-    if kind == "dropout":
-        attrs["p"] = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
-        attrs["training"] = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
-        attrs["feature"] = False
-    if kind == "mean":
-        attrs["keepdim"] = node.kwargs.get("keepdim", False)
-    return attrs
-
-
-def _param_source(node: Any, gm: fx.GraphModule) -> str | None:
-    """Qualified name of the parameter an argument is, directly or through a transpose / view
-    (``w.t()`` in ``addmm``); None when it is not a parameter."""
-    seen = 0
-    while isinstance(node, fx.Node) and seen < 4:
-        if node.op == "get_attr":
-            try:
-                gm.get_parameter(str(node.target))
-            except AttributeError:
-                return None
-            return str(node.target)
-        if node.op == "call_method" and node.target in ("t", "transpose", "permute", "view", "reshape") or (
-                node.op == "call_function" and node.target in (torch.t, torch.transpose)):
-            node = node.args[0]
-            seen += 1
-            continue
-        return None
-    return None
 
 
 @contextmanager
@@ -137,19 +53,27 @@ def select_output(value: Any, output: str | int | None, name: str) -> tuple[Any,
             else:
                 picked = value[int(output)]
         except (KeyError, IndexError, ValueError, AttributeError, TypeError):
-            raise MemplanError(f"{name} output has no entry {output!r}",
-                               "name a key / field / index of the model's output with --output") from None
+            raise MemplanError(
+                f"{name} output has no entry {output!r}",
+                "name a key / field / index of the model's output with --output",
+            ) from None
         return picked, str(output)
     if isinstance(value, torch.Tensor) or isinstance(value, fx.Node):
         return value, ""
-    items = list(value.items()) if isinstance(value, dict) else list(
-        zip(value._fields, value) if hasattr(value, "_fields") else enumerate(value)
-    ) if isinstance(value, (tuple, list)) else []
+    items = (
+        list(value.items())
+        if isinstance(value, dict)
+        else list(zip(value._fields, value) if hasattr(value, "_fields") else enumerate(value))
+        if isinstance(value, (tuple, list))
+        else []
+    )
     for key, v in items:
         if isinstance(v, (torch.Tensor, fx.Node)):
             return v, str(key)
-    raise MemplanError(f"{name} returns {type(value).__name__} output without a tensor",
-                       "memplan needs a model whose forward returns the logits (or a structure holding them)")
+    raise MemplanError(
+        f"{name} returns {type(value).__name__} output without a tensor",
+        "memplan needs a model whose forward returns the logits (or a structure holding them)",
+    )
 
 
 def capture(
@@ -183,7 +107,9 @@ def capture(
                 how = "recorded"
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != 1:
-            raise MemplanError(f"{name} takes {len(placeholders)} inputs; memplan profiles models with one input tensor")
+            raise MemplanError(
+                f"{name} takes {len(placeholders)} inputs; memplan profiles models with one input tensor"
+            )
         runner = _MetaRunner(gm)
         try:
             runner.run(x)
@@ -191,8 +117,10 @@ def capture(
             raise
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise MemplanError(f"{name} fails on input shape {tuple(input_shape)}: {first}",
-                               "check --resolution / the model's expected input") from None
+            raise MemplanError(
+                f"{name} fails on input shape {tuple(input_shape)}: {first}",
+                "check --resolution / the model's expected input",
+            ) from None
         graph = _build(gm, runner, model, tuple(input_shape), name, output)
     graph.capture = how
     blocks = list(block_names) if block_names is not None else find_blocks(model)
@@ -200,8 +128,14 @@ def capture(
     return graph
 
 
-def _build(gm: fx.GraphModule, runner: "_MetaRunner", model: nn.Module, input_shape: tuple[int, ...], name: str,
-           output: str | int | None) -> LayerGraph:
+def _build(
+    gm: fx.GraphModule,
+    runner: _MetaRunner,
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    name: str,
+    output: str | int | None,
+) -> LayerGraph:
     """The LayerGraph of a traced and meta-propagated GraphModule (loss node appended)."""
     storage_ids: dict[int, int] = {}
     storages: list[int] = []
@@ -233,11 +167,18 @@ def _build(gm: fx.GraphModule, runner: "_MetaRunner", model: nn.Module, input_sh
         kind, target, mod = runner.kinds[fxn]
         value = runner.env.get(fxn)
         if fxn.op == "output":
-            value, out_path = select_output(runner.env[fxn.args[0]] if isinstance(fxn.args[0], fx.Node)
-                                            else fx.node.map_arg(fxn.args[0], lambda a: runner.env[a]), output, name)
+            value, out_path = select_output(
+                runner.env[fxn.args[0]]
+                if isinstance(fxn.args[0], fx.Node)
+                else fx.node.map_arg(fxn.args[0], lambda a: runner.env[a]),
+                output,
+                name,
+            )
             if not isinstance(value, torch.Tensor):
-                raise MemplanError(f"{name} output {out_path or ''} is not a tensor".replace("  ", " "),
-                                   "memplan needs the logits tensor")
+                raise MemplanError(
+                    f"{name} output {out_path or ''} is not a tensor".replace("  ", " "),
+                    "memplan needs the logits tensor",
+                )
         outs = tuple(info(t, is_param=(fxn.op == "get_attr")) for t in flatten(value) if isinstance(t, torch.Tensor))
         inputs: list[int] = []
         in_tensors: list[TensorInfo] = []
@@ -280,7 +221,9 @@ def _build(gm: fx.GraphModule, runner: "_MetaRunner", model: nn.Module, input_sh
                     i = in_fx.index(args["input"])
                     for lst in (inputs, in_tensors, in_fx):
                         lst.insert(0, lst.pop(i))
-                attrs["operands"] = {k: in_fx.index(v) for k, v in args.items() if isinstance(v, fx.Node) and v in in_fx}
+                attrs["operands"] = {
+                    k: in_fx.index(v) for k, v in args.items() if isinstance(v, fx.Node) and v in in_fx
+                }
                 if lkind == "sdpa" and "query" in attrs["operands"]:  # its "input" (grad_input) is the query
                     attrs["operands"]["input"] = attrs["operands"]["query"]
                 for pname in ("weight", "bias"):
@@ -306,41 +249,71 @@ def _build(gm: fx.GraphModule, runner: "_MetaRunner", model: nn.Module, input_sh
             scopes += (str(fxn.target),)
         scope = scopes[-1] if scopes else ""
         fx_index[fxn] = len(nodes)
-        nodes.append(Node(
-            index=len(nodes), name=layer_name, op=fxn.op, kind=kind, target=target,
-            inputs=inputs, in_tensors=in_tensors, outs=outs, module=mod, params=params,
-            attrs=attrs, scope=scope, scopes=scopes, layer=layer, uses=uses, fx=fxn, fx_inputs=tuple(in_fx),
-            fx_consts={a: runner.env.get(a) for a in fxn.all_input_nodes if a not in in_fx},
-        ))
+        nodes.append(
+            Node(
+                index=len(nodes),
+                name=layer_name,
+                op=fxn.op,
+                kind=kind,
+                target=target,
+                inputs=inputs,
+                in_tensors=in_tensors,
+                outs=outs,
+                module=mod,
+                params=params,
+                attrs=attrs,
+                scope=scope,
+                scopes=scopes,
+                layer=layer,
+                uses=uses,
+                fx=fxn,
+                fx_inputs=tuple(in_fx),
+                fx_consts={a: runner.env.get(a) for a in fxn.all_input_nodes if a not in in_fx},
+            )
+        )
 
     _claim_parameters(nodes, gm, claimed, seen_params, params_of)
     logits = nodes[-1].in_tensors[0] if nodes[-1].in_tensors else None
     if logits is None or len(logits.shape) != 2:
         shape = logits.shape if logits is not None else None
-        raise MemplanError(f"{name} output {out_path + ' ' if out_path else ''}has shape {shape}; "
-                           "expected (batch, classes) logits", "pick the logits with --output KEY" if out_path else None)
+        raise MemplanError(
+            f"{name} output {out_path + ' ' if out_path else ''}has shape {shape}; expected (batch, classes) logits",
+            "pick the logits with --output KEY" if out_path else None,
+        )
     # loss: cross-entropy over the logits with int64 class targets
     target = TensorInfo((logits.shape[0],), torch.int64, len(storages))
     storages.append(target.nbytes)
     loss_out = TensorInfo((), logits.dtype, len(storages))
     storages.append(loss_out.nbytes)
     out_node = nodes[-1]
-    nodes.insert(len(nodes) - 1, Node(
-        index=len(nodes) - 1, name="loss", op="call_function", kind="cross_entropy", target="cross_entropy",
-        inputs=[out_node.inputs[0]], in_tensors=[logits], outs=(loss_out,), attrs={"target": target},
-    ))
+    nodes.insert(
+        len(nodes) - 1,
+        Node(
+            index=len(nodes) - 1,
+            name="loss",
+            op="call_function",
+            kind="cross_entropy",
+            target="cross_entropy",
+            inputs=[out_node.inputs[0]],
+            in_tensors=[logits],
+            outs=(loss_out,),
+            attrs={"target": target},
+        ),
+    )
     out_node.index = len(nodes) - 1
     out_node.inputs, out_node.in_tensors = [len(nodes) - 2], [loss_out]
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
-    graph = LayerGraph(nodes, storages, frozenset(param_storages), [], input_shape, int(input_shape[0]), name,
-                       buffer_bytes)
+    graph = LayerGraph(
+        nodes, storages, frozenset(param_storages), [], input_shape, int(input_shape[0]), name, buffer_bytes
+    )
     graph.output = out_path
     graph.gm = gm
     return graph
 
 
-def _claim_parameters(nodes: list[Node], gm: fx.GraphModule, claimed: dict[str, str], seen: set[str],
-                      params_of: dict[str, nn.Parameter]) -> None:
+def _claim_parameters(
+    nodes: list[Node], gm: fx.GraphModule, claimed: dict[str, str], seen: set[str], params_of: dict[str, nn.Parameter]
+) -> None:
     """``get_attr`` nodes: a parameter read by a functional layer trains with that layer
     (``attrs["param_of"]``); one read by anything else is a layer of its own (kind ``param``)
     whose training the strategies decide like any other parameter's."""

@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .kinds import NORM_KINDS
 from .model import LayerGraph, Node
@@ -28,8 +28,9 @@ def sub_channels(channels: int, ratio: float) -> int:
     return max(1, int(channels * ratio))
 
 
-def conv_padding(padding: str | Sequence[int], kernel_size: Sequence[int],
-                 dilation: Sequence[int]) -> list[tuple[int, int]]:
+def conv_padding(
+    padding: str | Sequence[int], kernel_size: Sequence[int], dilation: Sequence[int]
+) -> list[tuple[int, int]]:
     """(before, after) padding in elements per spatial dim of a conv (integer, "valid" or
     "same"; "same" puts the odd remainder after, as torch does)."""
     if padding == "valid":
@@ -65,8 +66,15 @@ def conv_table(graph: LayerGraph) -> list[ConvLayer]:
     out = []
     for i, n in enumerate(conv_layers(graph)):
         carrier = bias_carrier(graph, n)
-        out.append(ConvLayer(n.name, i, tuple(n.params["weight"].shape), int(n.attrs.get("groups", 1)),
-                             None if carrier is None else carrier.name))
+        out.append(
+            ConvLayer(
+                n.name,
+                i,
+                tuple(n.params["weight"].shape),
+                int(n.attrs.get("groups", 1)),
+                None if carrier is None else carrier.name,
+            )
+        )
     return out
 
 

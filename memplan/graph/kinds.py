@@ -33,72 +33,178 @@ FREE_KINDS = frozenset({"view", "identity", "getitem", "meta", "param", "input",
 
 #: padding modules and the ``F.pad`` mode each applies
 PAD_MODES: dict[type, str] = {
-    **{cls: "constant" for cls in (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
-                                   nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d)},
+    **{
+        cls: "constant"
+        for cls in (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d)
+    },
     **{cls: "reflect" for cls in (nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d)},
     **{cls: "replicate" for cls in (nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d)},
     **{cls: "circular" for cls in (nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d)},
 }
 
 MODULE_KINDS: dict[type, str] = {
-    nn.Conv1d: "conv", nn.Conv2d: "conv", nn.Conv3d: "conv",
+    nn.Conv1d: "conv",
+    nn.Conv2d: "conv",
+    nn.Conv3d: "conv",
     nn.Linear: "linear",
-    nn.BatchNorm1d: "batchnorm", nn.BatchNorm2d: "batchnorm", nn.BatchNorm3d: "batchnorm",
-    nn.GroupNorm: "groupnorm", nn.LayerNorm: "layernorm",
-    nn.ReLU: "relu", nn.ReLU6: "hardtanh", nn.Hardtanh: "hardtanh", nn.LeakyReLU: "leaky_relu",
-    nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid", nn.SiLU: "silu", nn.GELU: "gelu",
-    nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.ELU: "elu",
-    nn.MaxPool1d: "maxpool", nn.MaxPool2d: "maxpool",
-    nn.AvgPool1d: "avgpool", nn.AvgPool2d: "avgpool",
-    nn.AdaptiveAvgPool1d: "adaptive_avgpool", nn.AdaptiveAvgPool2d: "adaptive_avgpool",
-    nn.AdaptiveMaxPool1d: "adaptive_maxpool", nn.AdaptiveMaxPool2d: "adaptive_maxpool",
-    nn.Dropout: "dropout", nn.Dropout1d: "dropout", nn.Dropout2d: "dropout",
-    nn.Flatten: "view", nn.Identity: "identity", nn.Upsample: "interpolate",
-    nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax",
+    nn.BatchNorm1d: "batchnorm",
+    nn.BatchNorm2d: "batchnorm",
+    nn.BatchNorm3d: "batchnorm",
+    nn.GroupNorm: "groupnorm",
+    nn.LayerNorm: "layernorm",
+    nn.ReLU: "relu",
+    nn.ReLU6: "hardtanh",
+    nn.Hardtanh: "hardtanh",
+    nn.LeakyReLU: "leaky_relu",
+    nn.Hardswish: "hardswish",
+    nn.Hardsigmoid: "hardsigmoid",
+    nn.SiLU: "silu",
+    nn.GELU: "gelu",
+    nn.Sigmoid: "sigmoid",
+    nn.Tanh: "tanh",
+    nn.ELU: "elu",
+    nn.MaxPool1d: "maxpool",
+    nn.MaxPool2d: "maxpool",
+    nn.AvgPool1d: "avgpool",
+    nn.AvgPool2d: "avgpool",
+    nn.AdaptiveAvgPool1d: "adaptive_avgpool",
+    nn.AdaptiveAvgPool2d: "adaptive_avgpool",
+    nn.AdaptiveMaxPool1d: "adaptive_maxpool",
+    nn.AdaptiveMaxPool2d: "adaptive_maxpool",
+    nn.Dropout: "dropout",
+    nn.Dropout1d: "dropout",
+    nn.Dropout2d: "dropout",
+    nn.Flatten: "view",
+    nn.Identity: "identity",
+    nn.Upsample: "interpolate",
+    nn.Softmax: "softmax",
+    nn.LogSoftmax: "log_softmax",
     **{cls: "pad" for cls in PAD_MODES},
 }
 
 FUNCTION_KINDS: dict[object, str] = {
-    F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", F.relu_: "relu",
-    F.relu6: "hardtanh", F.hardtanh: "hardtanh", F.hardtanh_: "hardtanh", torch.clamp: "hardtanh",
-    F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu",
-    F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.silu: "silu", F.gelu: "gelu",
-    torch.sigmoid: "sigmoid", torch.sigmoid_: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", torch.tanh_: "tanh",
-    F.tanh: "tanh", F.elu: "elu", F.elu_: "elu",
-    operator.add: "add", operator.iadd: "add", torch.add: "add",
-    operator.sub: "sub", operator.isub: "sub", torch.sub: "sub",
-    operator.mul: "mul", operator.imul: "mul", torch.mul: "mul",
-    operator.truediv: "div", torch.div: "div",
-    operator.matmul: "matmul", torch.matmul: "matmul", torch.mm: "matmul", torch.bmm: "matmul",
-    torch.cat: "cat", torch.concat: "cat", torch.stack: "cat", torch.unbind: "view",
-    torch.flatten: "view", torch.reshape: "view", torch.squeeze: "view", torch.unsqueeze: "view",
-    torch.transpose: "view", torch.permute: "view", torch.chunk: "view", torch.split: "view",
+    F.relu: "relu",
+    torch.relu: "relu",
+    torch.relu_: "relu",
+    F.relu_: "relu",
+    F.relu6: "hardtanh",
+    F.hardtanh: "hardtanh",
+    F.hardtanh_: "hardtanh",
+    torch.clamp: "hardtanh",
+    F.leaky_relu: "leaky_relu",
+    F.leaky_relu_: "leaky_relu",
+    F.hardswish: "hardswish",
+    F.hardsigmoid: "hardsigmoid",
+    F.silu: "silu",
+    F.gelu: "gelu",
+    torch.sigmoid: "sigmoid",
+    torch.sigmoid_: "sigmoid",
+    F.sigmoid: "sigmoid",
+    torch.tanh: "tanh",
+    torch.tanh_: "tanh",
+    F.tanh: "tanh",
+    F.elu: "elu",
+    F.elu_: "elu",
+    operator.add: "add",
+    operator.iadd: "add",
+    torch.add: "add",
+    operator.sub: "sub",
+    operator.isub: "sub",
+    torch.sub: "sub",
+    operator.mul: "mul",
+    operator.imul: "mul",
+    torch.mul: "mul",
+    operator.truediv: "div",
+    torch.div: "div",
+    operator.matmul: "matmul",
+    torch.matmul: "matmul",
+    torch.mm: "matmul",
+    torch.bmm: "matmul",
+    torch.cat: "cat",
+    torch.concat: "cat",
+    torch.stack: "cat",
+    torch.unbind: "view",
+    torch.flatten: "view",
+    torch.reshape: "view",
+    torch.squeeze: "view",
+    torch.unsqueeze: "view",
+    torch.transpose: "view",
+    torch.permute: "view",
+    torch.chunk: "view",
+    torch.split: "view",
     operator.getitem: "getitem",
-    F.adaptive_avg_pool1d: "adaptive_avgpool", F.adaptive_avg_pool2d: "adaptive_avgpool",
+    F.adaptive_avg_pool1d: "adaptive_avgpool",
+    F.adaptive_avg_pool2d: "adaptive_avgpool",
     F.adaptive_max_pool2d: "adaptive_maxpool",
-    F.avg_pool1d: "avgpool", F.avg_pool2d: "avgpool", F.max_pool1d: "maxpool", F.max_pool2d: "maxpool",
-    F.interpolate: "interpolate", F.pad: "pad",
-    F.dropout: "dropout", torch.mean: "mean",
-    F.softmax: "softmax", torch.softmax: "softmax", F.log_softmax: "log_softmax",
+    F.avg_pool1d: "avgpool",
+    F.avg_pool2d: "avgpool",
+    F.max_pool1d: "maxpool",
+    F.max_pool2d: "maxpool",
+    F.interpolate: "interpolate",
+    F.pad: "pad",
+    F.dropout: "dropout",
+    torch.mean: "mean",
+    F.softmax: "softmax",
+    torch.softmax: "softmax",
+    F.log_softmax: "log_softmax",
     getattr: "meta",
 }
 
 METHOD_KINDS: dict[str, str] = {
-    "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh",
-    "clamp": "hardtanh", "clamp_": "hardtanh",
-    "add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "mul": "mul", "mul_": "mul",
-    "div": "div", "div_": "div", "matmul": "matmul", "mean": "mean",
-    "view": "view", "reshape": "view", "flatten": "view", "squeeze": "view", "unsqueeze": "view",
-    "permute": "view", "transpose": "view", "contiguous": "view", "expand": "view",
-    "chunk": "view", "split": "view", "unbind": "view", "softmax": "softmax",
-    "size": "meta", "dim": "meta",
+    "relu": "relu",
+    "relu_": "relu",
+    "sigmoid": "sigmoid",
+    "sigmoid_": "sigmoid",
+    "tanh": "tanh",
+    "tanh_": "tanh",
+    "clamp": "hardtanh",
+    "clamp_": "hardtanh",
+    "add": "add",
+    "add_": "add",
+    "sub": "sub",
+    "sub_": "sub",
+    "mul": "mul",
+    "mul_": "mul",
+    "div": "div",
+    "div_": "div",
+    "matmul": "matmul",
+    "mean": "mean",
+    "view": "view",
+    "reshape": "view",
+    "flatten": "view",
+    "squeeze": "view",
+    "unsqueeze": "view",
+    "permute": "view",
+    "transpose": "view",
+    "contiguous": "view",
+    "expand": "view",
+    "chunk": "view",
+    "split": "view",
+    "unbind": "view",
+    "softmax": "softmax",
+    "size": "meta",
+    "dim": "meta",
 }
 
 #: elementwise / reduction cost in FLOPs per output element (the "other FLOPs" convention)
 ELEMENTWISE_FLOPS: dict[str, int] = {
-    "relu": 1, "hardtanh": 2, "leaky_relu": 2, "hardswish": 4, "hardsigmoid": 3, "silu": 4,
-    "gelu": 8, "sigmoid": 4, "tanh": 4, "elu": 4,
-    "add": 1, "sub": 1, "mul": 1, "div": 1, "softmax": 3, "log_softmax": 3, "dropout": 1,
+    "relu": 1,
+    "hardtanh": 2,
+    "leaky_relu": 2,
+    "hardswish": 4,
+    "hardsigmoid": 3,
+    "silu": 4,
+    "gelu": 8,
+    "sigmoid": 4,
+    "tanh": 4,
+    "elu": 4,
+    "add": 1,
+    "sub": 1,
+    "mul": 1,
+    "div": 1,
+    "softmax": 3,
+    "log_softmax": 3,
+    "dropout": 1,
 }
 
 
@@ -114,12 +220,16 @@ def function_name(target: object) -> str:
 #: parameters are the ``get_attr`` arguments named ``weight`` / ``bias``; ``addmm(bias, x, w.t())``
 #: is a linear layer whose weight is reached through the transpose.
 FUNCTIONAL_LAYERS: dict[object, tuple[str, tuple[str, ...]]] = {
-    **{f: ("conv", ("input", "weight", "bias", "stride", "padding", "dilation", "groups"))
-       for f in (F.conv1d, F.conv2d, F.conv3d)},
+    **{
+        f: ("conv", ("input", "weight", "bias", "stride", "padding", "dilation", "groups"))
+        for f in (F.conv1d, F.conv2d, F.conv3d)
+    },
     F.linear: ("linear", ("input", "weight", "bias")),
     torch.addmm: ("linear", ("bias", "input", "weight")),
-    F.batch_norm: ("batchnorm", ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
-                                 "eps")),
+    F.batch_norm: (
+        "batchnorm",
+        ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
+    ),
     F.layer_norm: ("layernorm", ("input", "normalized_shape", "weight", "bias", "eps")),
     F.group_norm: ("groupnorm", ("input", "num_groups", "weight", "bias", "eps")),
     F.scaled_dot_product_attention: ("sdpa", SDPA_ARGS),
@@ -127,8 +237,19 @@ FUNCTIONAL_LAYERS: dict[object, tuple[str, tuple[str, ...]]] = {
 FUNCTION_KINDS.update({f: kind for f, (kind, _) in FUNCTIONAL_LAYERS.items()})
 
 #: methods a stock module's subclass may override without changing what it computes
-SAFE_OVERRIDES = frozenset({"__init__", "extra_repr", "reset_parameters", "reset_running_stats", "_check_input_dim",
-                            "__setstate__", "_load_from_state_dict", "__repr__", "_get_name"})
+SAFE_OVERRIDES = frozenset(
+    {
+        "__init__",
+        "extra_repr",
+        "reset_parameters",
+        "reset_running_stats",
+        "_check_input_dim",
+        "__setstate__",
+        "_load_from_state_dict",
+        "__repr__",
+        "_get_name",
+    }
+)
 
 
 def stock_kind(cls: type) -> str | None:
@@ -141,8 +262,9 @@ def stock_kind(cls: type) -> str | None:
         if base in MODULE_KINDS:
             for sub in mro[:i]:
                 for name, value in vars(sub).items():
-                    if isinstance(value, property) or (name not in SAFE_OVERRIDES and callable(value)
-                                                       and hasattr(base, name)):
+                    if isinstance(value, property) or (
+                        name not in SAFE_OVERRIDES and callable(value) and hasattr(base, name)
+                    ):
                         return None
             return MODULE_KINDS[base]
     return None

@@ -9,7 +9,8 @@ which skip slow meta kernels) differ from CPU.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -19,7 +20,6 @@ import torch.nn.functional as F
 from .attention import sdpa_output
 from .conv import conv_padding
 from .kinds import ACTIVATIONS, NORM_KINDS, PAD_MODES, module_kind, node_kind
-
 
 # Layouts. Whether a later reshape (linear / matmul on >2-dim inputs) is a view or a copy
 # depends on strides, so the meta run must lay tensors out as eager CPU does. Some meta kernels
@@ -34,12 +34,19 @@ LIKE_INPUT_MODULES = (nn.Hardtanh,)  # ReLU6 too
 LIKE_INPUT_FUNCTIONS = (F.hardtanh, F.relu6)
 META_LAYOUT_MODULES = (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 #: adaptive pooling modules -> spatial dims
-ADAPTIVE_POOL_DIMS = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveMaxPool1d: 1, nn.AdaptiveAvgPool2d: 2, nn.AdaptiveMaxPool2d: 2,
-                      nn.AdaptiveAvgPool3d: 3, nn.AdaptiveMaxPool3d: 3}
+ADAPTIVE_POOL_DIMS = {
+    nn.AdaptiveAvgPool1d: 1,
+    nn.AdaptiveMaxPool1d: 1,
+    nn.AdaptiveAvgPool2d: 2,
+    nn.AdaptiveMaxPool2d: 2,
+    nn.AdaptiveAvgPool3d: 3,
+    nn.AdaptiveMaxPool3d: 3,
+}
 #: out-of-place binary arithmetic whose meta kernels are Python references (their first call
 #: imports torch._dynamo, about a second of a cold start): see ``_binary_output``
-BINARY_FUNCTIONS = frozenset({operator.add, operator.sub, operator.mul, operator.truediv,
-                              torch.add, torch.sub, torch.mul, torch.div})
+BINARY_FUNCTIONS = frozenset(
+    {operator.add, operator.sub, operator.mul, operator.truediv, torch.add, torch.sub, torch.mul, torch.div}
+)
 
 
 def _channels_last(t: torch.Tensor) -> bool:
@@ -77,12 +84,21 @@ def mean_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | N
     layout (as on CPU), without its Python meta kernel (which imports torch._dynamo: seconds of a
     cold start); None for any other form of the call."""
     x = args[0] if args else kwargs.get("input")
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or len(args) > 3 or set(kwargs) - {"dim", "keepdim"}:
+    if (
+        not isinstance(x, torch.Tensor)
+        or not x.is_floating_point()
+        or len(args) > 3
+        or set(kwargs) - {"dim", "keepdim"}
+    ):
         return None
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     dims = tuple(range(x.dim())) if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
-    if not dims or not isinstance(keepdim, bool) or not all(isinstance(d, int) and -x.dim() <= d < x.dim() for d in dims):
+    if (
+        not dims
+        or not isinstance(keepdim, bool)
+        or not all(isinstance(d, int) and -x.dim() <= d < x.dim() for d in dims)
+    ):
         return None
     dims = tuple(d % x.dim() for d in dims)
     shape = [1 if i in dims else s for i, s in enumerate(x.shape) if keepdim or i not in dims]
@@ -125,8 +141,13 @@ def _binary_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor 
     if len(ts) == 1 or ts[0].shape == ts[1].shape:
         return _fast_elementwise(ts[0].shape, ts)
     full, gate = sorted(ts, key=lambda t: t.numel(), reverse=True)
-    if (full.dim() != 4 or gate.dim() != 4 or tuple(gate.shape[2:]) != (1, 1) or not gate.is_contiguous()
-            or any(g not in (1, f) for g, f in zip(gate.shape[:2], full.shape[:2]))):
+    if (
+        full.dim() != 4
+        or gate.dim() != 4
+        or tuple(gate.shape[2:]) != (1, 1)
+        or not gate.is_contiguous()
+        or any(g not in (1, f) for g, f in zip(gate.shape[:2], full.shape[:2]))
+    ):
         return None
     return _fast_elementwise(full.shape, [full])
 
@@ -161,14 +182,18 @@ def _interpolate_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Te
     names = ("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
     call = {**dict(zip(names, args)), **kwargs}
     x, size = call.get("input"), call.get("size")
-    if (not isinstance(x, torch.Tensor) or x.dim() != 4 or call.get("scale_factor") is not None
-            or call.get("mode", "nearest") not in ("nearest", "bilinear") or call.get("antialias")):
+    if (
+        not isinstance(x, torch.Tensor)
+        or x.dim() != 4
+        or call.get("scale_factor") is not None
+        or call.get("mode", "nearest") not in ("nearest", "bilinear")
+        or call.get("antialias")
+    ):
         return None
     size = tuple(size) if isinstance(size, (tuple, list, torch.Size)) else (size, size)
     if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
         return None
     return _empty((*x.shape[:2], *size), x, _channels_last(x))
-
 
 
 def _batch_norm_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -180,9 +205,12 @@ def _batch_norm_output(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Ten
 #: runner and the recorder): their meta kernels are Python references, slow, and the first one
 #: in a process imports torch._dynamo. Each returns None where it does not apply.
 FUNCTION_OUTPUTS: dict[Any, Callable[[Sequence[Any], dict[str, Any]], torch.Tensor | None]] = {
-    **{f: _binary_output for f in BINARY_FUNCTIONS}, F.interpolate: _interpolate_output,
-    torch.mean: mean_output, torch.Tensor.mean: mean_output,
-    F.batch_norm: _batch_norm_output, torch.batch_norm: _batch_norm_output,
+    **{f: _binary_output for f in BINARY_FUNCTIONS},
+    F.interpolate: _interpolate_output,
+    torch.mean: mean_output,
+    torch.Tensor.mean: mean_output,
+    F.batch_norm: _batch_norm_output,
+    torch.batch_norm: _batch_norm_output,
     F.scaled_dot_product_attention: sdpa_output,  # the meta kernel is the math one; CPU may run flash
 }
 
@@ -251,8 +279,9 @@ def _conv_shape(conv: nn.Module, x: torch.Size) -> tuple[int, ...] | None:
     if len(x) != conv.weight.dim():
         return None
     spatial = []
-    for size, (before, after), k, s, d in zip(x[2:], conv_padding(conv.padding, conv.kernel_size, conv.dilation), conv.kernel_size, conv.stride,
-                                              conv.dilation):
+    for size, (before, after), k, s, d in zip(
+        x[2:], conv_padding(conv.padding, conv.kernel_size, conv.dilation), conv.kernel_size, conv.stride, conv.dilation
+    ):
         out = (size + before + after - d * (k - 1) - 1) // s + 1
         if out < 1 or (conv.padding_mode in ("reflect", "circular") and before >= size):
             return None
@@ -328,9 +357,14 @@ class _MetaRunner(fx.Interpreter):
         args, kwargs = fx.node.map_aggregate(args, to_cpu), fx.node.map_aggregate(kwargs, to_cpu)
         with torch.no_grad():
             out = getattr(self, n.op)(n.target, args, kwargs)
-        return fx.node.map_aggregate(out, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                                                                         device="meta")
-                                     if isinstance(t, torch.Tensor) else t)
+        return fx.node.map_aggregate(
+            out,
+            lambda t: (
+                torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                if isinstance(t, torch.Tensor)
+                else t
+            ),
+        )
 
     def get_attr(self, target, args, kwargs):
         value = super().get_attr(target, args, kwargs)

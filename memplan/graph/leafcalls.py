@@ -13,7 +13,8 @@ costed by observation (``memplan.observe``).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn

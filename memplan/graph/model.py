@@ -19,7 +19,6 @@ import torch.nn as nn
 from ..errors import MemplanError
 
 
-
 @dataclass(frozen=True)
 class TensorInfo:
     """Shape, dtype, storage and strides (in elements; empty = contiguous) of one tensor

@@ -22,7 +22,8 @@ what capture needs: one input shape at a time.
 from __future__ import annotations
 
 import operator
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -36,13 +37,44 @@ from .trace import GraphModule, LeafTracer, user_frame
 
 #: Tensor dunder methods and the operator fx records for them (reflected ones swap operands)
 _DUNDERS: dict[str, tuple[Any, bool]] = {
-    **{f"__{n.rstrip('_')}__": (getattr(operator, n), False) for n in
-       ("add", "sub", "mul", "truediv", "floordiv", "matmul", "pow", "mod", "and_", "or_", "xor", "getitem",
-        "setitem", "neg", "pos", "abs", "invert", "lt", "le", "gt", "ge", "eq", "ne", "lshift", "rshift")},
-    **{f"__r{n.rstrip('_')}__": (getattr(operator, n), True) for n in
-       ("add", "sub", "mul", "truediv", "floordiv", "matmul", "pow", "mod", "and_", "or_", "xor")},
-    **{f"__i{n}__": (getattr(operator, f"i{n}"), False) for n in
-       ("add", "sub", "mul", "truediv", "floordiv", "matmul", "pow", "mod", "and", "or", "xor")},
+    **{
+        f"__{n.rstrip('_')}__": (getattr(operator, n), False)
+        for n in (
+            "add",
+            "sub",
+            "mul",
+            "truediv",
+            "floordiv",
+            "matmul",
+            "pow",
+            "mod",
+            "and_",
+            "or_",
+            "xor",
+            "getitem",
+            "setitem",
+            "neg",
+            "pos",
+            "abs",
+            "invert",
+            "lt",
+            "le",
+            "gt",
+            "ge",
+            "eq",
+            "ne",
+            "lshift",
+            "rshift",
+        )
+    },
+    **{
+        f"__r{n.rstrip('_')}__": (getattr(operator, n), True)
+        for n in ("add", "sub", "mul", "truediv", "floordiv", "matmul", "pow", "mod", "and_", "or_", "xor")
+    },
+    **{
+        f"__i{n}__": (getattr(operator, f"i{n}"), False)
+        for n in ("add", "sub", "mul", "truediv", "floordiv", "matmul", "pow", "mod", "and", "or", "xor")
+    },
 }
 
 
@@ -161,8 +193,9 @@ class _Recorder(TorchFunctionMode):
             self.stack.pop()
 
 
-def record(model: nn.Module, x: torch.Tensor, leaf_modules: Iterable[str | type] = (), name: str = "model"
-           ) -> fx.GraphModule:
+def record(
+    model: nn.Module, x: torch.Tensor, leaf_modules: Iterable[str | type] = (), name: str = "model"
+) -> fx.GraphModule:
     """Record one eager run of ``model`` on the meta tensor ``x`` as an ``fx.GraphModule``.
 
     Raises a one-line ``TraceFailure`` naming the module that failed (for instance on
@@ -170,14 +203,18 @@ def record(model: nn.Module, x: torch.Tensor, leaf_modules: Iterable[str | type]
     """
     rec = _Recorder(model, leaf_modules)
     rec.model_name, rec.root = name, model
-    state = {k: torch.empty_like(v, device="meta") for k, v in
-             [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]}
+    state = {
+        k: torch.empty_like(v, device="meta")
+        for k, v in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    }
     for qual, t in state.items():
         rec.attr_names.setdefault(id(t), qual)
     placeholder = rec._node("placeholder", "x", (), {})
     rec.bind(x, placeholder)
-    hooks = [nn.modules.module.register_module_forward_pre_hook(rec.pre_hook),
-             nn.modules.module.register_module_forward_hook(rec.post_hook)]
+    hooks = [
+        nn.modules.module.register_module_forward_pre_hook(rec.pre_hook),
+        nn.modules.module.register_module_forward_hook(rec.post_hook),
+    ]
     try:
         with opaque_calls(model, rec.intercept), rec:
             out = torch.func.functional_call(model, state, (x,))
@@ -188,9 +225,11 @@ def record(model: nn.Module, x: torch.Tensor, leaf_modules: Iterable[str | type]
         qual, cls = rec.stack[-1] if rec.stack else ("", type(model).__name__)
         where = f" in module '{qual}' ({cls})" if qual else f" in {cls}.forward"
         frame = user_frame(exc)
-        raise TraceFailure(f"cannot capture {name}: {first}{where}" + (f" at {frame}" if frame else ""),
-                           f"mark that module as a leaf (CLI: --leaf {cls}; Python: leaf_modules=['{cls}']) "
-                           "so memplan treats it as one op") from None
+        raise TraceFailure(
+            f"cannot capture {name}: {first}{where}" + (f" at {frame}" if frame else ""),
+            f"mark that module as a leaf (CLI: --leaf {cls}; Python: leaf_modules=['{cls}']) "
+            "so memplan treats it as one op",
+        ) from None
     finally:
         for h in hooks:
             h.remove()

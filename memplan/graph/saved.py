@@ -12,8 +12,9 @@ alive while it exists, so an identity is never reused by a later allocation.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -56,8 +57,16 @@ class SavedObserver:
         key = storage_key(t)
         if key not in self.excluded and key not in self._seen:
             self._seen.add(key)
-            self.records.append(SavedStorage(key, t.untyped_storage().nbytes(), tuple(t.shape), t.dtype,
-                                             self.where() if self.where is not None else None, t))
+            self.records.append(
+                SavedStorage(
+                    key,
+                    t.untyped_storage().nbytes(),
+                    tuple(t.shape),
+                    t.dtype,
+                    self.where() if self.where is not None else None,
+                    t,
+                )
+            )
         return t
 
     @property
@@ -65,7 +74,7 @@ class SavedObserver:
         """Bytes of the unique storages recorded."""
         return sum(r.nbytes for r in self.records)
 
-    def __enter__(self) -> "SavedObserver":
+    def __enter__(self) -> SavedObserver:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack)
         self._hooks.__enter__()
         return self

@@ -10,7 +10,8 @@ import inspect
 import linecache
 import os
 import traceback
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -23,8 +24,8 @@ except ImportError:  # pragma: no cover - older / newer torch without it
 
 from ..errors import MemplanError, TraceFailure
 from .kinds import module_kind
-from .leafcalls import opaque_calls
 from .layout import flatten
+from .leafcalls import opaque_calls
 
 
 class LeafTracer(fx.Tracer):
@@ -93,9 +94,11 @@ def defaulted_args(model: nn.Module) -> dict[str, Any]:
         return {}  # forward(*args): tracing decides
     required = [p.name for p in named[1:] if p.default is p.empty]
     if required:
-        raise MemplanError(f"{type(model).__name__}.forward takes {len(required) + 1} inputs without defaults "
-                           f"({', '.join([named[0].name, *required])}); memplan profiles models with one input tensor",
-                           "wrap the model so that forward(x) fills the others")
+        raise MemplanError(
+            f"{type(model).__name__}.forward takes {len(required) + 1} inputs without defaults "
+            f"({', '.join([named[0].name, *required])}); memplan profiles models with one input tensor",
+            "wrap the model so that forward(x) fills the others",
+        )
     return {p.name: p.default for p in named[1:]}
 
 

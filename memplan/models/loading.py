@@ -35,7 +35,9 @@ class ModelSpec:
 def import_attr(spec: str) -> Any:
     path, _, attr = spec.rpartition(":")
     if not path or not attr:
-        raise ModelNotFound(f"cannot read model spec {spec!r}", "use a zoo name (memplan models), package.module:attr or file.py:attr")
+        raise ModelNotFound(
+            f"cannot read model spec {spec!r}", "use a zoo name (memplan models), package.module:attr or file.py:attr"
+        )
     if path.endswith(".py"):
         if not os.path.isfile(path):
             raise ModelNotFound(f"no such file {path!r}")
@@ -72,10 +74,18 @@ def _instantiate(obj: Any, spec: str, classes: int | None) -> nn.Module:
         params = {}
     if classes is not None and "num_classes" in params:
         kwargs["num_classes"] = classes
-    required = [p for p in params.values() if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in kwargs]
+    required = [
+        p
+        for p in params.values()
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in kwargs
+    ]
     if required:
-        raise ModelNotFound(f"{spec} needs arguments ({', '.join(p.name for p in required)})",
-                            "point to a zero-argument factory that builds the model")
+        raise ModelNotFound(
+            f"{spec} needs arguments ({', '.join(p.name for p in required)})",
+            "point to a zero-argument factory that builds the model",
+        )
     try:
         model = obj(**kwargs)
     except Exception as exc:
@@ -93,8 +103,10 @@ def resolve(spec: str | nn.Module, classes: int | None = None, *, meta: bool = T
         try:
             entry = zoo.get_entry(spec)
         except KeyError as exc:
-            raise ModelNotFound(str(exc.args[0]) if exc.args else f"unknown model {spec!r}",
-                                "run `memplan models` for the zoo, or pass package.module:attr / file.py:attr") from None
+            raise ModelNotFound(
+                str(exc.args[0]) if exc.args else f"unknown model {spec!r}",
+                "run `memplan models` for the zoo, or pass package.module:attr / file.py:attr",
+            ) from None
         n = entry.num_classes if classes is None else classes
         if meta:
             with torch.device("meta"):

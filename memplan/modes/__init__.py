@@ -3,5 +3,16 @@
 from . import applied, ideal, mcu, pytorch, tinytl, tinytraining
 from .base import MODES, Mode, Rule, get_mode, register_mode
 
-__all__ = ["MODES", "Mode", "Rule", "get_mode", "register_mode", "applied", "ideal", "mcu", "pytorch", "tinytl",
-           "tinytraining"]
+__all__ = [
+    "MODES",
+    "Mode",
+    "Rule",
+    "get_mode",
+    "register_mode",
+    "applied",
+    "ideal",
+    "mcu",
+    "pytorch",
+    "tinytl",
+    "tinytraining",
+]

@@ -55,16 +55,22 @@ from .pytorch import pytorch
 
 #: kinds a stock module of which apply_plan may replace by a lean one; the same op as a function
 #: call (``F.conv2d`` inside a module's own forward, ``F.relu``) is left as PyTorch runs it
-LEAN_REPLACEABLE = frozenset({"conv", "batchnorm", "relu", "hardtanh", "leaky_relu", "hardswish", "dropout",
-                              "avgpool"})
+LEAN_REPLACEABLE = frozenset({"conv", "batchnorm", "relu", "hardtanh", "leaky_relu", "hardswish", "dropout", "avgpool"})
 
 
 class AppliedMode(Mode):
     name = "applied"
     description = "eager PyTorch 2.13 after memplan.apply_*: lean autograd ops where they save memory"
 
-    def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
-                  node_costs: list[LayerCost], totals: Totals, peak: PeakOptions | None = None) -> Summary:
+    def summarize(
+        self,
+        graph: LayerGraph,
+        views: list[OpView],
+        saved: list[list[Saved]],
+        node_costs: list[LayerCost],
+        totals: Totals,
+        peak: PeakOptions | None = None,
+    ) -> Summary:
         summary = super().summarize(graph, views, saved, node_costs, totals, peak)
         left: dict[str, int] = {}
         for op in views:
@@ -105,8 +111,11 @@ def conv(op: OpView):
     if cls is SubChannelConv:
         x = op.node.in_tensors[0]
         n, channels = selected_channels(op)
-        yield tensor(op, x, "input") if n == channels else private(x.nbytes // channels * n,
-                                                                   f"input channels {n}/{channels}")
+        yield (
+            tensor(op, x, "input")
+            if n == channels
+            else private(x.nbytes // channels * n, f"input channels {n}/{channels}")
+        )
     elif cls is not FrozenConv:
         yield from pytorch.find_rule("conv")(op)
 

@@ -75,16 +75,24 @@ class Mode:
             return None
         return list(rule(op)) if op.recorded else []
 
-    def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
-                  node_costs: list[LayerCost], totals: Totals, peak: PeakOptions | None = None) -> Summary:
+    def summarize(
+        self,
+        graph: LayerGraph,
+        views: list[OpView],
+        saved: list[list[Saved]],
+        node_costs: list[LayerCost],
+        totals: Totals,
+        peak: PeakOptions | None = None,
+    ) -> Summary:
         """Total and peak bytes from the per-node costs (``node_costs[i]`` and ``saved[i]`` belong
         to node i). Default: total = weights + gradients + optimizer state + saved activations;
         peak = the simulated training step of ``memplan.costs.peak`` run as ``peak`` says
         (schedule, kernel workspaces). Modes without a simulated step ignore ``peak``."""
         total = totals.weight_bytes + totals.gradient_bytes + totals.optimizer_bytes + totals.saved_activation_bytes
         static = totals.weight_bytes + totals.optimizer_bytes + graph.buffer_bytes
-        peak, index, phase, at = simulate_peak(graph, views, saved, [lc.gradient_bytes for lc in node_costs], static,
-                                               peak)
+        peak, index, phase, at = simulate_peak(
+            graph, views, saved, [lc.gradient_bytes for lc in node_costs], static, peak
+        )
         return Summary(total, peak, index, phase, at)
 
     def quick_total(self, graph: LayerGraph, plan: Plan) -> int | None:

@@ -76,13 +76,22 @@ class McuMode(TinyTrainingMode):
         """``tinytraining``'s rules: the kept inputs and masks."""
         return tinytraining.find_rule(kind)
 
-    def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
-                  node_costs: list[LayerCost], totals: Totals, peak: Any = None) -> Summary:
+    def summarize(
+        self,
+        graph: LayerGraph,
+        views: list[OpView],
+        saved: list[list[Saved]],
+        node_costs: list[LayerCost],
+        totals: Totals,
+        peak: Any = None,
+    ) -> Summary:
         base = super().summarize(graph, views, saved, node_costs, totals)
         schedule = getattr(peak, "schedule", None) or self.default_schedule
         steps = simulate(graph, views, self.settings, schedule)
-        extras = {**base.extras, "mcu": {**steps.pop("extras"), "settings": asdict(self.settings),
-                                         "schedule": schedule}}
+        extras = {
+            **base.extras,
+            "mcu": {**steps.pop("extras"), "settings": asdict(self.settings), "schedule": schedule},
+        }
         return Summary(steps["peak"], steps["peak"], steps["where"], steps["phase"], steps["at"], extras)
 
 
@@ -119,26 +128,62 @@ def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, sche
         param_grads = [b.bias // 32 * GRAD_BYTES for b in bits]
     else:
         param_grads = [(b.weight // 8 + b.bias // 32) * GRAD_BYTES for b in bits]
-    step = Step([a + k for a, k in zip(lay.activations, kept_at)], held, [m + k for m, k in zip(masks, kept)],
-                grad_at, release, param_grads, [v.req_out for v in views], in_place_update=schedule == "tte")
+    step = Step(
+        [a + k for a, k in zip(lay.activations, kept_at)],
+        held,
+        [m + k for m, k in zip(masks, kept)],
+        grad_at,
+        release,
+        param_grads,
+        [v.req_out for v in views],
+        in_place_update=schedule == "tte",
+    )
     result = simulate_step(step, static)
     peak, where, phase, at = result.peak, result.where, result.phase, result.at
     if phase == "backward":
-        parts = {"gradients": result.parts["gradients"], "param_grads": result.parts["param_grads"],
-                 "kept_for_backward": result.parts["held"]}
+        parts = {
+            "gradients": result.parts["gradients"],
+            "param_grads": result.parts["param_grads"],
+            "kept_for_backward": result.parts["held"],
+        }
     else:
         parts = {"activations": lay.activations[where], "kept_for_backward": kept_at[where]} if peak else {}
-    extras = {"peak_kib": peak / 1024, "peak_op": graph.nodes[where].name, "phase": phase,
-              "static": {"trainable_params": trainable, "sbuf": lay.sbuf, "kbuf": lay.kbuf,
-                         "accumulation": elements * settings.accumulate_bytes},
-              "at_peak": parts, "patch_stage_end": graph.nodes[lay.stage.end].name if lay.stage else None}
+    extras = {
+        "peak_kib": peak / 1024,
+        "peak_op": graph.nodes[where].name,
+        "phase": phase,
+        "static": {
+            "trainable_params": trainable,
+            "sbuf": lay.sbuf,
+            "kbuf": lay.kbuf,
+            "accumulation": elements * settings.accumulate_bytes,
+        },
+        "at_peak": parts,
+        "patch_stage_end": graph.nodes[lay.stage.end].name if lay.stage else None,
+    }
     return {"peak": peak, "where": where, "phase": phase, "at": at, "extras": extras}
 
 
-mcu = register_mode(McuMode("mcu", McuSettings(), "peak SRAM on a microcontroller under the Tiny Training Engine: "
-                            "int8 forward (2x2 patch-based first stage), fp32 gradients, in-place updates, "
-                            "tinytraining's kept tensors and weight copies"))
-mcu_nopatch = register_mode(McuMode("mcu-nopatch", McuSettings(patches=1, image_in_sram=True),
-                                    "mcu without the patch-based first stage (whole tensors, image in SRAM)"))
-mcu_accum = register_mode(McuMode("mcu-accum", McuSettings(accumulate_bytes=4),
-                                  "mcu with gradient accumulation (a 32-bit buffer per trainable element)"))
+mcu = register_mode(
+    McuMode(
+        "mcu",
+        McuSettings(),
+        "peak SRAM on a microcontroller under the Tiny Training Engine: "
+        "int8 forward (2x2 patch-based first stage), fp32 gradients, in-place updates, "
+        "tinytraining's kept tensors and weight copies",
+    )
+)
+mcu_nopatch = register_mode(
+    McuMode(
+        "mcu-nopatch",
+        McuSettings(patches=1, image_in_sram=True),
+        "mcu without the patch-based first stage (whole tensors, image in SRAM)",
+    )
+)
+mcu_accum = register_mode(
+    McuMode(
+        "mcu-accum",
+        McuSettings(accumulate_bytes=4),
+        "mcu with gradient accumulation (a 32-bit buffer per trainable element)",
+    )
+)

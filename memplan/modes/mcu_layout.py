@@ -67,8 +67,13 @@ def buffers(graph: LayerGraph) -> Buffers:
 
 def _depthwise(n: Node) -> bool:
     w = n.params.get("weight")
-    return n.kind == "conv" and w is not None and len(w.shape) > 2 and w.shape[1] == 1 and \
-        (n.attrs.get("groups") or 1) == w.shape[0] > 1
+    return (
+        n.kind == "conv"
+        and w is not None
+        and len(w.shape) > 2
+        and w.shape[1] == 1
+        and (n.attrs.get("groups") or 1) == w.shape[0] > 1
+    )
 
 
 def runtime_buffers(n: Node, extent: tuple[int, ...] | None = None) -> tuple[int, int]:
@@ -135,17 +140,22 @@ def patch_stage(graph: LayerGraph, buf: Buffers, settings: McuSettings) -> Patch
                 break
     if end is None:
         return None
-    crossing = {buf.root[s] for m in graph.nodes[end + 1:] for s in m.inputs if s <= end
-                and graph.nodes[s].out is not None and graph.nodes[s].kind != "param"}
+    crossing = {
+        buf.root[s]
+        for m in graph.nodes[end + 1 :]
+        for s in m.inputs
+        if s <= end and graph.nodes[s].out is not None and graph.nodes[s].kind != "param"
+    }
     if len(crossing) != 1:
         return None
     out = crossing.pop()
     full = _spatial(graph.nodes[out].out)
     if not full:
         return None
-    need: dict[int, tuple[int, ...]] = {i: tuple(-(-d // settings.patches) for d in full)
-                                        for i in range(end + 1) if buf.root[i] == out}
-    for n in reversed(graph.nodes[:end + 1]):
+    need: dict[int, tuple[int, ...]] = {
+        i: tuple(-(-d // settings.patches) for d in full) for i in range(end + 1) if buf.root[i] == out
+    }
+    for n in reversed(graph.nodes[: end + 1]):
         if n.index not in need:
             continue
         ext = _window(n, need[n.index])

@@ -40,8 +40,10 @@ SMOOTH_ACTIVATIONS = frozenset({"hardswish", "hardsigmoid", "sigmoid", "tanh", "
 
 class TinyTLMode(Mode):
     name = "tinytl"
-    description = ("TinyTL's profiler: batch x peak activation of one sample (forward walk, kept tensors + "
-                   "working memory + shortcut input) + params (trainable 4 B, frozen int8)")
+    description = (
+        "TinyTL's profiler: batch x peak activation of one sample (forward walk, kept tensors + "
+        "working memory + shortcut input) + params (trainable 4 B, frozen int8)"
+    )
 
     def saved(self, op: OpView) -> list[Saved] | None:
         """Rules run for every op, recorded or not: ReLU masks depend on the whole plan."""
@@ -60,8 +62,10 @@ class TinyTLMode(Mode):
             if work is not None and at[op.node.index] > peak:
                 peak, where = at[op.node.index], op.node.index
             kept += sum(s.nbytes for s in items)
-        params = sum(TRAINABLE_BYTES * lc.trainable_params + FROZEN_BYTES * (lc.params - lc.trainable_params)
-                     for lc in node_costs)
+        params = sum(
+            TRAINABLE_BYTES * lc.trainable_params + FROZEN_BYTES * (lc.params - lc.trainable_params)
+            for lc in node_costs
+        )
         extras = {"tinytl": {"peak_activation_bytes_per_sample": peak / graph.batch, "param_bytes": params}}
         return Summary(peak + params, peak + params, where, "forward", [a + params for a in at], extras)
 
@@ -88,7 +92,7 @@ def shortcut_inputs(graph: LayerGraph) -> dict[str, int]:
     for b in graph.blocks:
         first, last = graph.block_range(b)
         uses: dict[int, list[int]] = {}
-        for n in graph.nodes[first:last + 1]:
+        for n in graph.nodes[first : last + 1]:
             if n.block != b or is_lite(n.name):
                 continue
             for i, t in zip(n.inputs, n.in_tensors):
@@ -144,7 +148,26 @@ def se_multiply(op: OpView):
         yield private(feature.numel * 4, "feature map")
 
 
-@rule("add", "sub", "div", "cat", "avgpool", "adaptive_avgpool", "maxpool", "adaptive_maxpool", "dropout",
-      "interpolate", "pad", "mean", "view", "identity", "getitem", "meta", "input", "output", "cross_entropy")
+@rule(
+    "add",
+    "sub",
+    "div",
+    "cat",
+    "avgpool",
+    "adaptive_avgpool",
+    "maxpool",
+    "adaptive_maxpool",
+    "dropout",
+    "interpolate",
+    "pad",
+    "mean",
+    "view",
+    "identity",
+    "getitem",
+    "meta",
+    "input",
+    "output",
+    "cross_entropy",
+)
 def keeps_nothing(op: OpView):
     return ()

@@ -93,9 +93,11 @@ def layer_bits(op: OpView) -> Bits:
     if node.kind == "param":  # a parameter read by a computed op (a weight slice, a scale)
         if node in op.graph.classifier_layers:
             return Bits()
-        raise BadOption(f"the 256KB paper's convention has no rule for training parameter {node.name!r}: "
-                        "it is read through a computed op (a slice or copy), not by a conv, linear or norm layer of its own",
-                        "profile this model in mode pytorch, applied or ideal")
+        raise BadOption(
+            f"the 256KB paper's convention has no rule for training parameter {node.name!r}: "
+            "it is read through a computed op (a slice or copy), not by a conv, linear or norm layer of its own",
+            "profile this model in mode pytorch, applied or ideal",
+        )
     x, out = node.in_tensors[0], node.out
     inp = weight = 0
     if t.weight:
@@ -127,8 +129,10 @@ def _states(totals: Totals) -> int:
 
 class TinyTrainingMode(Mode):
     name = "tinytraining"
-    description = ("the 256KB paper's analytic extra memory: 8-bit kept inputs and weight copies, 32-bit biases, "
-                   "1-bit masks, summed (no peak); weight_bytes = updated copies + biases; KiB in extras")
+    description = (
+        "the 256KB paper's analytic extra memory: 8-bit kept inputs and weight copies, 32-bit biases, "
+        "1-bit masks, summed (no peak); weight_bytes = updated copies + biases; KiB in extras"
+    )
     extra_only = True
     #: bits of one optimizer buffer element (None: the parameter's own bits, the paper's quantised buffer)
     state_bits: int | None = None
@@ -168,8 +172,15 @@ class TinyTrainingMode(Mode):
         accum = (weights + biases) * self.accumulation_bits if self.grad_accumulation else 0
         return state, accum
 
-    def summarize(self, graph: LayerGraph, views: list[OpView], saved: list[list[Saved]],
-                  node_costs: list[LayerCost], totals: Totals, peak=None) -> Summary:
+    def summarize(
+        self,
+        graph: LayerGraph,
+        views: list[OpView],
+        saved: list[list[Saved]],
+        node_costs: list[LayerCost],
+        totals: Totals,
+        peak=None,
+    ) -> Summary:
         """Weights = updated copies and biases; optimizer state and accumulators as configured;
         total = peak = the sum, which builds up along the forward pass (``at``: running sum per node)."""
         bits = [layer_bits(op) for op in views]
@@ -188,15 +199,23 @@ class TinyTrainingMode(Mode):
         total = totals.weight_bytes + totals.saved_activation_bytes + totals.gradient_bytes + totals.optimizer_bytes
         activation, params = sum(b.activation for b in bits), sum(b.params for b in bits)
         all_bits = activation + params + state_bits + accum_bits
-        extras = {"tinytraining": {
-            "activation_bits": activation, "weight_bits": params, "optimizer_state_bits": state_bits,
-            "accumulation_bits": accum_bits, "total_bits": all_bits,
-            "activation_kib": activation / KIB_BITS, "weight_kib": params / KIB_BITS,
-            "optimizer_state_kib": state_bits / KIB_BITS, "accumulation_kib": accum_bits / KIB_BITS,
-            "total_kib": all_bits / KIB_BITS,
-            "optimizer_buffers": states, "state_bits": "parameter bits" if self.state_bits is None else self.state_bits,
-            "grad_accumulation": self.grad_accumulation,
-        }}
+        extras = {
+            "tinytraining": {
+                "activation_bits": activation,
+                "weight_bits": params,
+                "optimizer_state_bits": state_bits,
+                "accumulation_bits": accum_bits,
+                "total_bits": all_bits,
+                "activation_kib": activation / KIB_BITS,
+                "weight_kib": params / KIB_BITS,
+                "optimizer_state_kib": state_bits / KIB_BITS,
+                "accumulation_kib": accum_bits / KIB_BITS,
+                "total_kib": all_bits / KIB_BITS,
+                "optimizer_buffers": states,
+                "state_bits": "parameter bits" if self.state_bits is None else self.state_bits,
+                "grad_accumulation": self.grad_accumulation,
+            }
+        }
         return Summary(total, total, at.index(total), "forward", at, extras)
 
 

@@ -75,7 +75,7 @@ def _output_kept_anyway(op: OpView) -> bool:
     frontier, seen = [op.node.index], set()
     while frontier:
         i = frontier.pop()
-        for n in op.graph.nodes[i + 1:]:
+        for n in op.graph.nodes[i + 1 :]:
             if i not in n.inputs or n.index in seen:
                 continue
             seen.add(n.index)

@@ -11,7 +11,8 @@ parameter is updated (and its gradient freed) as soon as backward has accumulate
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +32,14 @@ MOMENTUM = 0.9
 Inputs = Callable[[Tensor | None], Sequence[Tensor]]
 
 
-def make_optimizer(params: Iterable[Tensor] | Iterable[dict[str, Any]], name: str = "sgd", lr: float = 0.01, *,
-                   momentum: float | None = None, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Iterable[Tensor] | Iterable[dict[str, Any]],
+    name: str = "sgd",
+    lr: float = 0.01,
+    *,
+    momentum: float | None = None,
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
     """An optimizer over the parameters of ``params`` that require grad (the others are left
     out, so they never change). ``params`` may also be torch parameter groups (dicts with
     ``params`` and, say, their own ``lr``: per-role learning rates). ``name``: ``sgd`` |
@@ -109,9 +116,18 @@ def _update(own: torch.optim.Optimizer, group: dict[str, Any]) -> Callable[[Tens
     return hook
 
 
-def fit(forward: Callable[..., Tensor], optimizer: torch.optim.Optimizer, x: Tensor | Inputs, y: Tensor, *,
-        steps: int | None = None, epochs: int | None = None, batch_size: int | None = None, seed: int = 0,
-        cosine: bool = False) -> list[float]:
+def fit(
+    forward: Callable[..., Tensor],
+    optimizer: torch.optim.Optimizer,
+    x: Tensor | Inputs,
+    y: Tensor,
+    *,
+    steps: int | None = None,
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    seed: int = 0,
+    cosine: bool = False,
+) -> list[float]:
     """Cross-entropy training of ``forward`` on ``(x, y)``; returns the loss of each step,
     measured before its update.
 
@@ -154,4 +170,4 @@ def _shuffled(n: int, epochs: int, batch_size: int, seed: int) -> Iterator[Tenso
     for _ in range(epochs):
         perm = torch.randperm(n, generator=g)
         for start in range(0, n, batch_size):
-            yield perm[start:start + batch_size]
+            yield perm[start : start + batch_size]

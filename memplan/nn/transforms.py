@@ -204,8 +204,17 @@ def _norm_layer(kind: str, channels: int, device, dtype) -> nn.Module:
     return nn.BatchNorm2d(channels, device=device, dtype=dtype)
 
 
-def lite_branch(in_channels: int, out_channels: int, kernel: int, stride: int, groups: int, downsample: int,
-                norm: str, device=None, dtype=None) -> nn.Sequential:
+def lite_branch(
+    in_channels: int,
+    out_channels: int,
+    kernel: int,
+    stride: int,
+    groups: int,
+    downsample: int,
+    norm: str,
+    device=None,
+    dtype=None,
+) -> nn.Sequential:
     """AvgPool(downsample) -> Conv k x k (groups, stride of the block) -> norm -> ReLU -> 1x1 conv
     -> norm, the last norm's scale zero so the branch adds nothing until it trains."""
     mid = lite_mid_channels(in_channels)
@@ -232,12 +241,18 @@ def _block_io(model: nn.Module, blocks: Sequence[str], input_shape: Sequence[int
     io = {}
     for b in graph.blocks:
         first, last = graph.block_range(b)
-        ins = {t.storage: t for n in graph.nodes[first:last + 1] if n.block == b
-               for i, t in zip(n.inputs, n.in_tensors)
-               if graph.nodes[i].block != b and t.storage not in graph.param_storages}
+        ins = {
+            t.storage: t
+            for n in graph.nodes[first : last + 1]
+            if n.block == b
+            for i, t in zip(n.inputs, n.in_tensors)
+            if graph.nodes[i].block != b and t.storage not in graph.param_storages
+        }
         if len(ins) != 1:
-            raise BadOption(f"block {b!r} takes {len(ins)} activation inputs",
-                            "the lite residual wraps blocks with one input tensor")
+            raise BadOption(
+                f"block {b!r} takes {len(ins)} activation inputs",
+                "the lite residual wraps blocks with one input tensor",
+            )
         io[b] = (next(iter(ins.values())).shape, graph.nodes[last].out.shape)
     return io
 
@@ -247,9 +262,15 @@ def _norm_kind_of(block: nn.Module) -> str:
     return "group" if any(isinstance(m, nn.GroupNorm) for m in block.modules()) else "batch"
 
 
-def add_lite_residual(model: nn.Module, kernel: int = 5, groups: int = 2, downsample: int = 2,
-                      norm: str | None = None, blocks: Sequence[str] | None = None,
-                      input_shape: Sequence[int] = (3, 224, 224)) -> nn.Module:
+def add_lite_residual(
+    model: nn.Module,
+    kernel: int = 5,
+    groups: int = 2,
+    downsample: int = 2,
+    norm: str | None = None,
+    blocks: Sequence[str] | None = None,
+    input_shape: Sequence[int] = (3, 224, 224),
+) -> nn.Module:
     """Wrap the blocks named in ``blocks``, by default every block of ``memplan.graph.find_blocks``
     but the first, in a :class:`LiteResidual`, in place; returns the model.
 
@@ -278,15 +299,19 @@ def add_lite_residual(model: nn.Module, kernel: int = 5, groups: int = 2, downsa
         return model
     names = list(blocks) if blocks is not None else find_blocks(model)[1:]
     if not names:
-        raise BadOption("no block to add a lite residual branch to (the first block gets none)",
-                        "name the blocks explicitly (module qualnames)")
+        raise BadOption(
+            "no block to add a lite residual branch to (the first block gets none)",
+            "name the blocks explicitly (module qualnames)",
+        )
     io = _block_io(model, names, input_shape)
     for name in names:
         block = model.get_submodule(name)
         (_, c_in, *in_hw), (_, c_out, *out_hw) = io[name]
         if len(in_hw) != 2 or len(out_hw) != 2:
-            raise BadOption(f"block {name!r} is not 2-D (input {io[name][0]})",
-                            "the lite residual branch is for (N, C, H, W) convolutional blocks")
+            raise BadOption(
+                f"block {name!r} is not 2-D (input {io[name][0]})",
+                "the lite residual branch is for (N, C, H, W) convolutional blocks",
+            )
         mid = lite_mid_channels(c_in)
         if c_in % groups or mid % groups:
             raise BadOption(f"lite_groups={groups} does not divide the {c_in} input channels of block {name!r}")
@@ -294,9 +319,17 @@ def add_lite_residual(model: nn.Module, kernel: int = 5, groups: int = 2, downsa
         pooled = [s // down for s in in_hw]
         stride = max(1, round(in_hw[0] / out_hw[0]))
         p = next(block.parameters(), None)
-        branch = lite_branch(c_in, c_out, lite_kernel(kernel, pooled), stride, groups, down,
-                             norm or _norm_kind_of(block), p.device if p is not None else None,
-                             p.dtype if p is not None else None)
+        branch = lite_branch(
+            c_in,
+            c_out,
+            lite_kernel(kernel, pooled),
+            stride,
+            groups,
+            down,
+            norm or _norm_kind_of(block),
+            p.device if p is not None else None,
+            p.dtype if p is not None else None,
+        )
         branch.train(block.training)
         replace_module(model, name, LiteResidual(block, branch))
     return model

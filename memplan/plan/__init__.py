@@ -14,9 +14,23 @@ from .convert import NORM_MODES, fingerprint, scheme_to_plan
 from .plan import FROZEN, OpView, Plan, Train, grad_flow, updated_weight_numel
 
 #: names of the pydantic-based modules, loaded on first use
-LAZY = {**dict.fromkeys(("SCHEMA_VERSION", "Provenance", "Scheme", "WeightUpdate", "load_scheme", "new_provenance",
-                         "schema_json", "scheme_from_dict", "shipped_scheme"), "scheme"),
-        **dict.fromkeys(("BackwardFlags", "is_backward_config"), "tinytraining")}
+LAZY = {
+    **dict.fromkeys(
+        (
+            "SCHEMA_VERSION",
+            "Provenance",
+            "Scheme",
+            "WeightUpdate",
+            "load_scheme",
+            "new_provenance",
+            "schema_json",
+            "scheme_from_dict",
+            "shipped_scheme",
+        ),
+        "scheme",
+    ),
+    **dict.fromkeys(("BackwardFlags", "is_backward_config"), "tinytraining"),
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -25,6 +39,25 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["NORM_MODES", "fingerprint", "scheme_to_plan", "FROZEN", "OpView", "Plan", "Train", "grad_flow",
-           "updated_weight_numel", "SCHEMA_VERSION", "Provenance", "Scheme", "WeightUpdate", "load_scheme",
-           "new_provenance", "schema_json", "scheme_from_dict", "shipped_scheme", "BackwardFlags", "is_backward_config"]
+__all__ = [
+    "NORM_MODES",
+    "fingerprint",
+    "scheme_to_plan",
+    "FROZEN",
+    "OpView",
+    "Plan",
+    "Train",
+    "grad_flow",
+    "updated_weight_numel",
+    "SCHEMA_VERSION",
+    "Provenance",
+    "Scheme",
+    "WeightUpdate",
+    "load_scheme",
+    "new_provenance",
+    "schema_json",
+    "scheme_from_dict",
+    "shipped_scheme",
+    "BackwardFlags",
+    "is_backward_config",
+]

@@ -39,8 +39,11 @@ def fingerprint(graph: LayerGraph) -> str:
     """16 hex digits of SHA-256 over [(name, kind, weight shape)] of the conv / linear / norm layers,
     classifier excluded (so schemes transfer across head sizes)."""
     head = set(graph.classifier_layers)
-    rows = [(n.name, n.kind, list(n.params["weight"].shape) if "weight" in n.params else None)
-            for n in graph.param_nodes() if n not in head]
+    rows = [
+        (n.name, n.kind, list(n.params["weight"].shape) if "weight" in n.params else None)
+        for n in graph.param_nodes()
+        if n not in head
+    ]
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 
@@ -48,12 +51,14 @@ def scheme_to_plan(graph: LayerGraph, scheme: Any, method: str = "sparse") -> Pl
     """The plan of ``scheme`` (a ``memplan.plan.scheme.Scheme``) on ``graph``; raises SchemeError
     when they do not fit."""
     if scheme.fingerprint != fingerprint(graph):
-        raise SchemeError(f"scheme was planned for {scheme.model}; this model's layer table differs",
-                          "plan a scheme for this model")
+        raise SchemeError(
+            f"scheme was planned for {scheme.model}; this model's layer table differs", "plan a scheme for this model"
+        )
     convs = conv_layers(graph)
     if scheme.bias_update > len(convs):
-        raise SchemeError(f"scheme updates the biases of the last {scheme.bias_update} convs; the model has "
-                          f"{len(convs)}")
+        raise SchemeError(
+            f"scheme updates the biases of the last {scheme.bias_update} convs; the model has {len(convs)}"
+        )
     first = len(convs) - scheme.bias_update
     train: dict[str, Train] = {}
     for conv in convs[first:]:
@@ -63,16 +68,20 @@ def scheme_to_plan(graph: LayerGraph, scheme: Any, method: str = "sparse") -> Pl
         train[carrier.name] = Train(0.0, True)
     for w in scheme.weight_updates:
         if not 0 <= w.conv_index < len(convs):
-            raise SchemeError(f"weight update of {w.layer!r}: conv index {w.conv_index} is out of range",
-                              f"the model has {len(convs)} convs (0 to {len(convs) - 1})")
+            raise SchemeError(
+                f"weight update of {w.layer!r}: conv index {w.conv_index} is out of range",
+                f"the model has {len(convs)} convs (0 to {len(convs) - 1})",
+            )
         conv = convs[w.conv_index]
         if conv.name != w.layer:
             known = {c.name for c in convs}
             detail = f"conv {w.conv_index} is {conv.name!r}" if w.layer in known else "no conv has that name"
             raise SchemeError(f"weight update names layer {w.layer!r}, but {detail}")
         if w.conv_index < first:
-            raise SchemeError(f"weight update of conv {w.conv_index} ({w.layer}) lies outside the bias-update range",
-                              f"bias_update {scheme.bias_update} covers convs {first} to {len(convs) - 1}")
+            raise SchemeError(
+                f"weight update of conv {w.conv_index} ({w.layer}) lies outside the bias-update range",
+                f"bias_update {scheme.bias_update} covers convs {first} to {len(convs) - 1}",
+            )
         train[conv.name] = Train(w.ratio, "bias" in conv.params, w.select)
     norm_train: set[str] = set()
     for name, mode in scheme.norm_modes.items():

@@ -71,10 +71,12 @@ class Scheme(BaseModel):
     bias_update: int = Field(ge=0, description="the biases of the last n convs update")
     weight_updates: list[WeightUpdate] = Field(default_factory=list)
     norm_modes: dict[str, NormMode] = Field(default_factory=dict, description="per-norm overrides")
-    activation_approx: list[str] = Field(default_factory=list,
-                                         description="activations with sign-approximated 1-bit backward")
-    added_modules: list[dict[str, Any]] = Field(default_factory=list,
-                                                description="architecture additions, e.g. lite residual config")
+    activation_approx: list[str] = Field(
+        default_factory=list, description="activations with sign-approximated 1-bit backward"
+    )
+    added_modules: list[dict[str, Any]] = Field(
+        default_factory=list, description="architecture additions, e.g. lite residual config"
+    )
     predicted: dict[str, float] | None = Field(None, description="predicted memory breakdown, bytes")
     summed_delta_acc: float | None = Field(None, description="sum of contribution-analysis accuracy gains")
     provenance: Provenance = Field(default_factory=new_provenance)
@@ -104,8 +106,12 @@ class Scheme(BaseModel):
         ``fields`` set the other scheme fields (model, provenance, ...). Refuses a config that
         does not fit the model."""
         parsed = backward_config_fields(config, graph)
-        base = dict(model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:]),
-                    batch=graph.batch)
+        base = dict(
+            model=graph.model_name,
+            fingerprint=fingerprint(graph),
+            input_shape=list(graph.input_shape[1:]),
+            batch=graph.batch,
+        )
         scheme = validated(lambda: cls(**{**base, **fields, **parsed}), "backward_config", SchemeError)
         scheme_to_plan(graph, scheme)  # refuse what does not fit the model now
         return scheme
@@ -121,8 +127,10 @@ def scheme_from_dict(data: dict[str, Any], source: str = "scheme") -> Scheme:
         hint = "it looks like a tiny-training backward_config" if "n_bias_update" in data else None
         raise SchemeError(f"{source} has no schema_version", hint or "is it a memplan scheme?")
     if version != SCHEMA_VERSION:
-        raise SchemeError(f"{source} has schema_version {version!r}; this memplan reads version {SCHEMA_VERSION}",
-                          "upgrade memplan or re-export the scheme")
+        raise SchemeError(
+            f"{source} has schema_version {version!r}; this memplan reads version {SCHEMA_VERSION}",
+            "upgrade memplan or re-export the scheme",
+        )
     return validated(lambda: Scheme.model_validate(data), source, SchemeError)
 
 

@@ -15,9 +15,18 @@ from ..errors import SchemeError
 from ..graph import SELECT_RULES, LayerGraph, conv_layers, is_pw1
 
 #: backward_config keys memplan reads; ``freeze_fc`` is accepted and ignored, as tiny-training does
-BACKWARD_CONFIG_KEYS = ("enable_backward_config", "n_bias_update", "n_weight_update", "manual_weight_idx",
-                        "weight_update_ratio", "weight_select_criteria", "pw1_weight_only", "quantize_gradient",
-                        "train_scale", "freeze_fc")
+BACKWARD_CONFIG_KEYS = (
+    "enable_backward_config",
+    "n_bias_update",
+    "n_weight_update",
+    "manual_weight_idx",
+    "weight_update_ratio",
+    "weight_select_criteria",
+    "pw1_weight_only",
+    "quantize_gradient",
+    "train_scale",
+    "freeze_fc",
+)
 
 
 class BackwardFlags(BaseModel):
@@ -50,8 +59,9 @@ def backward_config_fields(config: dict[str, Any], graph: LayerGraph) -> dict[st
     convs = conv_layers(graph)
     unknown = sorted(set(config) - set(BACKWARD_CONFIG_KEYS))
     if unknown:
-        raise SchemeError(f"backward_config has unknown key {unknown[0]!r}",
-                          f"known keys: {', '.join(BACKWARD_CONFIG_KEYS)}")
+        raise SchemeError(
+            f"backward_config has unknown key {unknown[0]!r}", f"known keys: {', '.join(BACKWARD_CONFIG_KEYS)}"
+        )
     n_bias = _count(config.get("n_bias_update", 0), len(convs), "n_bias_update")
     idx = config.get("manual_weight_idx")
     if idx is None:
@@ -59,8 +69,10 @@ def backward_config_fields(config: dict[str, Any], graph: LayerGraph) -> dict[st
         idx = list(range(len(convs) - n_weight, len(convs)))
     idx = [int(i) for i in _items(idx, "manual_weight_idx")]
     if idx != sorted(idx):
-        raise SchemeError(f"backward_config manual_weight_idx {idx} is not sorted",
-                          "tiny-training pairs the ratios with the sorted indices; sort both lists")
+        raise SchemeError(
+            f"backward_config manual_weight_idx {idx} is not sorted",
+            "tiny-training pairs the ratios with the sorted indices; sort both lists",
+        )
     flags = BackwardFlags(**{k: bool(config.get(k, 0)) for k in BackwardFlags.model_fields})
     if flags.pw1_weight_only:
         idx = [i for i in idx if 0 <= i < len(convs) and is_pw1(convs[i])]
@@ -69,8 +81,10 @@ def backward_config_fields(config: dict[str, Any], graph: LayerGraph) -> dict[st
         ratios = [1.0 if ratios is None else float(ratios)] * len(idx)
     ratios = [float(r) for r in _items(ratios, "weight_update_ratio")]
     if len(ratios) != len(idx):
-        raise SchemeError(f"backward_config pairs {len(idx)} manual_weight_idx with {len(ratios)} "
-                          "weight_update_ratio values", "give one ratio per index")
+        raise SchemeError(
+            f"backward_config pairs {len(idx)} manual_weight_idx with {len(ratios)} weight_update_ratio values",
+            "give one ratio per index",
+        )
     select = config.get("weight_select_criteria", "magnitude+")
     if select not in SELECT_RULES:
         raise SchemeError(f"unknown weight_select_criteria {select!r}", f"use one of {', '.join(SELECT_RULES)}")
@@ -91,12 +105,15 @@ def to_backward_config(scheme: Any) -> dict[str, Any]:
     modules, or weight updates with different channel selection rules."""
     for field in ("norm_modes", "activation_approx", "added_modules"):
         if getattr(scheme, field):
-            raise SchemeError(f"scheme has {field}, which tiny-training's backward_config cannot hold",
-                              "export it as memplan scheme JSON")
+            raise SchemeError(
+                f"scheme has {field}, which tiny-training's backward_config cannot hold",
+                "export it as memplan scheme JSON",
+            )
     selects = {w.select for w in scheme.weight_updates}
     if len(selects) > 1:
-        raise SchemeError("scheme mixes channel selection rules; tiny-training's backward_config has one "
-                          "weight_select_criteria")
+        raise SchemeError(
+            "scheme mixes channel selection rules; tiny-training's backward_config has one weight_select_criteria"
+        )
     updates = sorted(scheme.weight_updates, key=lambda w: w.conv_index)
     flags = scheme.backward_flags
     return {

@@ -30,9 +30,10 @@ def layers_csv(profiles: Sequence[Profile]) -> str:
     for p in profiles:
         for layer in p.layers:
             row = asdict(layer)
-            w.writerow([p.model, p.method, p.mode] + [
-                "x".join(map(str, row[k])) if k == "output_shape" else row[k] for k in LAYER_CSV_FIELDS
-            ])
+            w.writerow(
+                [p.model, p.method, p.mode]
+                + ["x".join(map(str, row[k])) if k == "output_shape" else row[k] for k in LAYER_CSV_FIELDS]
+            )
     return buf.getvalue()
 
 

@@ -62,25 +62,38 @@ def plot_contrib(profile: ContribProfile, path: str | os.PathLike) -> Path:
     plt = _pyplot()
     fig, (ax_b, ax_w) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1, 2]})
     ks = sorted(profile.bias)
-    ax_b.errorbar(ks, [profile.bias[k] for k in ks], yerr=[profile.bias_std[k] for k in ks],
-                  marker="o", ms=3, capsize=2)
+    ax_b.errorbar(
+        ks, [profile.bias[k] for k in ks], yerr=[profile.bias_std[k] for k in ks], marker="o", ms=3, capsize=2
+    )
     ax_b.axhline(0, color="grey", lw=0.6)
-    ax_b.set(xlabel="#last convs whose biases update (k)", ylabel="Δacc vs classifier only (points)",
-             title="(a) bias-only update")
+    ax_b.set(
+        xlabel="#last convs whose biases update (k)",
+        ylabel="Δacc vs classifier only (points)",
+        title="(a) bias-only update",
+    )
     index = {layer.name: layer.conv_index for layer in profile.layers}
     ratios = sorted({r for row in profile.weight.values() for r in row})
     for r in ratios:
         names = sorted((n for n in profile.weight if r in profile.weight[n]), key=index.get)
-        ax_w.errorbar([index[n] for n in names], [profile.weight[n][r] for n in names],
-                      yerr=[profile.weight_std[n][r] for n in names], marker="o", ms=3, lw=1, capsize=1.5,
-                      label=f"ratio {ratio_label(r)}")
+        ax_w.errorbar(
+            [index[n] for n in names],
+            [profile.weight[n][r] for n in names],
+            yerr=[profile.weight_std[n][r] for n in names],
+            marker="o",
+            ms=3,
+            lw=1,
+            capsize=1.5,
+            label=f"ratio {ratio_label(r)}",
+        )
     ax_w.axhline(0, color="grey", lw=0.6)
-    ax_w.set(xlabel="conv index (stem = 0)", ylabel="Δacc vs bias-only (points)",
-             title="(b) weight update of one conv")
+    ax_w.set(xlabel="conv index (stem = 0)", ylabel="Δacc vs bias-only (points)", title="(b) weight update of one conv")
     ax_w.legend(fontsize=8)
-    fig.suptitle(f"{profile.model} on {profile.dataset.get('name', '')}: contribution analysis "
-                 f"(probe {profile.probe_accuracy:.1f}%, seeds {len(profile.protocol.seeds)}, "
-                 f"noise ±{profile.noise.delta_std:.2f})", fontsize=10)
+    fig.suptitle(
+        f"{profile.model} on {profile.dataset.get('name', '')}: contribution analysis "
+        f"(probe {profile.probe_accuracy:.1f}%, seeds {len(profile.protocol.seeds)}, "
+        f"noise ±{profile.noise.delta_std:.2f})",
+        fontsize=10,
+    )
     fig.tight_layout()
     return _save(plt, fig, path, dpi=120)
 
@@ -127,8 +140,10 @@ def _figure11b(ax: Any, result: SearchResult) -> None:
     ax.set_ylim(0, 1.15)
     ax.set_xlabel("conv index (stem = 0)")
     ax.set_ylabel("channel ratio of the weight update")
-    ax.set_title(f"scheme: last {scheme.bias_update} biases, {len(ratio)} weights "
-                 f"({result.memory_bytes} B of {result.budget_bytes} B)")
+    ax.set_title(
+        f"scheme: last {scheme.bias_update} biases, {len(ratio)} weights "
+        f"({result.memory_bytes} B of {result.budget_bytes} B)"
+    )
     ax.legend(loc="upper left")
 
 
@@ -145,8 +160,15 @@ def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
         for kind, marker, size in (("random", "o", 30), ("searched", "*", 120)):
             pts = [p for p in check.points if p.budget_bytes == b and p.kind == kind]
             if pts:
-                ax.scatter([p.summed_delta_acc for p in pts], [p.gain for p in pts], marker=marker, s=size,
-                           color=colour, label=f"{b / 1000:g} kB" if kind == "random" else None, zorder=3)
+                ax.scatter(
+                    [p.summed_delta_acc for p in pts],
+                    [p.gain for p in pts],
+                    marker=marker,
+                    s=size,
+                    color=colour,
+                    label=f"{b / 1000:g} kB" if kind == "random" else None,
+                    zorder=3,
+                )
     xs = [p.summed_delta_acc for p in check.points]
     ys = [p.gain for p in check.points]
     if len(set(xs)) > 1:
@@ -158,16 +180,19 @@ def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
     ax.axhline(0, color="grey", lw=0.5)
     ax.set_xlabel("summed Δacc of the scheme (contribution profile, points)")
     ax.set_ylabel("real test-accuracy gain over classifier only (points)")
-    ax.set_title(f"{check.model}: additivity (Fig. 5c), Pearson {check.pearson:+.2f} "
-                 f"[{check.pearson_ci[0]:+.2f}, {check.pearson_ci[1]:+.2f}], Spearman {check.spearman:+.2f}",
-                 fontsize=9)
+    ax.set_title(
+        f"{check.model}: additivity (Fig. 5c), Pearson {check.pearson:+.2f} "
+        f"[{check.pearson_ci[0]:+.2f}, {check.pearson_ci[1]:+.2f}], Spearman {check.spearman:+.2f}",
+        fontsize=9,
+    )
     ax.legend(title="budget (★ searched)", fontsize=8)
     fig.tight_layout()
     return _save(plt, fig, path, dpi=120)
 
 
-def plot_accuracy_memory(rows: list[dict[str, Any]], path: str | os.PathLike, *, title: str, xlabel: str,
-                         ylabel: str) -> Path:
+def plot_accuracy_memory(
+    rows: list[dict[str, Any]], path: str | os.PathLike, *, title: str, xlabel: str, ylabel: str
+) -> Path:
     """The 256KB paper's Figure 9: accuracy (``accuracy_mean`` ± ``accuracy_std``) against memory
     (``memory_bytes``, log axis, kB) per ``method`` (rows of one method joined in memory order)."""
     plt = _pyplot()
@@ -175,8 +200,11 @@ def plot_accuracy_memory(rows: list[dict[str, Any]], path: str | os.PathLike, *,
     styles = ["*-", "o-", "s-", "D", "^", "v-", "x-"]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     for method, style in zip(methods, styles * 2):
-        pts = sorted((r["memory_bytes"] / 1000, r["accuracy_mean"], r.get("accuracy_std", 0.0)) for r in rows
-                     if r["method"] == method)
+        pts = sorted(
+            (r["memory_bytes"] / 1000, r["accuracy_mean"], r.get("accuracy_std", 0.0))
+            for r in rows
+            if r["method"] == method
+        )
         xs, ys, es = zip(*pts)
         ax.errorbar(xs, ys, yerr=es, fmt=style, capsize=2, label=method, ms=10 if "*" in style else 5)
     ax.set_xscale("log")

@@ -33,31 +33,54 @@ def print_reproduction(rows: Sequence[Reproduction], console: Console) -> None:
     """``memplan reproduce``: published vs ours, one row per figure."""
     table = Table(header_style="bold", box=None, pad_edge=False)
     for col in ["figure", "source", "mode", "published", "ours", "error", "status", "note"]:
-        table.add_column(col, justify="right" if col in ("published", "ours", "error") else "left",
-                         overflow="fold", max_width=60 if col == "note" else None, no_wrap=col == "figure")
-    style = {"ok": "green", "close": "yellow", "differs": "red", "not modelled": "dim", "in range": "cyan",
-             "outside range": "red"}
+        table.add_column(
+            col,
+            justify="right" if col in ("published", "ours", "error") else "left",
+            overflow="fold",
+            max_width=60 if col == "note" else None,
+            no_wrap=col == "figure",
+        )
+    style = {
+        "ok": "green",
+        "close": "yellow",
+        "differs": "red",
+        "not modelled": "dim",
+        "in range": "cyan",
+        "outside range": "red",
+    }
     for r in rows:
         ours = "" if r.ours is None else format_ours(r.ours)
         if r.low is not None:
             ours += f" [{format_ours(r.low)}-{format_ours(r.high)}]"
         err = "" if r.error is None else f"{100 * r.error:+.1f}%"
-        table.add_row(r.key, r.source, r.mode, f"{r.published:g} {r.unit}", ours, err,
-                      f"[{style[r.status]}]{r.status}[/]", "" if r.status == "ok" else r.note)
+        table.add_row(
+            r.key,
+            r.source,
+            r.mode,
+            f"{r.published:g} {r.unit}",
+            ours,
+            err,
+            f"[{style[r.status]}]{r.status}[/]",
+            "" if r.status == "ok" else r.note,
+        )
     console.print(table)
     counts = Counter(r.status for r in rows)
-    console.print(", ".join(f"{n} {s}" for s, n in counts.items()) + ". ok = within 1% or the printed precision; "
-                  "close = within 5% (measured figures: 10%); in range = the paper leaves a setting open and "
-                  "the published value lies in ours over the plausible settings [low-high]. MB = 1e6 B; the "
-                  "256KB paper's kB = KiB.")
+    console.print(
+        ", ".join(f"{n} {s}" for s, n in counts.items()) + ". ok = within 1% or the printed precision; "
+        "close = within 5% (measured figures: 10%); in range = the paper leaves a setting open and "
+        "the published value lies in ours over the plausible settings [low-high]. MB = 1e6 B; the "
+        "256KB paper's kB = KiB."
+    )
 
 
 def print_verify(report: VerifyReport, console: Console) -> None:
     """Render ``report`` on a rich ``console``: predicted vs measured, pytorch and applied."""
     opts = "".join(f" {k}={v}" for k, v in report.options.items())
-    console.print(f"[bold]{report.model}[/] · method [bold]{report.method}[/]{opts} · input "
-                  f"{'x'.join(map(str, report.input_shape))} · {report.device} · {report.optimizer} · "
-                  f"{report.steps} steps")
+    console.print(
+        f"[bold]{report.model}[/] · method [bold]{report.method}[/]{opts} · input "
+        f"{'x'.join(map(str, report.input_shape))} · {report.device} · {report.optimizer} · "
+        f"{report.steps} steps"
+    )
     table = Table(show_header=True, header_style="bold")
     table.add_column("")
     for setup in SETUPS:
@@ -73,37 +96,49 @@ def print_verify(report: VerifyReport, console: Console) -> None:
     table.add_row("step peak", *cells([(r.predicted_peak, r.measured_peak) for r in runs]))
     table.add_row("loss first -> last", *[x for r in runs for x in ("", f"{r.losses[0]:.4f} -> {r.losses[-1]:.4f}")])
     console.print(table)
-    console.print(f"measured saving of applied over plain PyTorch: {report.saving:.1f}x; "
-                  f"peak: {report.peak_source} (informational)")
+    console.print(
+        f"measured saving of applied over plain PyTorch: {report.saving:.1f}x; "
+        f"peak: {report.peak_source} (informational)"
+    )
     if report.ok:
         console.print(f"[green]ok[/]: measured saved bytes match the predictions (tolerance {report.tolerance} B)")
         return
     for r in runs:
         if abs(r.saved_error) > report.tolerance:
-            console.print(f"[red]mismatch[/]: {r.mode}: measured {r.measured_saved} B, predicted "
-                          f"{r.predicted_saved} B ({r.saved_error:+d} B, tolerance {report.tolerance} B)")
+            console.print(
+                f"[red]mismatch[/]: {r.mode}: measured {r.measured_saved} B, predicted "
+                f"{r.predicted_saved} B ({r.saved_error:+d} B, tolerance {report.tolerance} B)"
+            )
 
 
 def print_search(result: SearchResult, console: Console) -> None:
     """Render a search result: budget, scheme, memory breakdown, methods compared."""
     r = result
     dev = f" (device {r.device.name})" if r.device else ""
-    console.print(f"[bold]{r.model}[/] · input {'x'.join(map(str, r.input_shape))} · mode [bold]{r.mode}[/] "
-                  f"({r.metric}) · budget {r.budget_bytes} B = {fmt_bytes(r.budget_bytes)} "
-                  f"= {fmt_bytes(r.budget_bytes, binary=True)}{dev} · read as {r.budget_convention}")
+    console.print(
+        f"[bold]{r.model}[/] · input {'x'.join(map(str, r.input_shape))} · mode [bold]{r.mode}[/] "
+        f"({r.metric}) · budget {r.budget_bytes} B = {fmt_bytes(r.budget_bytes)} "
+        f"= {fmt_bytes(r.budget_bytes, binary=True)}{dev} · read as {r.budget_convention}"
+    )
     for warning in getattr(r, "warnings", ()):
         console.print(f"warning: {warning}", style="yellow", markup=False)
-    console.print(f"profile {r.profile_path or '(given)'} · hash {r.profile_hash} · space: {r.space_size['convs']} convs, "
-                  f"{r.space_size['bias_depths']} bias depths, {r.space_size['weight_options']} weight options "
-                  f"on {r.space_size['weight_layers']} layers")
+    console.print(
+        f"profile {r.profile_path or '(given)'} · hash {r.profile_hash} · space: {r.space_size['convs']} convs, "
+        f"{r.space_size['bias_depths']} bias depths, {r.space_size['weight_options']} weight options "
+        f"on {r.space_size['weight_layers']} layers"
+    )
     add = "additive" if r.additive else "NOT additive"
-    console.print(f"memory is {add} in this mode (checked on {r.additivity.checked} candidates against compute())"
-                  + ("; exact solver certified" if r.additive else "; evolutionary search with compute()"))
+    console.print(
+        f"memory is {add} in this mode (checked on {r.additivity.checked} candidates against compute())"
+        + ("; exact solver certified" if r.additive else "; evolutionary search with compute()")
+    )
     s = r.scheme
     weights = ", ".join(f"{w.conv_index} {w.layer} @{w.ratio:g}" for w in s.weight_updates) or "none"
     console.print(f"[bold]scheme[/] ({r.method}): biases of the last {s.bias_update} convs; weights: {weights}")
-    console.print(f"summed Δacc {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = {fmt_bytes(r.memory_bytes)} "
-                  f"({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)")
+    console.print(
+        f"summed Δacc {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = {fmt_bytes(r.memory_bytes)} "
+        f"({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)"
+    )
     table = Table("component", "bytes", "size")
     for k, v in r.breakdown.items():
         table.add_row(k, str(v), fmt_bytes(v))

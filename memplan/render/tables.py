@@ -20,8 +20,10 @@ def _header(p: Profile) -> str:
     shape = "x".join(map(str, p.input_shape[1:]))
     opts = "".join(f" {k}={v}" for k, v in p.options.items())
     capture = " · captured by an eager run (symbolic tracing failed)" if p.capture == "recorded" else ""
-    return (f"[bold]{p.model}[/] · method [bold]{p.method}[/]{opts} · mode [bold]{p.mode}[/] · batch {p.batch} · "
-            f"input {shape} · {p.classes} classes · optimizer {p.optimizer}{capture}")
+    return (
+        f"[bold]{p.model}[/] · method [bold]{p.method}[/]{opts} · mode [bold]{p.mode}[/] · batch {p.batch} · "
+        f"input {shape} · {p.classes} classes · optimizer {p.optimizer}{capture}"
+    )
 
 
 def _cost_notes(profiles: Sequence[Profile], console: Console) -> None:
@@ -31,8 +33,10 @@ def _cost_notes(profiles: Sequence[Profile], console: Console) -> None:
     if observed:
         console.print(f"observed (no cost rule; replayed on meta tensors, what PyTorch saves): {observed}")
     if unknown:
-        console.print(f"[yellow]NOT exact: could not be replayed, their saved bytes are counted at the upper bound "
-                      f"(inputs + outputs): {unknown}[/]")
+        console.print(
+            f"[yellow]NOT exact: could not be replayed, their saved bytes are counted at the upper bound "
+            f"(inputs + outputs): {unknown}[/]"
+        )
 
 
 def _peak_notes(p: Profile, console: Console, binary: bool = False) -> None:
@@ -42,19 +46,26 @@ def _peak_notes(p: Profile, console: Console, binary: bool = False) -> None:
     if status == "calibrated":
         text = f"kernel workspaces: calibrated ({ws['source']}, {ws['configs']} kernel configurations)"
     elif status in ("missing", "partial"):
-        text = (f"[yellow]kernel workspaces: {status} ({ws['missing']} of {ws['configs']} kernel configurations "
-                f"uncalibrated on this machine): the peak leaves their temporaries out; run `memplan calibrate "
-                f"{p.model}`[/]")
+        text = (
+            f"[yellow]kernel workspaces: {status} ({ws['missing']} of {ws['configs']} kernel configurations "
+            f"uncalibrated on this machine): the peak leaves their temporaries out; run `memplan calibrate "
+            f"{p.model}`[/]"
+        )
     else:
         text = f"kernel workspaces: not modelled ({ws.get('source', 'this mode runs no PyTorch kernels')})"
     console.print(f"peak schedule: {p.schedule} · {text}")
     dev = p.extras.get("device")
     if dev:
         margin = abs(dev["margin_bytes"])
-        verdict = (f"[green]fits[/] {dev['name']}: {fmt_bytes(margin, binary)} to spare" if dev["fits"] else
-                   f"[red]does not fit[/] {dev['name']} by {fmt_bytes(margin, binary)}")
-        console.print(f"{verdict} (peak {fmt_bytes(dev['peak_bytes'], binary)} of {fmt_bytes(dev['budget_bytes'], binary)}"
-                      f" = {dev['budget']})")
+        verdict = (
+            f"[green]fits[/] {dev['name']}: {fmt_bytes(margin, binary)} to spare"
+            if dev["fits"]
+            else f"[red]does not fit[/] {dev['name']} by {fmt_bytes(margin, binary)}"
+        )
+        console.print(
+            f"{verdict} (peak {fmt_bytes(dev['peak_bytes'], binary)} of {fmt_bytes(dev['budget_bytes'], binary)}"
+            f" = {dev['budget']})"
+        )
 
 
 def _tally(dicts: Iterable[dict[str, int]]) -> str:
@@ -69,9 +80,11 @@ def print_check(p: Profile, console: Console, binary: bool = False) -> None:
     """The self-check: predicted vs observed saved bytes, and the modules where they differ."""
     c = p.check
     verdict = "[green]agree[/]" if c["predicted"] == c["observed"] and not c["differing"] else "[red]DIFFER[/]"
-    console.print(f"check (pytorch mode vs a real CPU run at batch {c.get('batch', '?')} under saved_tensors_hooks): predicted "
-                  f"{fmt_bytes(c['predicted'], binary)} ({c['predicted']:,} B), observed "
-                  f"{fmt_bytes(c['observed'], binary)} ({c['observed']:,} B): {verdict}")
+    console.print(
+        f"check (pytorch mode vs a real CPU run at batch {c.get('batch', '?')} under saved_tensors_hooks): predicted "
+        f"{fmt_bytes(c['predicted'], binary)} ({c['predicted']:,} B), observed "
+        f"{fmt_bytes(c['observed'], binary)} ({c['observed']:,} B): {verdict}"
+    )
     if c["differing"]:
         table = Table(header_style="bold", box=None, pad_edge=False)
         for col, justify in [("module", "left"), ("predicted B", "right"), ("observed B", "right")]:
@@ -122,8 +135,10 @@ def print_profile(p: Profile, console: Console, per_layer: bool = False, binary:
             console.print(f"{key}: {value}")
     _peak_notes(p, console, binary)
     _cost_notes([p], console)
-    console.print("[dim]FLOPs = 2 x MACs of conv/linear/matmul; other = norms, activations, adds, pooling, loss. "
-                  f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]")
+    console.print(
+        "[dim]FLOPs = 2 x MACs of conv/linear/matmul; other = norms, activations, adds, pooling, loss. "
+        f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]"
+    )
     if p.check is not None:
         print_check(p, console, binary)
     if per_layer:
@@ -132,20 +147,40 @@ def print_profile(p: Profile, console: Console, per_layer: bool = False, binary:
 
 def print_layers(layers: Sequence[LayerCost], console: Console, binary: bool = False) -> None:
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col, justify in [("#", "right"), ("layer", "left"), ("kind", "left"), ("output", "left"), ("block", "left"),
-                         ("params", "right"), ("trainable", "right"), ("grad i/w/b", "left"),
-                         ("saved act", "right"), ("fwd FLOPs", "right"), ("bwd FLOPs", "right")]:
+    for col, justify in [
+        ("#", "right"),
+        ("layer", "left"),
+        ("kind", "left"),
+        ("output", "left"),
+        ("block", "left"),
+        ("params", "right"),
+        ("trainable", "right"),
+        ("grad i/w/b", "left"),
+        ("saved act", "right"),
+        ("fwd FLOPs", "right"),
+        ("bwd FLOPs", "right"),
+    ]:
         table.add_column(col, justify=justify)
     for i, layer in enumerate(layers):
         if layer.kind in ("view", "identity", "getitem"):
             continue
-        grads = "".join(["i" if layer.grad_input else "-",
-                         ("w" if layer.grad_weight >= 1 else f"w{layer.grad_weight:g}") if layer.grad_weight else "-",
-                         "b" if layer.grad_bias else "-"])
+        grads = "".join(
+            [
+                "i" if layer.grad_input else "-",
+                ("w" if layer.grad_weight >= 1 else f"w{layer.grad_weight:g}") if layer.grad_weight else "-",
+                "b" if layer.grad_bias else "-",
+            ]
+        )
         table.add_row(
-            str(i), layer.name, layer.kind, "x".join(map(str, layer.output_shape)), layer.block or "",
-            f"{layer.params:,}" if layer.params else "", f"{layer.trainable_params:,}" if layer.trainable_params else "",
-            grads, fmt_bytes(layer.saved_activation_bytes, binary) if layer.saved_activation_bytes else "",
+            str(i),
+            layer.name,
+            layer.kind,
+            "x".join(map(str, layer.output_shape)),
+            layer.block or "",
+            f"{layer.params:,}" if layer.params else "",
+            f"{layer.trainable_params:,}" if layer.trainable_params else "",
+            grads,
+            fmt_bytes(layer.saved_activation_bytes, binary) if layer.saved_activation_bytes else "",
             fmt_count(layer.forward_flops + layer.forward_other_flops),
             fmt_count(layer.backward_flops + layer.backward_other_flops),
         )
@@ -154,31 +189,58 @@ def print_layers(layers: Sequence[LayerCost], console: Console, binary: bool = F
 
 def print_compare(profiles: Sequence[Profile], console: Console, binary: bool = False) -> None:
     p0 = profiles[0]
-    console.print(f"[bold]{p0.model}[/] · mode [bold]{p0.mode}[/] · batch {p0.batch} · "
-                  f"input {'x'.join(map(str, p0.input_shape[1:]))} · {p0.classes} classes · optimizer {p0.optimizer}")
+    console.print(
+        f"[bold]{p0.model}[/] · mode [bold]{p0.mode}[/] · batch {p0.batch} · "
+        f"input {'x'.join(map(str, p0.input_shape[1:]))} · {p0.classes} classes · optimizer {p0.optimizer}"
+    )
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ["method", "trainable params", "saved act", "weights", "grads+opt", "total", "peak", "fwd FLOPs", "bwd FLOPs"]:
+    for col in [
+        "method",
+        "trainable params",
+        "saved act",
+        "weights",
+        "grads+opt",
+        "total",
+        "peak",
+        "fwd FLOPs",
+        "bwd FLOPs",
+    ]:
         table.add_column(col, justify="left" if col == "method" else "right")
     for p in profiles:
         t = p.totals
-        table.add_row(method_label(p), f"{t.trainable_params:,}", fmt_bytes(t.saved_activation_bytes, binary),
-                      fmt_bytes(t.weight_bytes, binary), fmt_bytes(t.gradient_bytes + t.optimizer_bytes, binary),
-                      fmt_bytes(t.total_bytes, binary), fmt_bytes(t.peak_bytes, binary),
-                      fmt_count(t.forward_flops), fmt_count(t.backward_flops))
+        table.add_row(
+            method_label(p),
+            f"{t.trainable_params:,}",
+            fmt_bytes(t.saved_activation_bytes, binary),
+            fmt_bytes(t.weight_bytes, binary),
+            fmt_bytes(t.gradient_bytes + t.optimizer_bytes, binary),
+            fmt_bytes(t.total_bytes, binary),
+            fmt_bytes(t.peak_bytes, binary),
+            fmt_count(t.forward_flops),
+            fmt_count(t.backward_flops),
+        )
     console.print(table)
     _cost_notes(profiles, console)
-    console.print("[dim]FLOPs = 2 x MACs of conv/linear/matmul only. "
-                  f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]")
+    console.print(
+        "[dim]FLOPs = 2 x MACs of conv/linear/matmul only. "
+        f"Sizes {'1024-based (KiB/MiB)' if binary else '1000-based (kB/MB)'}.[/]"
+    )
 
 
 def print_conv_update_costs(rows: Sequence[ConvUpdateCost], console: Console) -> None:
     """The 256KB paper's Figure 11a as a table: KiB (bits / 8 / 1024) to update each conv."""
-    table = Table(header_style="bold", box=None, pad_edge=False,
-                  title="cost of updating each conv (tinytraining: 8-bit activations/weights, 32-bit bias, 1-bit masks; KiB)")
+    table = Table(
+        header_style="bold",
+        box=None,
+        pad_edge=False,
+        title="cost of updating each conv (tinytraining: 8-bit activations/weights, 32-bit bias, 1-bit masks; KiB)",
+    )
     for col in ["conv", "layer", "activation KiB", "weight KiB", "total KiB"]:
         table.add_column(col, justify="left" if col == "layer" else "right")
     for r in rows:
-        table.add_row(str(r.conv_index), r.layer, f"{r.activation_kib:.2f}", f"{r.weight_kib:.2f}", f"{r.total_kib:.2f}")
+        table.add_row(
+            str(r.conv_index), r.layer, f"{r.activation_kib:.2f}", f"{r.weight_kib:.2f}", f"{r.total_kib:.2f}"
+        )
     console.print(table)
 
 
@@ -198,8 +260,17 @@ def print_models(rows: Sequence[dict[str, Any]], console: Console) -> None:
     for col in ["name", "input", "classes", "params", "MACs", "blocks", "description"]:
         table.add_column(col, justify="right" if col in ("params", "MACs", "classes", "blocks") else "left")
     for row in rows:
-        table.add_row(row["name"], "x".join(map(str, row["input_shape"])), str(row["classes"]),
-                      fmt_count(row["params"]), fmt_count(row["macs"]), str(row["blocks"]), row["description"])
+        table.add_row(
+            row["name"],
+            "x".join(map(str, row["input_shape"])),
+            str(row["classes"]),
+            fmt_count(row["params"]),
+            fmt_count(row["macs"]),
+            str(row["blocks"]),
+            row["description"],
+        )
     console.print(table)
-    console.print("[dim]Any other model: package.module:attr or path/to/file.py:attr (nn.Module class, instance or "
-                  "zero-argument factory).[/]")
+    console.print(
+        "[dim]Any other model: package.module:attr or path/to/file.py:attr (nn.Module class, instance or "
+        "zero-argument factory).[/]"
+    )

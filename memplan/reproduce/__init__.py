@@ -65,8 +65,9 @@ def trainable_params(fig: PublishedFigure) -> float:
 def _flops(fig: PublishedFigure, costs: Any, direction: str) -> int:
     """Forward or backward FLOPs of ``costs``: conv / linear / matmul, plus every other op where
     the figure counts them (``other_ops``)."""
-    return getattr(costs, f"{direction}_flops") + (getattr(costs, f"{direction}_other_flops")
-                                                   if fig.options.get("other_ops") else 0)
+    return getattr(costs, f"{direction}_flops") + (
+        getattr(costs, f"{direction}_other_flops") if fig.options.get("other_ops") else 0
+    )
 
 
 @evaluator("training_flops")
@@ -128,8 +129,9 @@ def macs(fig: PublishedFigure) -> float:
     if "layer_index" in fig.options:
         _, layer = _table_layer(fig)
         if layer.kind == "maxpool":
-            raise NotModelled("memplan counts pooling as other FLOPs, not MACs; the paper's pooling MACs follow "
-                              "no stated rule")
+            raise NotModelled(
+                "memplan counts pooling as other FLOPs, not MACs; the paper's pooling MACs follow no stated rule"
+            )
         return layer.macs
     return profile_of(fig, method="last").totals.macs
 
@@ -174,8 +176,16 @@ def ram(fig: PublishedFigure) -> float:
 
 
 def reproduce_figure(fig: PublishedFigure) -> Reproduction:
-    base = dict(key=fig.key, source=fig.source, quantity=fig.quantity, model=fig.model, method=fig.method,
-                mode=fig.mode, unit=fig.unit, published=fig.value)
+    base = dict(
+        key=fig.key,
+        source=fig.source,
+        quantity=fig.quantity,
+        model=fig.model,
+        method=fig.method,
+        mode=fig.mode,
+        unit=fig.unit,
+        published=fig.value,
+    )
     fn = EVALUATORS.get(fig.quantity)
     try:
         if fn is None or fig in NOT_MODELED:
@@ -187,9 +197,15 @@ def reproduce_figure(fig: PublishedFigure) -> Reproduction:
         scale = UNIT_SCALE[fig.unit]
         low, high, ours = value.low / scale, value.high / scale, value.value / scale
         inside = low * (1 - TOLERANCE_OK) <= fig.value <= high * (1 + TOLERANCE_OK)
-        return Reproduction(**base, ours=ours, error=(ours - fig.value) / fig.value if fig.value else None,
-                            status="in range" if inside else "outside range",
-                            note=f"{fig.note}; range over {value.over}", low=low, high=high)
+        return Reproduction(
+            **base,
+            ours=ours,
+            error=(ours - fig.value) / fig.value if fig.value else None,
+            status="in range" if inside else "outside range",
+            note=f"{fig.note}; range over {value.over}",
+            low=low,
+            high=high,
+        )
     value = value / UNIT_SCALE[fig.unit]
     error = (value - fig.value) / fig.value if fig.value else None
     close = fig.options.get("tolerance", TOLERANCE_CLOSE)
@@ -207,11 +223,10 @@ def _half_unit(value: float) -> float:
     """Half a unit of the last printed digit: 23 -> 0.5, 0.306 -> 0.0005, 29.0 -> 0.05."""
     text = repr(value)
     decimals = len(text.split(".")[1]) if "." in text else 0
-    return 0.5 * 10 ** -decimals
+    return 0.5 * 10**-decimals
 
 
 def reproduce(prefix: str = "", include_not_modelled: bool = True) -> list[Reproduction]:
     """Reproduce every published figure whose key starts with ``prefix``."""
     figures = FIGURES + (NOT_MODELED if include_not_modelled else [])
     return [reproduce_figure(f) for f in figures if f.key.startswith(prefix)]
-

@@ -94,8 +94,12 @@ FIGURE_MODES: tuple[str, ...] = ("tinytl", "tinytraining", "pytorch", "ideal", "
 
 
 #: figure options the capture reads -> ``memplan.api.capture_model`` keyword (None: not printed, default)
-CAPTURE_OPTIONS: dict[str, str] = {"batch": "batch", "resolution": "resolution", "num_classes": "classes",
-                                   "norm": "norm"}
+CAPTURE_OPTIONS: dict[str, str] = {
+    "batch": "batch",
+    "resolution": "resolution",
+    "num_classes": "classes",
+    "norm": "norm",
+}
 #: figure options read by the evaluator of the figure's quantity (``memplan.reproduce``)
 EVALUATOR_OPTIONS: dict[str, str] = {
     "layer_index": "row of a per-layer table (input = 0, then conv / pool / linear layers in order)",

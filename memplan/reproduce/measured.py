@@ -48,8 +48,15 @@ def _choices(fig: PublishedFigure) -> list[tuple[str, Any, dict[str, Any]]]:
     if "reference" in o:
         schemes.sort(key=lambda k: k != o["reference"])
     settings = o.get("settings") or [{}]
-    return [(f"{k.split('.')[-2] if k != 'full' else 'full'}{'/' + str(s) if s else ''}",
-             "full" if k == "full" else _scheme(k), s) for k in schemes for s in settings]
+    return [
+        (
+            f"{k.split('.')[-2] if k != 'full' else 'full'}{'/' + str(s) if s else ''}",
+            "full" if k == "full" else _scheme(k),
+            s,
+        )
+        for k in schemes
+        for s in settings
+    ]
 
 
 def _ranged(values: list[tuple[str, float]], over: str) -> float | Ranged:
@@ -63,8 +70,10 @@ def _ranged(values: list[tuple[str, float]], over: str) -> float | Ranged:
 def mcu_peak(fig: PublishedFigure) -> float | Ranged:
     o = fig.options
     plan_override = o.get("plan")
-    values = [(label, float(_peak(fig, "full" if plan_override == "full" else scheme, o.get("schedule", "tte"), s)))
-              for label, scheme, s in _choices(fig)]
+    values = [
+        (label, float(_peak(fig, "full" if plan_override == "full" else scheme, o.get("schedule", "tte"), s)))
+        for label, scheme, s in _choices(fig)
+    ]
     return _ranged(values, "the update schemes (and settings) the paper does not state")
 
 

@@ -10,6 +10,19 @@ from .devices import Device, device_names, load_device
 from .run import DEFAULT_MODEL, METHODS, BudgetError, SearchResult, budget_convention, run_search
 from .space import DEFAULT_RATIOS, Candidate, Contributions, ProfileError, load_contributions
 
-__all__ = ["run_search", "SearchResult", "BudgetError", "ProfileError", "Device", "load_device",
-           "device_names", "Candidate", "Contributions", "load_contributions", "DEFAULT_RATIOS", "DEFAULT_MODEL",
-           "METHODS", "budget_convention"]
+__all__ = [
+    "run_search",
+    "SearchResult",
+    "BudgetError",
+    "ProfileError",
+    "Device",
+    "load_device",
+    "device_names",
+    "Candidate",
+    "Contributions",
+    "load_contributions",
+    "DEFAULT_RATIOS",
+    "DEFAULT_MODEL",
+    "METHODS",
+    "budget_convention",
+]

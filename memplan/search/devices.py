@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -45,7 +44,7 @@ class Device(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _fits(self) -> "Device":
+    def _fits(self) -> Device:
         if self.reserve_bytes >= self.sram_bytes or self.runtime_bytes >= self.sram_bytes:
             raise ValueError("reserve_bytes and runtime_bytes must be smaller than sram_bytes")
         if self.mode not in MODES:
@@ -73,8 +72,15 @@ def fit(p: Profile, dev: Device) -> dict[str, Any]:
     negative: does not fit), all in bytes."""
     budget = dev.budget_for(p.mode)
     peak = p.totals.peak_bytes
-    return {"name": dev.name, "mode": p.mode, "budget_bytes": budget, "budget": dev.budget_text(p.mode),
-            "peak_bytes": peak, "margin_bytes": budget - peak, "fits": peak <= budget}
+    return {
+        "name": dev.name,
+        "mode": p.mode,
+        "budget_bytes": budget,
+        "budget": dev.budget_text(p.mode),
+        "peak_bytes": peak,
+        "margin_bytes": budget - peak,
+        "fits": peak <= budget,
+    }
 
 
 def device_names(directory: str | os.PathLike = DEVICES_DIR) -> list[str]:
@@ -87,7 +93,9 @@ def load_device(name_or_path: str | os.PathLike, directory: str | os.PathLike = 
     if path.suffix != ".json":
         path = Path(directory) / f"{str(name_or_path).strip().lower()}.json"
         if not path.is_file():
-            raise BadOption(f"unknown device {str(name_or_path)!r}",
-                            f"known devices: {', '.join(device_names(directory)) or 'none'}; or give a JSON file")
+            raise BadOption(
+                f"unknown device {str(name_or_path)!r}",
+                f"known devices: {', '.join(device_names(directory)) or 'none'}; or give a JSON file",
+            )
     data = read_json(path, "device profile")
     return validated(lambda: Device.model_validate(data), f"device profile {path}", BadOption)

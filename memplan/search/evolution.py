@@ -46,8 +46,16 @@ class Recorder:
             self.curve.append(self.value)
 
 
-def evolve(problem: Problem, toolbox: base.Toolbox, *, population: int = 100, generations: int = 100, seed: int = 0,
-           cxpb: float = 0.5, mutpb: float = 0.5) -> Trace:
+def evolve(
+    problem: Problem,
+    toolbox: base.Toolbox,
+    *,
+    population: int = 100,
+    generations: int = 100,
+    seed: int = 0,
+    cxpb: float = 0.5,
+    mutpb: float = 0.5,
+) -> Trace:
     """Run ``generations`` generations of ``population`` offspring each (``deap.algorithms.varOr``:
     crossover with ``cxpb``, else mutation with ``mutpb``), each child repaired to the budget;
     the next population is the best of parents + children plus tournaments among them."""

@@ -72,8 +72,15 @@ def solve_exact(space: SearchSpace, table: CostTable, budget: int) -> ExactResul
     cap = space.max_weight_layers
     n_counts = 1 if cap is None else cap + 1
     by_index = {c.conv_index: c for c in space.layers}
-    stairs = [_Stair(np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64),
-                     np.zeros(1, dtype=np.int64), np.full(1, -1))] + [_empty() for _ in range(n_counts - 1)]
+    stairs = [
+        _Stair(
+            np.zeros(1, dtype=np.int64),
+            np.zeros(1),
+            np.zeros(1, dtype=np.int64),
+            np.zeros(1, dtype=np.int64),
+            np.full(1, -1),
+        )
+    ] + [_empty() for _ in range(n_counts - 1)]
     history: list[list[_Stair]] = []
     best: tuple[float, int, int, int, int, int] | None = None  # (value, -memory, -k, step, count, index)
     largest = 1
@@ -87,8 +94,19 @@ def solve_exact(space: SearchSpace, table: CostTable, budget: int) -> ExactResul
         steps_by_k[space.n_convs - conv] = len(history) - 1
     for k in ks:
         room = budget - table.base[k]
-        level = [_Stair(np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64),
-                        np.zeros(1, dtype=np.int64), np.full(1, -1))] if k == 0 else history[steps_by_k[k]]
+        level = (
+            [
+                _Stair(
+                    np.zeros(1, dtype=np.int64),
+                    np.zeros(1),
+                    np.zeros(1, dtype=np.int64),
+                    np.zeros(1, dtype=np.int64),
+                    np.full(1, -1),
+                )
+            ]
+            if k == 0
+            else history[steps_by_k[k]]
+        )
         for count, s in enumerate(level):
             j = int(np.searchsorted(s.cost, room, side="right")) - 1
             if j < 0:
@@ -113,15 +131,21 @@ def _add_layer(stairs: list[_Stair], layer, table: CostTable, capacity: int, cap
         parts_c, parts_v, parts_p, parts_n, parts_ch = [], [], [], [], []
         prev = stairs[count]  # bias only: same count
         idx = np.arange(len(prev.cost))
-        parts_c.append(prev.cost); parts_v.append(prev.value); parts_p.append(idx)
-        parts_n.append(np.full(len(idx), count)); parts_ch.append(np.full(len(idx), -1))
+        parts_c.append(prev.cost)
+        parts_v.append(prev.value)
+        parts_p.append(idx)
+        parts_n.append(np.full(len(idx), count))
+        parts_ch.append(np.full(len(idx), -1))
         src = count - 1 if cap is not None else count
         if src >= 0:
             base = stairs[src]
             idx = np.arange(len(base.cost))
             for o, (c, g) in enumerate(zip(costs, gains)):
-                parts_c.append(base.cost + c); parts_v.append(base.value + g); parts_p.append(idx)
-                parts_n.append(np.full(len(idx), src)); parts_ch.append(np.full(len(idx), o))
+                parts_c.append(base.cost + c)
+                parts_v.append(base.value + g)
+                parts_p.append(idx)
+                parts_n.append(np.full(len(idx), src))
+                parts_ch.append(np.full(len(idx), o))
         cost, value = np.concatenate(parts_c), np.concatenate(parts_v)
         parent, pcount, choice = np.concatenate(parts_p), np.concatenate(parts_n), np.concatenate(parts_ch)
         fits = cost <= capacity

@@ -12,8 +12,8 @@ probe candidates (:func:`check_additivity`) and on every result.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..costs.engine import compute
 from ..costs.records import Profile
@@ -23,8 +23,14 @@ from .space import Candidate, SearchSpace
 
 #: what "memory" of a profile means: the quantity the budget bounds, and its description
 METRICS: Registry[tuple[Callable[[Profile], int], str]] = Registry("memory metric")
-METRICS.add("total", (lambda p: p.totals.total_bytes, "Totals.total_bytes (the mode's total: weights, gradients, "
-                                                      "optimizer state, saved activations as the mode counts them)"))
+METRICS.add(
+    "total",
+    (
+        lambda p: p.totals.total_bytes,
+        "Totals.total_bytes (the mode's total: weights, gradients, "
+        "optimizer state, saved activations as the mode counts them)",
+    ),
+)
 METRICS.add("peak", (lambda p: p.totals.peak_bytes, "Totals.peak_bytes (the mode's peak of one training step)"))
 
 #: ``Totals`` fields written into a scheme's ``predicted`` breakdown
@@ -34,8 +40,16 @@ BREAKDOWN = ("saved_activation_bytes", "weight_bytes", "gradient_bytes", "optimi
 class MemoryModel:
     """``compute()`` of candidates in one mode (cached); ``measure`` returns the chosen metric."""
 
-    def __init__(self, space: SearchSpace, mode: str = "tinytraining", metric: str = "total", *,
-                 optimizer: str = "sgd", frozen_bits: int = 32, mode_options: dict | None = None):
+    def __init__(
+        self,
+        space: SearchSpace,
+        mode: str = "tinytraining",
+        metric: str = "total",
+        *,
+        optimizer: str = "sgd",
+        frozen_bits: int = 32,
+        mode_options: dict | None = None,
+    ):
         METRICS.choose(metric)
         self.space = space
         self.mode = get_mode(mode).configure(**(mode_options or {}))
@@ -53,8 +67,14 @@ class MemoryModel:
     def profile(self, cand: Candidate) -> Profile:
         prof = self._cache.get(cand)
         if prof is None:
-            prof = compute(self.space.graph, self.space.to_plan(cand), self.mode, optimizer=self.optimizer,
-                           frozen_bits=self.frozen_bits, meta={"model": self.space.model})
+            prof = compute(
+                self.space.graph,
+                self.space.to_plan(cand),
+                self.mode,
+                optimizer=self.optimizer,
+                frozen_bits=self.frozen_bits,
+                meta={"model": self.space.model},
+            )
             self._cache[cand] = prof
         return prof
 
@@ -118,11 +138,15 @@ def probe_candidates(space: SearchSpace, n_random: int = 16, seed: int = 0) -> l
     k = space.ks[-1]
     layers = [c for c in space.layers if c.conv_index >= space.first(k)]
     cap = space.max_weight_layers if space.max_weight_layers is not None else len(layers)
-    probes = [Candidate(k, tuple((c.conv_index, c.ratios[-1]) for c in layers[-cap:] if cap)),
-              Candidate(k, tuple((c.conv_index, c.ratios[0]) for c in layers[:cap]))]
+    probes = [
+        Candidate(k, tuple((c.conv_index, c.ratios[-1]) for c in layers[-cap:] if cap)),
+        Candidate(k, tuple((c.conv_index, c.ratios[0]) for c in layers[:cap])),
+    ]
     if cap >= 2:
-        probes += [Candidate(k, ((a.conv_index, a.ratios[-1]), (b.conv_index, b.ratios[-1])))
-                   for a, b in zip(layers, layers[1:])]
+        probes += [
+            Candidate(k, ((a.conv_index, a.ratios[-1]), (b.conv_index, b.ratios[-1])))
+            for a, b in zip(layers, layers[1:])
+        ]
     for _ in range(n_random):
         kk = rng.choice(space.ks)
         pool = [c for c in space.layers if c.conv_index >= space.first(kk)]

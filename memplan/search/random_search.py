@@ -9,7 +9,7 @@ import time
 
 from deap import base
 
-from .evolution import Trace, Recorder
+from .evolution import Recorder, Trace
 from .toolbox import Problem, seeded
 
 

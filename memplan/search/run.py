@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch.nn as nn
 
@@ -87,8 +88,10 @@ class SearchResult:
         data["scheme"] = self.scheme.model_dump(mode="json")
         data["device"] = self.device.model_dump() if self.device else None
         data["additivity"] = asdict(self.additivity)
-        data["table"] = {"base": {str(k): v for k, v in self.table.base.items()},
-                         "extra": [[i, r, v] for (i, r), v in self.table.extra.items()]}
+        data["table"] = {
+            "base": {str(k): v for k, v in self.table.base.items()},
+            "extra": [[i, r, v] for (i, r), v in self.table.extra.items()],
+        }
         if self.exact is not None:
             data["exact"] = {**asdict(self.exact), "candidate": self.exact.candidate.describe()}
         for name in ("evolution", "random"):
@@ -115,12 +118,15 @@ def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES
             continue
         if data.get("fingerprint") == graph_fingerprint and "bias" in data:
             return path
-    raise ProfileError(f"no shipped contribution profile in {directory} matches this model "
-                       f"(fingerprint {graph_fingerprint})", "measure one with memplan contrib and pass it as profile")
+    raise ProfileError(
+        f"no shipped contribution profile in {directory} matches this model (fingerprint {graph_fingerprint})",
+        "measure one with memplan contrib and pass it as profile",
+    )
 
 
-def _budget(budget: str | int | float | None, device: str | os.PathLike | None,
-            mode: str) -> tuple[int, str, str, Device | None]:
+def _budget(
+    budget: str | int | float | None, device: str | os.PathLike | None, mode: str
+) -> tuple[int, str, str, Device | None]:
     if (budget is None) == (device is None):
         raise BadOption("give either a budget or a device", 'e.g. budget="100KB" or device="stm32f746"')
     if device is not None:
@@ -162,7 +168,8 @@ def run_search(
     profile name / JSON path (its budget for the mode, ``Device.budget_for``). Contribution profile: ``profile_path``,
     a ``profile`` dict, or the shipped profile whose fingerprint matches the model. ``mode`` /
     ``metric``: memplan's accounting mode (default: the device's, else ``tinytraining``) and which
-    figure the budget bounds (``"total"``, ``"peak"``). ``method``: exact | evolution | random (default: exact when memory is additive,
+    figure the budget bounds (``"total"``, ``"peak"``). ``method``: exact | evolution | random (default: exact
+    when memory is additive,
     else evolution). ``generations`` / ``population`` / ``seed``: the DEAP run (random search
     gets as many evaluations). ``ratios``, ``pw1_only``, ``max_weight_layers``: the space.
     ``classes`` / ``resolution`` / ``input_shape`` (per sample): the traced model (classes default
@@ -193,8 +200,13 @@ def run_search(
         contributions = load_contributions(profile_path)
     if contributions is not None and resolution is None and input_shape is None:
         resolution = contributions.costing_resolution
-    cap = capture_model(model, batch=1, resolution=resolution, input_shape=input_shape,
-                        classes=classes or (contributions.classes if contributions else None))
+    cap = capture_model(
+        model,
+        batch=1,
+        resolution=resolution,
+        input_shape=input_shape,
+        classes=classes or (contributions.classes if contributions else None),
+    )
     seconds["capture"] = time.perf_counter() - t0
     if contributions is None:
         profile_path = find_profile(fingerprint(cap.graph))
@@ -203,16 +215,20 @@ def run_search(
         if own:
             resolution = contributions.costing_resolution
         if own or (classes is None and contributions.classes and contributions.classes != cap.classes):
-            cap = capture_model(model, batch=1, resolution=resolution, input_shape=input_shape,
-                                classes=classes or contributions.classes)
+            cap = capture_model(
+                model, batch=1, resolution=resolution, input_shape=input_shape, classes=classes or contributions.classes
+            )
     warnings = []
     costed = tuple(cap.graph.input_shape[1:])
     if contributions.run_shape is not None and tuple(contributions.run_shape) != costed:
-        warnings.append(f"the contribution runs were made at input {'x'.join(map(str, contributions.run_shape))}; "
-                        f"this search costs memory at {'x'.join(map(str, costed))}: its Δacc were measured at "
-                        f"another resolution")
-    space = build_space(cap.graph, contributions, model=cap.name, ratios=ratios, pw1_only=pw1_only,
-                        max_weight_layers=max_weight_layers)
+        warnings.append(
+            f"the contribution runs were made at input {'x'.join(map(str, contributions.run_shape))}; "
+            f"this search costs memory at {'x'.join(map(str, costed))}: its Δacc were measured at "
+            f"another resolution"
+        )
+    space = build_space(
+        cap.graph, contributions, model=cap.name, ratios=ratios, pw1_only=pw1_only, max_weight_layers=max_weight_layers
+    )
     memory = MemoryModel(space, mode, metric, optimizer=optimizer, frozen_bits=frozen_bits, mode_options=mode_options)
 
     t0 = time.perf_counter()
@@ -220,19 +236,34 @@ def run_search(
     seconds["table"] = time.perf_counter() - t0
     floor = table.base[0]
     if budget_bytes < floor:
-        raise BudgetError(f"budget {budget_text} = {budget_bytes} B is below the classifier-only memory "
-                          f"{floor} B ({fmt_bytes(floor)}) of {cap.name} under mode {mode} ({metric})",
-                          "raise the budget")
+        raise BudgetError(
+            f"budget {budget_text} = {budget_bytes} B is below the classifier-only memory "
+            f"{floor} B ({fmt_bytes(floor)}) of {cap.name} under mode {mode} ({metric})",
+            "raise the budget",
+        )
     t0 = time.perf_counter()
     additivity = check_additivity(memory, table, probe_candidates(space, seed=seed))
     seconds["additivity"] = time.perf_counter() - t0
     method = method or ("exact" if additivity.additive else "evolution")
     if method == "exact" and not additivity.additive:
-        raise BadOption(f"memory is not additive under mode {mode} ({metric}): the exact solver does not apply",
-                        "use method evolution or random")
+        raise BadOption(
+            f"memory is not additive under mode {mode} ({metric}): the exact solver does not apply",
+            "use method evolution or random",
+        )
 
-    runs = _search(space, memory, table, additivity, budget_bytes, method, curves, seed=seed,
-                   generations=generations, population=population, seconds=seconds)
+    runs = _search(
+        space,
+        memory,
+        table,
+        additivity,
+        budget_bytes,
+        method,
+        curves,
+        seed=seed,
+        generations=generations,
+        population=population,
+        seconds=seconds,
+    )
     best = {"exact": runs.get("exact"), "evolution": runs.get("evolution"), "random": runs.get("random")}[method]
     cand = best.candidate if isinstance(best, ExactResult) else best.best
     measured = memory.measure(cand)
@@ -240,26 +271,60 @@ def run_search(
         additivity.record(cand, table.estimate(cand), measured)
         if not additivity.additive:  # the table misled: search again with compute() itself
             method = "evolution"
-            runs = _search(space, memory, table, additivity, budget_bytes, method, curves, seed=seed,
-                           generations=generations, population=population, seconds=seconds)
+            runs = _search(
+                space,
+                memory,
+                table,
+                additivity,
+                budget_bytes,
+                method,
+                curves,
+                seed=seed,
+                generations=generations,
+                population=population,
+                seconds=seconds,
+            )
             cand, measured = runs["evolution"].best, memory.measure(runs["evolution"].best)
     if measured > budget_bytes:  # repair guarantees feasibility; this is a bug, never a user error
         raise RuntimeError(f"search returned {cand.describe()} using {measured} B > budget {budget_bytes} B")
 
     value = space.value(cand)
     breakdown = memory.breakdown(cand)
-    scheme = space.to_scheme(cand, mode=mode, budget_bytes=budget_bytes,
-                             predicted={**breakdown, "memory_bytes": measured}, summed_delta_acc=value,
-                             provenance=new_provenance(command, contributions.sha256))
+    scheme = space.to_scheme(
+        cand,
+        mode=mode,
+        budget_bytes=budget_bytes,
+        predicted={**breakdown, "memory_bytes": measured},
+        summed_delta_acc=value,
+        provenance=new_provenance(command, contributions.sha256),
+    )
     exact = runs.get("exact")
     result = SearchResult(
-        model=cap.name, input_shape=list(cap.graph.input_shape[1:]), mode=mode, metric=metric, method=method,
-        budget_bytes=budget_bytes, budget_text=budget_text, budget_convention=convention, device=dev,
-        profile_path=str(profile_path) if profile_path is not None else None, profile_hash=contributions.sha256,
-        scheme=scheme, summed_delta_acc=value, memory_bytes=measured, breakdown=breakdown,
-        additive=additivity.additive, additivity=additivity, space_size=_space_size(space), table=table,
-        exact=exact, gap_to_exact=relative_gap(value, exact.value) if exact is not None and additivity.additive else None,
-        evolution=runs.get("evolution"), random=runs.get("random"), compute_calls=memory.calls, seconds=seconds,
+        model=cap.name,
+        input_shape=list(cap.graph.input_shape[1:]),
+        mode=mode,
+        metric=metric,
+        method=method,
+        budget_bytes=budget_bytes,
+        budget_text=budget_text,
+        budget_convention=convention,
+        device=dev,
+        profile_path=str(profile_path) if profile_path is not None else None,
+        profile_hash=contributions.sha256,
+        scheme=scheme,
+        summed_delta_acc=value,
+        memory_bytes=measured,
+        breakdown=breakdown,
+        additive=additivity.additive,
+        additivity=additivity,
+        space_size=_space_size(space),
+        table=table,
+        exact=exact,
+        gap_to_exact=relative_gap(value, exact.value) if exact is not None and additivity.additive else None,
+        evolution=runs.get("evolution"),
+        random=runs.get("random"),
+        compute_calls=memory.calls,
+        seconds=seconds,
         warnings=warnings,
     )
     if out is not None:
@@ -268,9 +333,20 @@ def run_search(
     return result
 
 
-def _search(space: SearchSpace, memory: MemoryModel, table: CostTable, additivity: Additivity, budget: int,
-            method: str, curves: bool, *, seed: int, generations: int, population: int,
-            seconds: dict[str, float]) -> dict[str, Any]:
+def _search(
+    space: SearchSpace,
+    memory: MemoryModel,
+    table: CostTable,
+    additivity: Additivity,
+    budget: int,
+    method: str,
+    curves: bool,
+    *,
+    seed: int,
+    generations: int,
+    population: int,
+    seconds: dict[str, float],
+) -> dict[str, Any]:
     """Run the requested method, exact too when additive (for the gap), evolution + random for curves."""
     runs: dict[str, Any] = {}
     if additivity.additive:
@@ -280,8 +356,9 @@ def _search(space: SearchSpace, memory: MemoryModel, table: CostTable, additivit
     wanted = {"evolution", "random"} if curves else set()
     wanted |= {method} - {"exact"}
     if wanted:
-        problem = Problem(space, table, budget, table.estimate if additivity.additive else memory.measure,
-                          additivity.additive)
+        problem = Problem(
+            space, table, budget, table.estimate if additivity.additive else memory.measure, additivity.additive
+        )
         toolbox = make_toolbox(problem)
         if "evolution" in wanted or "random" in wanted:
             t0 = time.perf_counter()
@@ -296,6 +373,12 @@ def _search(space: SearchSpace, memory: MemoryModel, table: CostTable, additivit
 
 def _space_size(space: SearchSpace) -> dict[str, Any]:
     options = sum(len(c.ratios) for c in space.layers)
-    return {"convs": space.n_convs, "bias_depths": len(space.ks), "weight_layers": len(space.layers),
-            "weight_options": options, "ratios": list(space.ratio_set), "pw1_only": space.pw1_only,
-            "max_weight_layers": space.max_weight_layers}
+    return {
+        "convs": space.n_convs,
+        "bias_depths": len(space.ks),
+        "weight_layers": len(space.layers),
+        "weight_options": options,
+        "ratios": list(space.ratio_set),
+        "pw1_only": space.pw1_only,
+        "max_weight_layers": space.max_weight_layers,
+    }

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from ..contrib.profile import ContribProfile, load_profile
 from ..errors import BadOption, MemplanError
@@ -68,10 +69,17 @@ def profile_hash(profile: ContribProfile) -> str:
 
 def contributions_of(profile: ContribProfile, source: str = "contribution profile") -> Contributions:
     classes = profile.dataset.get("classes")
-    return Contributions(dict(profile.bias), {k: dict(v) for k, v in profile.weight.items()}, profile.fingerprint,
-                         profile_hash(profile), source, profile.model, classes if isinstance(classes, int) else None,
-                         tuple(profile.input_shape),
-                         profile.resolution.costing if profile.resolution is not None else None)
+    return Contributions(
+        dict(profile.bias),
+        {k: dict(v) for k, v in profile.weight.items()},
+        profile.fingerprint,
+        profile_hash(profile),
+        source,
+        profile.model,
+        classes if isinstance(classes, int) else None,
+        tuple(profile.input_shape),
+        profile.resolution.costing if profile.resolution is not None else None,
+    )
 
 
 def load_contributions(path: str | os.PathLike) -> Contributions:
@@ -160,17 +168,28 @@ class SearchSpace:
     def to_scheme(self, cand: Candidate, **fields: Any) -> Scheme:
         """The candidate as a scheme (``fields`` fill mode, budget, predicted, provenance ...)."""
         updates = [WeightUpdate(layer=self.convs[i].name, conv_index=i, ratio=r) for i, r in cand.weights]
-        base = dict(model=self.model, fingerprint=self.fingerprint, input_shape=list(self.graph.input_shape[1:]),
-                    batch=self.graph.batch, backward_flags=BackwardFlags(pw1_weight_only=self.pw1_only))
+        base = dict(
+            model=self.model,
+            fingerprint=self.fingerprint,
+            input_shape=list(self.graph.input_shape[1:]),
+            batch=self.graph.batch,
+            backward_flags=BackwardFlags(pw1_weight_only=self.pw1_only),
+        )
         return Scheme(**{**base, **fields, "bias_update": cand.k, "weight_updates": updates})
 
     def to_plan(self, cand: Candidate) -> Plan:
         return scheme_to_plan(self.graph, self.to_scheme(cand), method="sparse")
 
 
-def build_space(graph: LayerGraph, contributions: Contributions, *, model: str | None = None,
-                ratios: Iterable[float] = DEFAULT_RATIOS, pw1_only: bool = False,
-                max_weight_layers: int | None = None) -> SearchSpace:
+def build_space(
+    graph: LayerGraph,
+    contributions: Contributions,
+    *,
+    model: str | None = None,
+    ratios: Iterable[float] = DEFAULT_RATIOS,
+    pw1_only: bool = False,
+    max_weight_layers: int | None = None,
+) -> SearchSpace:
     """The space of ``graph`` under ``contributions``: every bias depth the profile measured (and
     0), and every (conv, ratio) in ``ratios`` that it measured, restricted to first-pointwise convs
     with ``pw1_only``. Profile entries for other layers or ratios are ignored."""
@@ -180,9 +199,11 @@ def build_space(graph: LayerGraph, contributions: Contributions, *, model: str |
     if max_weight_layers is not None and max_weight_layers < 0:
         raise BadOption(f"max_weight_layers must be >= 0, got {max_weight_layers}")
     if contributions.fingerprint != fingerprint(graph):
-        raise ProfileError(f"{contributions.source} was measured on another layer table "
-                           f"(fingerprint {contributions.fingerprint}, this model {fingerprint(graph)})",
-                           "measure a profile for this model with memplan contrib")
+        raise ProfileError(
+            f"{contributions.source} was measured on another layer table "
+            f"(fingerprint {contributions.fingerprint}, this model {fingerprint(graph)})",
+            "measure a profile for this model with memplan contrib",
+        )
     convs = conv_table(graph)
     nodes = conv_layers(graph)
     n = len(convs)
@@ -207,5 +228,15 @@ def build_space(graph: LayerGraph, contributions: Contributions, *, model: str |
             lookup = {round(q, 12): g for q, g in table.items()}
             layers.append(LayerChoice(convs[i], rs, tuple(lookup[round(r, 12)] for r in rs)))
     layers.sort(key=lambda c: c.conv_index)
-    return SearchSpace(graph, model or graph.model_name, convs, ks, gains, tuple(layers), ratio_set, pw1_only,
-                       max_weight_layers, contributions)
+    return SearchSpace(
+        graph,
+        model or graph.model_name,
+        convs,
+        ks,
+        gains,
+        tuple(layers),
+        ratio_set,
+        pw1_only,
+        max_weight_layers,
+        contributions,
+    )

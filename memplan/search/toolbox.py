@@ -27,8 +27,8 @@ import contextlib
 import heapq
 import math
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from deap import base, tools
 
@@ -78,8 +78,9 @@ class Problem:
         return Candidate(self.space.ks[genome[0]], weights)
 
     def value(self, genome: list[int]) -> float:
-        return self.space.bias_gain[self.space.ks[genome[0]]] + sum(self.gains[j][genome[j + 1]]
-                                                                    for j in self.active(genome))
+        return self.space.bias_gain[self.space.ks[genome[0]]] + sum(
+            self.gains[j][genome[j + 1]] for j in self.active(genome)
+        )
 
 
 @contextlib.contextmanager
@@ -148,7 +149,7 @@ def repair(problem: Problem, ind: Individual) -> Individual:
     cap = space.max_weight_layers
     if cap is not None and len(active) > cap:
         order = sorted(active, key=lambda j: _efficiency(problem.gains[j][ind[j + 1]], problem.costs[j][ind[j + 1]]))
-        for j in order[:len(active) - cap]:
+        for j in order[: len(active) - cap]:
             ind[j + 1] = 0
             active.discard(j)
     heap = [(_step_down(problem, ind, j), j) for j in active]
@@ -192,7 +193,11 @@ def fill(problem: Problem, ind: Individual, slack: int) -> Individual:
             continue
         now = ind[j + 1]
         extra = problem.costs[j][t] - problem.costs[j][now]
-        if problem.gains[j][t] <= problem.gains[j][now] or extra > slack or (now == 0 and cap is not None and count >= cap):
+        if (
+            problem.gains[j][t] <= problem.gains[j][now]
+            or extra > slack
+            or (now == 0 and cap is not None and count >= cap)
+        ):
             continue
         ind[j + 1] = t
         slack -= extra

@@ -23,8 +23,9 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,8 +83,9 @@ class AdditivityCheck:
         return json.dumps(asdict(self), indent=1) + "\n"
 
 
-def correlations(x: Sequence[float], y: Sequence[float], *, bootstrap: int = 2000, seed: int = 0,
-                 confidence: float = CONFIDENCE) -> dict[str, Any]:
+def correlations(
+    x: Sequence[float], y: Sequence[float], *, bootstrap: int = 2000, seed: int = 0, confidence: float = CONFIDENCE
+) -> dict[str, Any]:
     """Pearson and Spearman correlation of paired samples with percentile bootstrap intervals
     (pairs resampled with replacement; resamples where a correlation is undefined are skipped)."""
     from scipy import stats
@@ -104,13 +106,15 @@ def correlations(x: Sequence[float], y: Sequence[float], *, bootstrap: int = 200
     for j, name in enumerate(("pearson", "spearman")):
         vals = np.asarray([s[j] for s in samples if not math.isnan(s[j])])
         out[name] = both(x, y)[j]
-        out[f"{name}_ci"] = (float(np.percentile(vals, lo)), float(np.percentile(vals, hi))) if len(vals) else (
-            math.nan, math.nan)
+        out[f"{name}_ci"] = (
+            (float(np.percentile(vals, lo)), float(np.percentile(vals, hi))) if len(vals) else (math.nan, math.nan)
+        )
     return out
 
 
-def draw(space: SearchSpace, memory: Callable[[Candidate], int], budget: int, rng: random.Random,
-         tries: int = 200) -> Candidate | None:
+def draw(
+    space: SearchSpace, memory: Callable[[Candidate], int], budget: int, rng: random.Random, tries: int = 200
+) -> Candidate | None:
     """One random candidate that fits ``budget`` (module docstring); None if none was found."""
     ks = [k for k in space.ks if k > 0]
     for _ in range(tries):
@@ -122,17 +126,27 @@ def draw(space: SearchSpace, memory: Callable[[Candidate], int], budget: int, rn
         chosen = [(c.conv_index, rng.choice(c.ratios)) for c in pool if rng.random() < density]
         if space.max_weight_layers is not None:
             rng.shuffle(chosen)
-            chosen = chosen[:space.max_weight_layers]
+            chosen = chosen[: space.max_weight_layers]
         while chosen and memory(Candidate(k, tuple(sorted(chosen)))) > budget:
             chosen.pop(rng.randrange(len(chosen)))
         return Candidate(k, tuple(sorted(chosen)))
     return None
 
 
-def validate_profile(profile: str | os.PathLike | ContribProfile, budgets: Sequence[str | int], *,
-                     per_budget: int = 3, searched: bool = True, mode: str = "tinytraining",
-                     seeds: Sequence[int] | None = None, bootstrap: int = 2000, seed: int = 0, threads: int = 1,
-                     device: str = "cpu", progress: Callable[[str], None] | None = None) -> AdditivityCheck:
+def validate_profile(
+    profile: str | os.PathLike | ContribProfile,
+    budgets: Sequence[str | int],
+    *,
+    per_budget: int = 3,
+    searched: bool = True,
+    mode: str = "tinytraining",
+    seeds: Sequence[int] | None = None,
+    bootstrap: int = 2000,
+    seed: int = 0,
+    threads: int = 1,
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+) -> AdditivityCheck:
     """Train ``per_budget`` random schemes per budget (and the searched optimum of each with
     ``searched``) end to end and correlate their summed Δacc with their real test-accuracy gain
     (module docstring). ``seeds``: training seeds (default: the profile's)."""
@@ -167,21 +181,45 @@ def validate_profile(profile: str | os.PathLike | ContribProfile, budgets: Seque
     points = []
     for kind, b, cand in picks:
         r = evaluator.scheme(cand.describe(), space.to_scheme(cand, mode=mode))
-        points.append(Point(kind, b, cand.describe(), cand.k, [[i, q] for i, q in cand.weights], memory.measure(cand),
-                            space.value(cand), r.accuracy, r.mean - ref.mean))
-        say(f"{kind} {cand.describe()} ({points[-1].memory_bytes} B <= {b} B): summed Δacc "
-            f"{points[-1].summed_delta_acc:+.2f}, test {r.mean:.2f}% (gain {points[-1].gain:+.2f})")
-    stats = correlations([p.summed_delta_acc for p in points], [p.gain for p in points], bootstrap=bootstrap,
-                         seed=seed)
+        points.append(
+            Point(
+                kind,
+                b,
+                cand.describe(),
+                cand.k,
+                [[i, q] for i, q in cand.weights],
+                memory.measure(cand),
+                space.value(cand),
+                r.accuracy,
+                r.mean - ref.mean,
+            )
+        )
+        say(
+            f"{kind} {cand.describe()} ({points[-1].memory_bytes} B <= {b} B): summed Δacc "
+            f"{points[-1].summed_delta_acc:+.2f}, test {r.mean:.2f}% (gain {points[-1].gain:+.2f})"
+        )
+    stats = correlations([p.summed_delta_acc for p in points], [p.gain for p in points], bootstrap=bootstrap, seed=seed)
     notes = []
     if prof.evaluated_on != "validation":
         notes.append("the profile measured Δacc on the test split: the check is not independent of it")
     if len(points) < 12:
         notes.append(f"only {len(points)} schemes: the intervals are wide")
     return AdditivityCheck(
-        prof.model, source, mode, list(cap.graph.input_shape[1:]), evaluator.describe(), ref.accuracy, points,
-        stats["pearson"], stats["pearson_ci"], stats["spearman"], stats["spearman_ci"], bootstrap,
-        seconds=round(time.perf_counter() - t0, 1), notes=notes)
+        prof.model,
+        source,
+        mode,
+        list(cap.graph.input_shape[1:]),
+        evaluator.describe(),
+        ref.accuracy,
+        points,
+        stats["pearson"],
+        stats["pearson_ci"],
+        stats["spearman"],
+        stats["spearman_ci"],
+        bootstrap,
+        seconds=round(time.perf_counter() - t0, 1),
+        notes=notes,
+    )
 
 
 def save(check: AdditivityCheck, path: str | os.PathLike) -> None:
@@ -206,11 +244,14 @@ def default_budgets(profile: ContribProfile, mode: str = "tinytraining", n: int 
 def summary(check: AdditivityCheck) -> list[str]:
     """Plain-text lines of the result."""
     ref = statistics.fmean(check.reference_accuracy)
-    lines = [check.description, f"classifier only (reference): {ref:.2f}% test accuracy",
-             f"{len(check.points)} schemes ({sum(p.kind == 'random' for p in check.points)} random, "
-             f"{sum(p.kind == 'searched' for p in check.points)} searched), memory in mode {check.mode} at "
-             f"{'x'.join(map(str, check.costing_input_shape))}",
-             f"Pearson r = {check.pearson:+.3f} ({check.confidence:.0%} CI {check.pearson_ci[0]:+.3f} .. "
-             f"{check.pearson_ci[1]:+.3f}); Spearman rho = {check.spearman:+.3f} (CI {check.spearman_ci[0]:+.3f} .. "
-             f"{check.spearman_ci[1]:+.3f}); {check.bootstrap} bootstrap resamples"]
+    lines = [
+        check.description,
+        f"classifier only (reference): {ref:.2f}% test accuracy",
+        f"{len(check.points)} schemes ({sum(p.kind == 'random' for p in check.points)} random, "
+        f"{sum(p.kind == 'searched' for p in check.points)} searched), memory in mode {check.mode} at "
+        f"{'x'.join(map(str, check.costing_input_shape))}",
+        f"Pearson r = {check.pearson:+.3f} ({check.confidence:.0%} CI {check.pearson_ci[0]:+.3f} .. "
+        f"{check.pearson_ci[1]:+.3f}); Spearman rho = {check.spearman:+.3f} (CI {check.spearman_ci[0]:+.3f} .. "
+        f"{check.spearman_ci[1]:+.3f}); {check.bootstrap} bootstrap resamples",
+    ]
     return lines + [f"note: {n}" for n in check.notes]

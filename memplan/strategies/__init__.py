@@ -1,24 +1,44 @@
 """Fine-tuning strategies by name (see ``base`` for the registry)."""
 
 from .base import (
-                   DEFAULT_K,
-                   STRATEGIES,
-                   TRANSFORMS,
-                   Strategy,
-                   Transform,
-                   changes_architecture,
-                   full_train,
-                   get_strategy,
-                   lastk_start,
-                   make_plan,
-                   positive,
-                   split_options,
-                   strategy,
-                   transform_model,
+    DEFAULT_K,
+    STRATEGIES,
+    TRANSFORMS,
+    Strategy,
+    Transform,
+    changes_architecture,
+    full_train,
+    get_strategy,
+    lastk_start,
+    make_plan,
+    positive,
+    split_options,
+    strategy,
+    transform_model,
 )
 
-__all__ = ["DEFAULT_K", "STRATEGIES", "TRANSFORMS", "Strategy", "Transform", "changes_architecture", "full_train",
-           "get_strategy", "lastk_start", "make_plan", "positive", "split_options", "strategy", "transform_model", "architecture", "cache_reuse", "minilearn", "mobiletl", "sparse", "tinytl"]
+__all__ = [
+    "DEFAULT_K",
+    "STRATEGIES",
+    "TRANSFORMS",
+    "Strategy",
+    "Transform",
+    "changes_architecture",
+    "full_train",
+    "get_strategy",
+    "lastk_start",
+    "make_plan",
+    "positive",
+    "split_options",
+    "strategy",
+    "transform_model",
+    "architecture",
+    "cache_reuse",
+    "minilearn",
+    "mobiletl",
+    "sparse",
+    "tinytl",
+]
 # each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn;
 # architecture registers the transforms every strategy accepts
 from . import architecture, cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402

@@ -29,26 +29,38 @@ def remove_se_option(model: nn.Module, remove_se: bool = False) -> nn.Module:
     return transforms.remove_se(model) if flag("remove_se", remove_se) else model
 
 
-@architecture("activation", "activation=NAME: every activation module but gates becomes NAME (e.g. relu)",
-              ("activation",))
+@architecture(
+    "activation", "activation=NAME: every activation module but gates becomes NAME (e.g. relu)", ("activation",)
+)
 def activation_option(model: nn.Module, activation: str | None = None) -> nn.Module:
     return model if activation is None else transforms.swap_activation(model, activation)
 
 
-def lite_transform(model: nn.Module, lite_kernel: int = 5, lite_groups: int = 2, lite_downsample: int = 2,
-                   lite_norm: str | None = None, lite_blocks: int | None = None) -> nn.Module:
+def lite_transform(
+    model: nn.Module,
+    lite_kernel: int = 5,
+    lite_groups: int = 2,
+    lite_downsample: int = 2,
+    lite_norm: str | None = None,
+    lite_blocks: int | None = None,
+) -> nn.Module:
     """``add_lite_residual`` under the strategies' option names; ``lite_blocks`` = K puts the
     branches in the last K blocks (default: every block but the first)."""
     names = None
     if lite_blocks is not None:
         blocks = find_blocks(model)
-        names = blocks[-positive("lite_blocks", lite_blocks, len(blocks) or None):]
-    return transforms.add_lite_residual(model, kernel=lite_kernel, groups=lite_groups, downsample=lite_downsample,
-                             norm=lite_norm, blocks=names)
+        names = blocks[-positive("lite_blocks", lite_blocks, len(blocks) or None) :]
+    return transforms.add_lite_residual(
+        model, kernel=lite_kernel, groups=lite_groups, downsample=lite_downsample, norm=lite_norm, blocks=names
+    )
 
 
-@architecture("lite", "lite=true: TinyTL lite residual branches (lite_kernel, lite_groups, lite_downsample, "
-              "lite_norm; lite_blocks=K: in the last K blocks only)", ("lite", *LITE_OPTIONS))
+@architecture(
+    "lite",
+    "lite=true: TinyTL lite residual branches (lite_kernel, lite_groups, lite_downsample, "
+    "lite_norm; lite_blocks=K: in the last K blocks only)",
+    ("lite", *LITE_OPTIONS),
+)
 def lite_option(model: nn.Module, lite: bool = False, **options) -> nn.Module:
     return lite_transform(model, **options) if flag("lite", lite) else model
 

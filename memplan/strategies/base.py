@@ -59,9 +59,11 @@ TRANSFORMS: Registry[Transform] = Registry("architecture transform")
 
 def architecture(name: str, description: str, options: tuple[str, ...]) -> Callable[[TransformFn], TransformFn]:
     """Decorator registering a model transform whose ``options`` every strategy accepts."""
+
     def register(fn: TransformFn) -> TransformFn:
         TRANSFORMS.add(name, Transform(name, fn, description, options))
         return fn
+
     return register
 
 
@@ -70,12 +72,19 @@ def transform_option_names() -> tuple[str, ...]:
     return tuple(o for t in TRANSFORMS.values() for o in t.options)
 
 
-def strategy(name: str, description: str, options: tuple[str, ...] = (), transform: TransformFn | None = None,
-             transform_options: tuple[str, ...] = ()) -> Callable[[StrategyFn], StrategyFn]:
+def strategy(
+    name: str,
+    description: str,
+    options: tuple[str, ...] = (),
+    transform: TransformFn | None = None,
+    transform_options: tuple[str, ...] = (),
+) -> Callable[[StrategyFn], StrategyFn]:
     """Decorator registering a plan function as strategy ``name``."""
+
     def register(fn: StrategyFn) -> StrategyFn:
         STRATEGIES.add(name, Strategy(name, fn, description, options, transform, transform_options))
         return fn
+
     return register
 
 
@@ -100,9 +109,11 @@ def split_options(method: str, options: dict[str, Any]) -> tuple[dict[str, Any],
     extra = sorted(set(given) - set(st.options) - set(shaping))
     if extra:
         accepted = st.options + st.transform_options
-        raise BadOption(f"option --{extra[0].replace('_', '-')} does not apply to method {method!r}",
-                        f"{method} takes: {', '.join('--' + o.replace('_', '-') for o in accepted) or 'no options'}"
-                        f"; every method takes: {', '.join(transform_option_names())}")
+        raise BadOption(
+            f"option --{extra[0].replace('_', '-')} does not apply to method {method!r}",
+            f"{method} takes: {', '.join('--' + o.replace('_', '-') for o in accepted) or 'no options'}"
+            f"; every method takes: {', '.join(transform_option_names())}",
+        )
     return ({k: v for k, v in given.items() if k in st.options}, {k: v for k, v in given.items() if k in shaping})
 
 
@@ -183,8 +194,10 @@ def lastk_start(graph: LayerGraph, blocks: int | None = None, layers: int | None
         blocks, layers = (min(DEFAULT_K, len(graph.blocks)), None) if graph.blocks else (None, DEFAULT_K)
     if blocks is not None:
         if not graph.blocks:
-            raise BadOption("no blocks found in this model",
-                            "use --layers K, or name the blocks with --block-names (module qualnames)")
+            raise BadOption(
+                "no blocks found in this model",
+                "use --layers K, or name the blocks with --block-names (module qualnames)",
+            )
         if not 1 <= blocks <= len(graph.blocks):
             raise BadOption(f"--blocks {blocks} is out of range", f"the model has {len(graph.blocks)} blocks")
         return graph.block_range(graph.blocks[-blocks])[0]
@@ -194,8 +207,11 @@ def lastk_start(graph: LayerGraph, blocks: int | None = None, layers: int | None
     return layer_nodes[-layers].index
 
 
-@strategy("lastk", "everything from the K-th last block (or layer) on trains; norms there use batch statistics",
-          ("blocks", "layers"))
+@strategy(
+    "lastk",
+    "everything from the K-th last block (or layer) on trains; norms there use batch statistics",
+    ("blocks", "layers"),
+)
 def lastk(graph: LayerGraph, blocks: int | None = None, layers: int | None = None) -> Plan:
     start = lastk_start(graph, blocks, layers)
     tail = graph.nodes[start:]

@@ -51,12 +51,25 @@ DEFAULT_SAMPLES = 50_000
 DEFAULT_EPOCHS = 50
 
 
-@strategy("cache-reuse", "two-stage: cache the frozen prefix's output at --bits once, then train the last K "
-          "blocks (as lastk) for --epochs from the cache", ("blocks", "layers", "bits", "samples", "epochs"))
-def cache_reuse(graph: LayerGraph, blocks: int | None = None, layers: int | None = None, bits: int = DEFAULT_BITS,
-                samples: int = DEFAULT_SAMPLES, epochs: int = DEFAULT_EPOCHS) -> Plan:
+@strategy(
+    "cache-reuse",
+    "two-stage: cache the frozen prefix's output at --bits once, then train the last K "
+    "blocks (as lastk) for --epochs from the cache",
+    ("blocks", "layers", "bits", "samples", "epochs"),
+)
+def cache_reuse(
+    graph: LayerGraph,
+    blocks: int | None = None,
+    layers: int | None = None,
+    bits: int = DEFAULT_BITS,
+    samples: int = DEFAULT_SAMPLES,
+    epochs: int = DEFAULT_EPOCHS,
+) -> Plan:
     plan = lastk(graph, blocks=blocks, layers=layers)
     plan.method = "cache-reuse"
-    plan.options = {"bits": positive("bits", bits, 32), "samples": positive("samples", samples),
-                    "epochs": positive("epochs", epochs)}
+    plan.options = {
+        "bits": positive("bits", bits, 32),
+        "samples": positive("samples", samples),
+        "epochs": positive("epochs", epochs),
+    }
     return plan

@@ -114,8 +114,10 @@ def cut_start(graph: LayerGraph, cut: int) -> int:
 def head_start(graph: LayerGraph) -> int:
     """Index of the fully connected head: the first linear after the last conv."""
     last_conv = _convs(graph)[-1].index
-    return min((n.index for n in graph.param_nodes() if n.kind == "linear" and n.index > last_conv),
-               default=graph.classifier.index)
+    return min(
+        (n.index for n in graph.param_nodes() if n.kind == "linear" and n.index > last_conv),
+        default=graph.classifier.index,
+    )
 
 
 def stage_start(graph: LayerGraph, cut: int, stage: str) -> int:
@@ -142,13 +144,26 @@ def kept_filters(weight: torch.Tensor, prune: float, norm: str) -> torch.Tensor:
 def _new_conv(conv: nn.Module, out_idx: torch.Tensor | None, in_idx: torch.Tensor | None) -> nn.Module:
     """A copy of ``conv`` keeping the output filters ``out_idx`` / input channels ``in_idx``."""
     if conv.groups != 1:
-        raise BadOption(f"cannot prune through the grouped conv ({conv.groups} groups)",
-                        "minilearn prunes plain (groups=1) conv chains")
+        raise BadOption(
+            f"cannot prune through the grouped conv ({conv.groups} groups)",
+            "minilearn prunes plain (groups=1) conv chains",
+        )
     w = conv.weight.detach()
     w = w if out_idx is None else w[out_idx.to(w.device)]
     w = w if in_idx is None else w[:, in_idx.to(w.device)]
-    new = type(conv)(w.shape[1], w.shape[0], conv.kernel_size, conv.stride, conv.padding, conv.dilation, 1,
-                     conv.bias is not None, conv.padding_mode, device=w.device, dtype=w.dtype)
+    new = type(conv)(
+        w.shape[1],
+        w.shape[0],
+        conv.kernel_size,
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        1,
+        conv.bias is not None,
+        conv.padding_mode,
+        device=w.device,
+        dtype=w.dtype,
+    )
     new.weight = nn.Parameter(w.clone())
     if conv.bias is not None:
         b = conv.bias.detach()
@@ -159,8 +174,15 @@ def _new_conv(conv: nn.Module, out_idx: torch.Tensor | None, in_idx: torch.Tenso
 def _new_norm(bn: nn.Module, idx: torch.Tensor) -> nn.Module:
     """A copy of BatchNorm ``bn`` keeping the channels ``idx``."""
     ref = next(iter([*bn.parameters(), *bn.buffers()]), None)  # weight or running_mean: float
-    new = type(bn)(len(idx), bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
-                   device=None if ref is None else ref.device, dtype=None if ref is None else ref.dtype)
+    new = type(bn)(
+        len(idx),
+        bn.eps,
+        bn.momentum,
+        bn.affine,
+        bn.track_running_stats,
+        device=None if ref is None else ref.device,
+        dtype=None if ref is None else ref.dtype,
+    )
     with torch.no_grad():
         for name, t in [*bn.named_parameters(recurse=False), *bn.named_buffers(recurse=False)]:
             getattr(new, name).copy_(t if t.dim() == 0 else t[idx.to(t.device)])
@@ -171,8 +193,10 @@ def _new_linear(fc: nn.Linear, old_channels: int, idx: torch.Tensor) -> nn.Linea
     """``fc`` reading a channel-major flattened input whose channels ``idx`` remain."""
     spatial, rest = divmod(fc.in_features, old_channels)
     if rest:
-        raise BadOption(f"cannot prune into a linear layer of {fc.in_features} inputs from {old_channels} channels",
-                        "minilearn prunes conv chains ending in flatten -> linear")
+        raise BadOption(
+            f"cannot prune into a linear layer of {fc.in_features} inputs from {old_channels} channels",
+            "minilearn prunes conv chains ending in flatten -> linear",
+        )
     cols = (idx[:, None] * spatial + torch.arange(spatial)).flatten()
     w = fc.weight.detach()[:, cols.to(fc.weight.device)]
     new = nn.Linear(w.shape[1], w.shape[0], fc.bias is not None, device=w.device, dtype=w.dtype)
@@ -189,8 +213,10 @@ def _shrink_consumer(model: nn.Module, gm: fx.GraphModule, conv: fx.Node, idx: t
     while True:
         users = list(node.users)
         if len(users) != 1:
-            raise BadOption(f"cannot prune conv {conv.target!r}: a tensor on its path feeds {len(users)} ops",
-                            "minilearn prunes plain chains (conv -> activation / pool -> conv, or flatten -> linear)")
+            raise BadOption(
+                f"cannot prune conv {conv.target!r}: a tensor on its path feeds {len(users)} ops",
+                "minilearn prunes plain chains (conv -> activation / pool -> conv, or flatten -> linear)",
+            )
         node = users[0]
         kind, target, mod = node_kind(gm, node)
         if kind == "conv" and not flattened:
@@ -204,8 +230,10 @@ def _shrink_consumer(model: nn.Module, gm: fx.GraphModule, conv: fx.Node, idx: t
         elif kind == "view" and target in FLATTENS:
             flattened = True
         elif kind not in CHANNEL_WISE:
-            raise BadOption(f"cannot prune conv {conv.target!r}: its output reaches {target}",
-                            "minilearn prunes plain chains (conv -> activation / pool -> conv, or flatten -> linear)")
+            raise BadOption(
+                f"cannot prune conv {conv.target!r}: its output reaches {target}",
+                "minilearn prunes plain chains (conv -> activation / pool -> conv, or flatten -> linear)",
+            )
 
 
 def prune_filters(model: nn.Module, cut: int = 1, prune: float = 0.0, prune_norm: str = "l2") -> nn.Module:
@@ -237,13 +265,23 @@ def layers_from(graph: LayerGraph, start: int) -> int:
     return sum(1 for n in graph.param_nodes() if n.kind in ("conv", "linear") and n.index >= start)
 
 
-@strategy("minilearn", "retrain the last --cut conv layers + FC head in fp32 from int8 features cached in flash, "
-          "with L1/L2 filter pruning (-o prune=0.5); -o stage=finetune: stage III, the FC head alone",
-          ("cut", "samples", "bits", "stage"), transform=prune_filters, transform_options=("cut", "prune", "prune_norm"))
-def minilearn(graph: LayerGraph, cut: int = 1, samples: int = DEFAULT_SAMPLES, bits: int = DEFAULT_BITS,
-              stage: str = "retrain") -> Plan:
+@strategy(
+    "minilearn",
+    "retrain the last --cut conv layers + FC head in fp32 from int8 features cached in flash, "
+    "with L1/L2 filter pruning (-o prune=0.5); -o stage=finetune: stage III, the FC head alone",
+    ("cut", "samples", "bits", "stage"),
+    transform=prune_filters,
+    transform_options=("cut", "prune", "prune_norm"),
+)
+def minilearn(
+    graph: LayerGraph, cut: int = 1, samples: int = DEFAULT_SAMPLES, bits: int = DEFAULT_BITS, stage: str = "retrain"
+) -> Plan:
     plan = lastk(graph, layers=layers_from(graph, stage_start(graph, cut, stage)))
     plan.method = "minilearn"
-    plan.options = {"cut": cut, "samples": positive("samples", samples), "bits": positive("bits", bits, 32),
-                    "stage": stage}
+    plan.options = {
+        "cut": cut,
+        "samples": positive("samples", samples),
+        "bits": positive("bits", bits, 32),
+        "stage": stage,
+    }
     return plan

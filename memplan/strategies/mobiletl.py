@@ -64,10 +64,13 @@ def full_norms_of(graph: LayerGraph, norms: list[Node], which: str) -> list[Node
     return []
 
 
-@strategy("mobiletl", "top K blocks train with shift-only internal norms (frozen scale and statistics), the "
-          "block's last norm fully, sign-approximated ReLU6 / h-swish backward; feature mix and classifier train; "
-          "lite branches in the blocks train fully (train_main=false: only they do)",
-          ("blocks", "full_norms", "train_main"))
+@strategy(
+    "mobiletl",
+    "top K blocks train with shift-only internal norms (frozen scale and statistics), the "
+    "block's last norm fully, sign-approximated ReLU6 / h-swish backward; feature mix and classifier train; "
+    "lite branches in the blocks train fully (train_main=false: only they do)",
+    ("blocks", "full_norms", "train_main"),
+)
 def mobiletl(graph: LayerGraph, blocks: int | None = None, full_norms: str = "last", train_main: bool = True) -> Plan:
     if blocks is None:
         if not graph.blocks:

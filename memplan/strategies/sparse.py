@@ -33,10 +33,15 @@ def resolve_scheme(graph: LayerGraph, scheme: SchemeSource) -> Scheme:
     return scheme_from_dict(scheme, source)
 
 
-@strategy("sparse", "sparse update from --scheme (memplan scheme JSON or tiny-training backward_config): biases "
-          "of the last n convs, chosen conv weights at channel ratios, classifier", ("scheme",))
+@strategy(
+    "sparse",
+    "sparse update from --scheme (memplan scheme JSON or tiny-training backward_config): biases "
+    "of the last n convs, chosen conv weights at channel ratios, classifier",
+    ("scheme",),
+)
 def sparse(graph: LayerGraph, scheme: SchemeSource | None = None) -> Plan:
     if scheme is None:
-        raise BadOption("method 'sparse' needs --scheme FILE",
-                        "a memplan scheme JSON or a tiny-training backward_config")
+        raise BadOption(
+            "method 'sparse' needs --scheme FILE", "a memplan scheme JSON or a tiny-training backward_config"
+        )
     return scheme_to_plan(graph, resolve_scheme(graph, scheme))

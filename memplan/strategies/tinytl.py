@@ -27,8 +27,10 @@ from .base import bias, full_train, strategy, train_classifier
 def _lite_plan(graph: LayerGraph, method: str, biases: bool) -> Plan:
     lite = [n for n in graph.param_nodes() if is_lite(n.name)]
     if not lite:
-        raise BadOption(f"method {method!r} found no lite residual branch in the model",
-                        "profile it through memplan.profile / the CLI, which add the branches first")
+        raise BadOption(
+            f"method {method!r} found no lite residual branch in the model",
+            "profile it through memplan.profile / the CLI, which add the branches first",
+        )
     train = {n.name: Train(0.0, True) for n in graph.param_nodes() if biases and "bias" in n.params}
     train.update({n.name: full_train(n) for n in lite})
     return Plan(method, train_classifier(graph, train), {n.name for n in lite if n.kind in NORM_KINDS})
@@ -41,15 +43,23 @@ def tinytl_b(graph: LayerGraph) -> Plan:
     return plan
 
 
-@strategy("tinytl-l", "TinyTL-L: lite residual branches (added to every block but the first) + classifier; "
-          "backbone frozen, branch norms use batch statistics", transform=lite_transform,
-          transform_options=LITE_OPTIONS)
+@strategy(
+    "tinytl-l",
+    "TinyTL-L: lite residual branches (added to every block but the first) + classifier; "
+    "backbone frozen, branch norms use batch statistics",
+    transform=lite_transform,
+    transform_options=LITE_OPTIONS,
+)
 def tinytl_l(graph: LayerGraph) -> Plan:
     return _lite_plan(graph, "tinytl-l", biases=False)
 
 
-@strategy("tinytl-lb", "TinyTL-L+B: lite residual branches + every bias and norm shift + classifier; "
-          "backbone norms in eval mode, branch norms use batch statistics", transform=lite_transform,
-          transform_options=LITE_OPTIONS)
+@strategy(
+    "tinytl-lb",
+    "TinyTL-L+B: lite residual branches + every bias and norm shift + classifier; "
+    "backbone norms in eval mode, branch norms use batch statistics",
+    transform=lite_transform,
+    transform_options=LITE_OPTIONS,
+)
 def tinytl_lb(graph: LayerGraph) -> Plan:
     return _lite_plan(graph, "tinytl-lb", biases=True)

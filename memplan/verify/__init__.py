@@ -103,8 +103,18 @@ def _device(device: str) -> torch.device:
     return dev
 
 
-def _run_setup(built: Built, setup: str, method: str, options: dict[str, Any], shape: tuple[int, ...],
-               device: torch.device, optimizer: str, lr: float, steps: int, seed: int) -> SetupResult:
+def _run_setup(
+    built: Built,
+    setup: str,
+    method: str,
+    options: dict[str, Any],
+    shape: tuple[int, ...],
+    device: torch.device,
+    optimizer: str,
+    lr: float,
+    steps: int,
+    seed: int,
+) -> SetupResult:
     model = copy.deepcopy(built.model).to(device)
     model, graph, plan = plan_strategy(model, method, input_shape=shape, block_names=built.block_names, **options)
     prof = compute(graph, plan, get_mode(setup), optimizer=optimizer)
@@ -132,10 +142,22 @@ def _run_setup(built: Built, setup: str, method: str, options: dict[str, Any], s
     return SetupResult(setup, prof.totals.saved_activation_bytes, measured, prof.totals.peak_bytes, peak, losses)
 
 
-def verify(model: str | nn.Module, method: str = "full", *, batch: int = 1, resolution: int | None = None,
-           classes: int | None = None, norm: str | None = None, steps: int = 2, device: str = "auto",
-           optimizer: str = "sgd", lr: float = 0.01, tolerance: int = 0, seed: int = 0,
-           **options: Any) -> VerifyReport:
+def verify(
+    model: str | nn.Module,
+    method: str = "full",
+    *,
+    batch: int = 1,
+    resolution: int | None = None,
+    classes: int | None = None,
+    norm: str | None = None,
+    steps: int = 2,
+    device: str = "auto",
+    optimizer: str = "sgd",
+    lr: float = 0.01,
+    tolerance: int = 0,
+    seed: int = 0,
+    **options: Any,
+) -> VerifyReport:
     """Predicted vs measured saved activations (and step peak) of ``method`` on ``model``, for
     plain PyTorch and for memplan's applied setup, on one random batch.
 
@@ -151,9 +173,24 @@ def verify(model: str | nn.Module, method: str = "full", *, batch: int = 1, reso
         raise BadOption("--steps and --batch must be positive and --tolerance non-negative")
     dev = _device(device)
     torch.manual_seed(seed)
-    built = build_model(copy.deepcopy(model) if isinstance(model, nn.Module) else model, resolution=resolution,
-                        classes=classes, norm=norm, meta=False)
+    built = build_model(
+        copy.deepcopy(model) if isinstance(model, nn.Module) else model,
+        resolution=resolution,
+        classes=classes,
+        norm=norm,
+        meta=False,
+    )
     shape = (batch, *built.sample_shape)
     results = {s: _run_setup(built, s, method, options, shape, dev, optimizer, lr, steps, seed) for s in SETUPS}
-    return VerifyReport(built.name, method, dict(options), list(shape), str(dev), optimizer, steps, tolerance,
-                        PeakMeter(dev).source, **results)
+    return VerifyReport(
+        built.name,
+        method,
+        dict(options),
+        list(shape),
+        str(dev),
+        optimizer,
+        steps,
+        tolerance,
+        PeakMeter(dev).source,
+        **results,
+    )

@@ -140,8 +140,9 @@ def measure_ops(ops: Sequence[OpView], device: torch.device | str = "cpu") -> li
                 results[j] = exc
     regions = _cpu_regions(prof)
     for j, made in produced.items():
-        results[j] = _workspaces(_peak_end(regions.get(f"{LABEL}{j}:f", [])),
-                                 _peak_end(regions.get(f"{LABEL}{j}:b", [])), made)
+        results[j] = _workspaces(
+            _peak_end(regions.get(f"{LABEL}{j}:f", [])), _peak_end(regions.get(f"{LABEL}{j}:b", [])), made
+        )
     return results
 
 
@@ -165,8 +166,10 @@ class _CudaRegion:
 
     def __exit__(self, *exc: Any) -> None:
         torch.cuda.synchronize(self.device)
-        self.spans[self.part] = (torch.cuda.max_memory_allocated(self.device) - self.base,
-                                 torch.cuda.memory_allocated(self.device) - self.base)
+        self.spans[self.part] = (
+            torch.cuda.max_memory_allocated(self.device) - self.base,
+            torch.cuda.memory_allocated(self.device) - self.base,
+        )
 
 
 def measure_op(op: OpView, device: torch.device | str = "cpu") -> tuple[int, int]:
@@ -180,8 +183,9 @@ def measure_op(op: OpView, device: torch.device | str = "cpu") -> tuple[int, int
 # --------------------------------------------------------------------------- driving
 
 
-def calibrate_views(views: Sequence[OpView], cal: Calibration, device: str = "cpu",
-                    failed: dict[str, str] | None = None) -> int:
+def calibrate_views(
+    views: Sequence[OpView], cal: Calibration, device: str = "cpu", failed: dict[str, str] | None = None
+) -> int:
     """Measure every configuration of ``views`` that ``cal`` lacks; returns how many were measured."""
     todo: dict[str, OpView] = {}
     for op in views:
@@ -199,9 +203,17 @@ def calibrate_views(views: Sequence[OpView], cal: Calibration, device: str = "cp
     return len(todo)
 
 
-def calibrate(models: Sequence[str], methods: Sequence[str] | None = None, *, batches: Sequence[int] = (1,),
-              resolutions: Sequence[int | None] = (None,), classes: int | None = None, backend: str = "cpu",
-              threads: int | None = None, **options: Any) -> CalibrationRun:
+def calibrate(
+    models: Sequence[str],
+    methods: Sequence[str] | None = None,
+    *,
+    batches: Sequence[int] = (1,),
+    resolutions: Sequence[int | None] = (None,),
+    classes: int | None = None,
+    backend: str = "cpu",
+    threads: int | None = None,
+    **options: Any,
+) -> CalibrationRun:
     """``memplan calibrate``: the kernel workspaces of every model x batch x resolution x strategy
     (default: the strategies ``memplan compare`` shows for the model), into this machine's
     calibration file. ``options``: strategy options (``blocks``, ``scheme``, ...)."""
@@ -226,8 +238,9 @@ def calibrate(models: Sequence[str], methods: Sequence[str] | None = None, *, ba
                         this, st = cap, get_strategy(name)
                         if st.transform is not None:
                             topts = {k: v for k, v in {**opts, **options}.items() if k in st.transform_options}
-                            this = capture_model(model, batch=batch, resolution=res, classes=classes, method=name,
-                                                 method_options=topts)
+                            this = capture_model(
+                                model, batch=batch, resolution=res, classes=classes, method=name, method_options=topts
+                            )
                         accepted = st.options
                         kw = {**opts, **{k: v for k, v in options.items() if k in accepted and v is not None}}
                         try:
@@ -242,8 +255,9 @@ def calibrate(models: Sequence[str], methods: Sequence[str] | None = None, *, ba
     return run
 
 
-def calibrate_graphs(items: Iterable[tuple[LayerGraph, Plan]], device: str = "cpu",
-                     threads: int | None = None, save: bool = True) -> CalibrationRun:
+def calibrate_graphs(
+    items: Iterable[tuple[LayerGraph, Plan]], device: str = "cpu", threads: int | None = None, save: bool = True
+) -> CalibrationRun:
     """Calibrate every (graph, plan) pair into this machine's calibration file."""
     start = time.perf_counter()
     old = torch.get_num_threads()

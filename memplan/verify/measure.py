@@ -2,7 +2,8 @@
 
 ``saved_bytes`` runs one real forward + loss under ``torch.autograd.graph.saved_tensors_hooks``
 and sums the unique storages of the tensors autograd keeps, excluding the model's own
-parameters and buffers (:class:`memplan.graph.saved.SavedObserver`); ``step_peak_bytes`` replays torch.profiler's allocation records of one
+parameters and buffers (:class:`memplan.graph.saved.SavedObserver`); ``step_peak_bytes`` replays
+torch.profiler's allocation records of one
 step. Nothing here uses memplan's cost model.
 """
 
@@ -31,8 +32,9 @@ def model_modules(model: nn.Module, graph: LayerGraph) -> None:
             node.module = model.get_submodule(node.scope)
 
 
-def saved_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward: bool = False,
-                output: str | int | None = None) -> SavedMeasurement:
+def saved_bytes(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, backward: bool = False, output: str | int | None = None
+) -> SavedMeasurement:
     """Bytes autograd saves during forward + cross-entropy loss (unique storages). The loss takes
     the model's output, or the first tensor / the ``output`` entry of a tuple, dict or namedtuple."""
     with SavedObserver(exclude=[*model.parameters(), *model.buffers()]) as seen:

@@ -13,8 +13,9 @@ per-channel mean / std of the training images kept. Subsetting comes before resi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ from torch import Tensor
 from ...errors import MemplanError
 
 #: validation images per class carved from the training split: an int count, or a float fraction in (0, 1)
-Validation = Union[int, float]
+Validation = int | float
 DEFAULT_VALIDATION = 0.2
 
 
@@ -48,20 +49,32 @@ class Data:
     y_val: Tensor | None = None
 
     def summary(self) -> dict[str, Any]:
-        out = {"name": self.name, "description": self.description, "classes": self.classes,
-               "train": int(self.x_train.shape[0]), "test": int(self.x_test.shape[0]),
-               "sample_shape": list(self.x_train.shape[1:])}
+        out = {
+            "name": self.name,
+            "description": self.description,
+            "classes": self.classes,
+            "train": int(self.x_train.shape[0]),
+            "test": int(self.x_test.shape[0]),
+            "sample_shape": list(self.x_train.shape[1:]),
+        }
         if self.x_val is not None:
             out["validation"] = int(self.x_val.shape[0])
         return out
 
-    def validation_task(self) -> "Data":
+    def validation_task(self) -> Data:
         """The task that training-time measurements see: train split + the validation split in
         the evaluation slot (``x_test``); the test split itself is not carried."""
         if self.x_val is None or self.y_val is None:
             raise BadData(f"{self.name} has no validation split")
-        return Data(self.name, self.description + " [evaluated on the validation split]", self.x_train, self.y_train,
-                    self.x_val, self.y_val, self.classes)
+        return Data(
+            self.name,
+            self.description + " [evaluated on the validation split]",
+            self.x_train,
+            self.y_train,
+            self.x_val,
+            self.y_val,
+            self.classes,
+        )
 
 
 @dataclass
@@ -138,7 +151,9 @@ def _per_class(labels: np.ndarray, count: Validation | None, seed: int, what: st
     int) or that fraction of the class, rounded (a float in (0, 1)); None chooses nothing."""
     if count is None:
         return np.empty(0, np.int64), np.arange(len(labels))
-    if isinstance(count, bool) or not (isinstance(count, int) and count >= 0 or isinstance(count, float) and 0 < count < 1):
+    if isinstance(count, bool) or not (
+        isinstance(count, int) and count >= 0 or isinstance(count, float) and 0 < count < 1
+    ):
         raise BadData(f"{what} must be a count >= 0 or a fraction in (0, 1), got {count!r}")
     rng = np.random.default_rng(seed)
     chosen, rest = [], []
@@ -159,16 +174,24 @@ def _keep(labels: np.ndarray, per_class: int | None, seed: int, what: str) -> np
     if isinstance(per_class, bool) or not isinstance(per_class, int) or per_class < 1:
         raise BadData(f"{what} must be a positive integer, got {per_class!r}")
     rng = np.random.default_rng(seed)
-    return np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:per_class]
-                                   for c in np.unique(labels)]))
+    return np.sort(
+        np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:per_class] for c in np.unique(labels)])
+    )
 
 
 def _take(x: Any, idx: np.ndarray) -> Any:
     return x[torch.from_numpy(idx)] if isinstance(x, Tensor) else np.asarray(x)[idx]
 
 
-def prepare(raw: RawTask, sample_shape: Sequence[int] | None, *, validation: Validation | None = None,
-            train_per_class: int | None = None, test_per_class: int | None = None, seed: int = 0) -> Data:
+def prepare(
+    raw: RawTask,
+    sample_shape: Sequence[int] | None,
+    *,
+    validation: Validation | None = None,
+    train_per_class: int | None = None,
+    test_per_class: int | None = None,
+    seed: int = 0,
+) -> Data:
     """The task of ``raw`` ready for the model (module docstring): ``validation`` images per class
     (int) or fraction (float) carved from the training split with seed ``seed``; then at most
     ``train_per_class`` / ``test_per_class`` images per class (seeds ``seed + 1`` / ``seed + 2``);
@@ -194,17 +217,32 @@ def prepare(raw: RawTask, sample_shape: Sequence[int] | None, *, validation: Val
             raise BadData(f"{name}: train images are {tuple(xtr.shape[1:])}, test images {tuple(xte.shape[1:])}")
     elif len(sample_shape) != 3:
         raise BadData(f"{name}: the model's per-sample input shape {tuple(sample_shape)} is not C x H x W")
-    parts = _standardise(fit_to(xtr, sample_shape), fit_to(xte, sample_shape),
-                         *([fit_to(xva, sample_shape)] if xva is not None else []))
-    data = Data(name, raw.description, parts[0], ytr[torch.from_numpy(train_idx)], parts[1],
-                yte[torch.from_numpy(test_idx)], classes)
+    parts = _standardise(
+        fit_to(xtr, sample_shape), fit_to(xte, sample_shape), *([fit_to(xva, sample_shape)] if xva is not None else [])
+    )
+    data = Data(
+        name,
+        raw.description,
+        parts[0],
+        ytr[torch.from_numpy(train_idx)],
+        parts[1],
+        yte[torch.from_numpy(test_idx)],
+        classes,
+    )
     if xva is not None:
         data.x_val, data.y_val = parts[2], ytr[torch.from_numpy(val_idx)]
     return data
 
 
-def make_data(name: str, description: str, x_train: Any, y_train: Any, x_test: Any, y_test: Any,
-              sample_shape: Sequence[int] | None) -> Data:
+def make_data(
+    name: str,
+    description: str,
+    x_train: Any,
+    y_train: Any,
+    x_test: Any,
+    y_test: Any,
+    sample_shape: Sequence[int] | None,
+) -> Data:
     """Check, convert, resize (to ``sample_shape``; None keeps the images' own) and standardise one
     task, every image kept and no validation split (:func:`prepare` with no subsetting)."""
     return prepare(RawTask(name, description, x_train, y_train, x_test, y_test), sample_shape)

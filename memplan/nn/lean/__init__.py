@@ -45,12 +45,34 @@ from .norm import ShiftOnlyNorm
 from .pool import LeanAvgPool2d, MaskedDropout
 
 #: every lean module class (``apply_plan`` refuses a model that already holds one)
-LEAN_MODULES = (FrozenConv, SubChannelConv, FrozenLinear, ShiftOnlyNorm, MaskedReLU, MaskedHardtanh, MaskedReLU6,
-                MaskedLeakyReLU, SignHardswish, MaskedDropout, LeanAvgPool2d)
+LEAN_MODULES = (
+    FrozenConv,
+    SubChannelConv,
+    FrozenLinear,
+    ShiftOnlyNorm,
+    MaskedReLU,
+    MaskedHardtanh,
+    MaskedReLU6,
+    MaskedLeakyReLU,
+    SignHardswish,
+    MaskedDropout,
+    LeanAvgPool2d,
+)
 
 __all__ = [
-    "packbits", "unpackbits", "select_channels",
-    "FrozenConv", "FrozenLinear", "SubChannelConv", "ShiftOnlyNorm",
-    "MaskedReLU", "MaskedHardtanh", "MaskedReLU6", "MaskedLeakyReLU", "SignHardswish",
-    "MaskedDropout", "LeanAvgPool2d", "LEAN_MODULES",
+    "packbits",
+    "unpackbits",
+    "select_channels",
+    "FrozenConv",
+    "FrozenLinear",
+    "SubChannelConv",
+    "ShiftOnlyNorm",
+    "MaskedReLU",
+    "MaskedHardtanh",
+    "MaskedReLU6",
+    "MaskedLeakyReLU",
+    "SignHardswish",
+    "MaskedDropout",
+    "LeanAvgPool2d",
+    "LEAN_MODULES",
 ]

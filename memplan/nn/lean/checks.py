@@ -35,4 +35,5 @@ def check_versions(ctx: Any, *tensors: Tensor | None) -> None:
     if versions(*tensors) != ctx.versions:
         raise RuntimeError(
             "a parameter or buffer used by a memplan lean op was modified in place between "
-            "forward and backward (e.g. optimizer.step() before backward())")
+            "forward and backward (e.g. optimizer.step() before backward())"
+        )

@@ -50,21 +50,33 @@ class _ConvGeometry(nn.Module):
         return (x.unsqueeze(0) if unbatched else x), unbatched
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
-                f"groups={self.groups}")
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, "
+            f"groups={self.groups}"
+        )
 
 
-def _conv_input_bias_grads(ctx: Any, grad_out: Tensor, weight: Tensor, need_input: bool,
-                           need_bias: bool) -> tuple[Tensor | None, Tensor | None]:
+def _conv_input_bias_grads(
+    ctx: Any, grad_out: Tensor, weight: Tensor, need_input: bool, need_bias: bool
+) -> tuple[Tensor | None, Tensor | None]:
     """grad-input (needs only the input *shape* and the weight) and grad-bias of a conv."""
     if not (need_input or need_bias):
         return None, None
     shape_only = grad_out.new_empty(1).expand(ctx.input_shape)
     gi, _, gb = torch.ops.aten.convolution_backward(
-        grad_out, shape_only, weight, [weight.shape[0]] if need_bias else None,
-        ctx.stride, ctx.padding, ctx.dilation, False, [0] * len(ctx.stride), ctx.groups,
-        [need_input, False, need_bias])
+        grad_out,
+        shape_only,
+        weight,
+        [weight.shape[0]] if need_bias else None,
+        ctx.stride,
+        ctx.padding,
+        ctx.dilation,
+        False,
+        [0] * len(ctx.stride),
+        ctx.groups,
+        [need_input, False, need_bias],
+    )
     return gi, gb
 
 
@@ -77,8 +89,7 @@ def _store_geometry(ctx: Any, mod: _ConvGeometry, x: Tensor) -> None:
 # ----------------------------------------------------------------------------- FrozenConv
 class _FrozenConvFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, bias: Tensor | None, weight: Tensor,
-                mod: FrozenConv) -> Tensor:
+    def forward(ctx: Any, x: Tensor, bias: Tensor | None, weight: Tensor, mod: FrozenConv) -> Tensor:
         _store_geometry(ctx, mod, x)
         ctx.weight = weight  # a parameter reference, not an activation
         ctx.versions = versions(weight)
@@ -88,8 +99,7 @@ class _FrozenConvFn(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_out: Tensor):
         check_versions(ctx, ctx.weight)
-        gi, gb = _conv_input_bias_grads(ctx, grad_out, ctx.weight,
-                                        ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        gi, gb = _conv_input_bias_grads(ctx, grad_out, ctx.weight, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         return gi, gb, None, None
 
 
@@ -167,8 +177,7 @@ class FrozenLinear(nn.Module):
 
 
 # ----------------------------------------------------------------------------- SubChannelConv
-def select_channels(weight: Tensor, groups: int, ratio: float, rule: str = "magnitude+",
-                    seed: int = 0) -> Tensor:
+def select_channels(weight: Tensor, groups: int, ratio: float, rule: str = "magnitude+", seed: int = 0) -> Tensor:
     """Sorted int64 indices of the ``n = max(1, int(C_in * ratio))`` channels to update.
 
     For a plain conv (groups == 1) these are input channels, ranked by the L2 norm of
@@ -180,8 +189,7 @@ def select_channels(weight: Tensor, groups: int, ratio: float, rule: str = "magn
     if not 0.0 < ratio <= 1.0:
         raise BadOption(f"sub-channel ratio {ratio} is not in (0, 1]")
     if rule not in SELECT_RULES:
-        raise BadOption(f"unknown channel selection rule {rule!r}",
-                        f"use one of {', '.join(SELECT_RULES)}")
+        raise BadOption(f"unknown channel selection rule {rule!r}", f"use one of {', '.join(SELECT_RULES)}")
     c_in = weight.shape[1] * groups
     if groups == 1:
         per_channel = weight.detach().transpose(0, 1).reshape(c_in, -1)
@@ -201,8 +209,7 @@ def select_channels(weight: Tensor, groups: int, ratio: float, rule: str = "magn
 
 class _SubChannelConvFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight_sel: Tensor, bias: Tensor | None,
-                mod: SubChannelConv) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight_sel: Tensor, bias: Tensor | None, mod: SubChannelConv) -> Tensor:
         _store_geometry(ctx, mod, x)
         ctx.mod, ctx.weight_sel = mod, weight_sel
         ctx.versions = versions(mod.weight, weight_sel, mod.idx)
@@ -226,8 +233,18 @@ class _SubChannelConvFn(torch.autograd.Function):
             else:  # depthwise: weight_sel = W[rows], one group per selected channel
                 dy, groups = grad_out.index_select(1, mod.rows), mod.idx.numel()
             gw = torch.ops.aten.convolution_backward(
-                dy, x_sel, ctx.weight_sel, None, ctx.stride, ctx.padding, ctx.dilation, False,
-                [0] * len(ctx.stride), groups, [False, True, False])[1]
+                dy,
+                x_sel,
+                ctx.weight_sel,
+                None,
+                ctx.stride,
+                ctx.padding,
+                ctx.dilation,
+                False,
+                [0] * len(ctx.stride),
+                groups,
+                [False, True, False],
+            )[1]
         return gi, gw, gb, None
 
 
@@ -263,8 +280,7 @@ class SubChannelConv(_ConvGeometry):
         self.weight_sel = nn.Parameter(sel)
 
     @classmethod
-    def from_module(cls, m: nn.Module, ratio: float, rule: str = "magnitude+",
-                    seed: int = 0) -> SubChannelConv:
+    def from_module(cls, m: nn.Module, ratio: float, rule: str = "magnitude+", seed: int = 0) -> SubChannelConv:
         """Wrap ``m``: shares its weight (frozen) and bias; ``weight_sel`` is a new Parameter."""
         return cls(m, ratio, rule, seed)
 

@@ -69,8 +69,9 @@ class _AvgPoolFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, mod: LeanAvgPool2d) -> Tensor:
         ctx.input_shape, ctx.mod = x.shape, mod
-        return F.avg_pool2d(x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode,
-                            mod.count_include_pad, mod.divisor_override)
+        return F.avg_pool2d(
+            x, mod.kernel_size, mod.stride, mod.padding, mod.ceil_mode, mod.count_include_pad, mod.divisor_override
+        )
 
     @staticmethod
     @once_differentiable
@@ -78,8 +79,15 @@ class _AvgPoolFn(torch.autograd.Function):
         m = ctx.mod
         shape_only = grad_out.new_empty(1).expand(ctx.input_shape)
         gi = torch.ops.aten.avg_pool2d_backward(
-            grad_out, shape_only, _pair(m.kernel_size), _pair(m.stride), _pair(m.padding), m.ceil_mode,
-            m.count_include_pad, m.divisor_override)
+            grad_out,
+            shape_only,
+            _pair(m.kernel_size),
+            _pair(m.stride),
+            _pair(m.padding),
+            m.ceil_mode,
+            m.count_include_pad,
+            m.divisor_override,
+        )
         return gi, None
 
 
