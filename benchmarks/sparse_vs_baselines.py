@@ -49,7 +49,8 @@ from memplan.contrib.runner import accuracy, linear_probe, param_groups
 from memplan.contrib.weights import pretrain_digits
 from memplan.graph import capture, conv_layers
 from memplan.models.zoo import build
-from memplan.nn.train import fit, make_optimizer
+from memplan.nn.train import fit
+from memplan.optim import make_optimizer
 from memplan.plan import Scheme, fingerprint
 from memplan.search import run_search
 from memplan.search.run import DEFAULT_MODEL, DEFAULT_RESOLUTION, find_profile
@@ -110,9 +111,7 @@ def train_eval(
     for seed in seeds:
         model = copy.deepcopy(base)
         memplan.apply_scheme(model, scheme, capture(model, shape))
-        opt = make_optimizer(
-            param_groups(model, head, protocol), "sgd", protocol.lr_classifier, momentum=protocol.momentum
-        )
+        opt = make_optimizer(param_groups(model, head, protocol), protocol.optimizer, protocol.lr_classifier)
         fit(
             model,
             opt,

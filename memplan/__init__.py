@@ -23,7 +23,6 @@ EXPORTS = {
     **dict.fromkeys(("LayerCost", "Profile", "Totals"), "costs"),
     **dict.fromkeys(("LayerGraph", "capture", "trace"), "graph"),
     "MODES": "modes",
-    "train": "nn",
     **dict.fromkeys(("Plan", "Train", "Scheme", "load_scheme", "shipped_scheme"), "plan"),
     **dict.fromkeys(("STRATEGIES", "make_plan"), "strategies"),
 }
@@ -31,7 +30,9 @@ EXPORTS = {
 
 def __getattr__(name: str) -> Any:
     """A public name of :data:`EXPORTS`, or a subpackage (``memplan.models``), imported on first use."""
-    if name in EXPORTS:
+    if name == "train":  # memplan.train: the training loop and make_optimizer (memplan.nn.train)
+        value = import_module(f"{__name__}.nn.train")
+    elif name in EXPORTS:
         value = getattr(import_module(f"{__name__}.{EXPORTS[name]}"), name)
     elif not name.startswith("_"):
         try:
@@ -47,7 +48,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *EXPORTS})
+    return sorted({*globals(), *EXPORTS, "train"})
 
 
-__all__ = ["MemplanError", "__version__", *EXPORTS, "models"]
+__all__ = ["MemplanError", "__version__", *EXPORTS, "models", "train"]

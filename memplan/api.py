@@ -28,8 +28,8 @@ from .graph import LayerGraph, capture
 from .models import resolve, sample_shape, zoo
 from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
-from .nn.train import OPTIMIZER_STATES
 from .nn.transforms import swap_norm
+from .optim import OPTIMIZERS
 from .strategies import DEFAULT_K, changes_architecture, make_plan, transform_model
 
 
@@ -164,7 +164,7 @@ def profile_captured(
     (:mod:`memplan.check`). ``schedule`` / ``calibration``: the simulated peak's training step
     and kernel workspaces (:func:`memplan.costs.engine.compute`). ``mode_options``: options of
     the mode (``Mode.configure``)."""
-    OPTIMIZER_STATES.choose(optimizer)
+    OPTIMIZERS.choose(optimizer)
     if frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
     acc = get_mode(mode).configure(**(mode_options or {}))

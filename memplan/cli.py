@@ -223,7 +223,15 @@ def search(
     mode: str | None = typer.Option(
         None, "--mode", help="accounting mode of the budget (default: tinytraining, or the target's mode)"
     ),
-    optimizer: str = OptimOpt,
+    optimizer: str | None = typer.Option(
+        None, "--optimizer", help="sgd | sgd-momentum | adam whose state is counted (default: the profile's own)"
+    ),
+    objective: str = typer.Option(
+        "mean",
+        "--objective",
+        help="mean | lcb | shrink: the profile's Δacc entries as measured, minus one standard error, or "
+        "shrunk toward 0 by their standard errors (memplan.search.objective)",
+    ),
     mode_option: list[str] | None = ModeOptionOpt,
     method: str | None = typer.Option(
         None, "--method", help="exact | evolution | random (default: exact when memory is additive in the mode)"
@@ -266,6 +274,7 @@ def search(
         resolution=resolution,
         command="memplan " + " ".join(sys.argv[1:]),
         optimizer=optimizer,
+        objective=objective,
         mode_options=key_values(mode_option, "--mode-option"),
         **extra,
     )

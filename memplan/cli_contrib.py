@@ -77,6 +77,9 @@ def measure(
     ratios: str | None = typer.Option(None, "--ratios", help="weight ratios, e.g. 1/8,1/4,1/2,1"),
     lr_bias: float | None = typer.Option(None, "--lr-bias", help="learning rate of biases"),
     lr_weight: float | None = typer.Option(None, "--lr-weight", help="learning rate of the analysed weight"),
+    optimizer: str | None = typer.Option(
+        None, "--optimizer", help="sgd | sgd-momentum | adam: the probe's and every run's (default sgd)"
+    ),
     resolution: int | None = typer.Option(None, "--resolution", "-r", help="input side of the runs in px"),
     costing_resolution: int | None = typer.Option(
         None, "--costing-resolution", help="input side the schemes will be costed at (default: the run resolution)"
@@ -120,6 +123,7 @@ def measure(
         ratios=floats(ratios, "ratios"),
         lr_bias=lr_bias,
         lr_weight=lr_weight,
+        optimizer=optimizer,
         resolution=resolution,
         costing_resolution=costing_resolution,
         train_per_class=train_per_class,

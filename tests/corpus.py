@@ -121,6 +121,16 @@ def _import(family: str, module: str):
     except Exception as exc:  # noqa: BLE001
         MISSING.setdefault(family, f"{module}: {type(exc).__name__}: {exc}".splitlines()[0])
         return None
+    finally:
+        _unstub_torchvision()
+
+
+def _unstub_torchvision() -> None:
+    """Take the placeholders out of ``sys.modules`` once ``ofa`` holds what it needs: libraries that
+    look torchvision up (``transformers`` asks ``importlib.util.find_spec``) must not find a stub."""
+    for name in [n for n, m in sys.modules.items() if n == "torchvision" or n.startswith("torchvision.")]:
+        if (getattr(sys.modules[name], "__doc__", "") or "").startswith("memplan test stub"):
+            del sys.modules[name]
 
 
 # ----------------------------------------------------------------------------- geffnet

@@ -68,11 +68,11 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
         f"Contribution analysis (Lin et al., NeurIPS 2022, Sec. 2.2 / Fig. 5) of {name} "
         f"(L = {n_layers} convs) at input {'x'.join(map(str, shape))} on {data.name} "
         f"({data.x_train.shape[0]} train images, {data.classes} classes); accuracies on {where}. "
-        f"Linear probe first: classifier from zero, {p.probe_epochs} epochs SGD momentum 0.9 lr {p.probe_lr}, "
+        f"Linear probe first: classifier from zero, {p.probe_epochs} epochs {p.optimizer} lr {p.probe_lr}, "
         f"cosine decay; every run starts from that head. Runs: classifier only (k = 0); biases of the last "
         f"k convs ({ks}; a conv's bias is the BN shift after it, norms in eval mode) + classifier; weight "
         f"of conv i at ratios {ratios} (select {p.select}) for {wl}, + biases of convs i..L-1 + classifier. "
-        f"Each run: {p.epochs} epochs of SGD (momentum {p.momentum}), batch {p.batch_size}, cosine decay to 0, "
+        f"Each run: {p.epochs} epochs of {p.optimizer}, batch {p.batch_size}, cosine decay to 0, "
         f"lr classifier {p.lr_classifier} / biases {p.lr_bias} / analysed weight {p.lr_weight}, no augmentation, "
         f"seeds {list(p.seeds)} (data order). Δacc in accuracy points, paired by seed: bias k vs classifier "
         f"only, weight (i, r) vs bias k = L - i; mean and std over seeds. {cache_text}."
@@ -121,7 +121,7 @@ def run_contrib(
     lr_classifier: float | None = None,
     lr_bias: float | None = None,
     lr_weight: float | None = None,
-    momentum: float | None = None,
+    optimizer: str | None = None,
     probe_epochs: int | None = None,
     probe_lr: float | None = None,
     ratios: Sequence[float] | None = None,
@@ -165,7 +165,7 @@ def run_contrib(
             lr_classifier=lr_classifier,
             lr_bias=lr_bias,
             lr_weight=lr_weight,
-            momentum=momentum,
+            optimizer=optimizer,
             probe_epochs=probe_epochs,
             probe_lr=probe_lr,
             ratios=None if ratios is None else tuple(ratios),

@@ -12,19 +12,21 @@ weight shape, groups, bias carrier).
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import MemplanError
 from ..graph import ConvLayer
 from ..io import write_text
 from .protocol import Protocol, RunSpec
 
-SCHEMA_VERSION = 1
+#: 2: the standard error of every Δacc entry (``bias_se`` / ``weight_se``) and the protocol's optimizer
+SCHEMA_VERSION = 2
 
 
 class RunRecord(BaseModel):
@@ -78,7 +80,7 @@ class Resolution(BaseModel):
 class ContribProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     model: str
     fingerprint: str = Field(description="memplan.plan.fingerprint of the traced layer table")
     input_shape: list[int] = Field(description="per-sample input shape")
@@ -94,6 +96,14 @@ class ContribProfile(BaseModel):
     bias_std: dict[int, float]
     weight: dict[str, dict[float, float]] = Field(description="layer -> ratio -> Δacc_W, mean over seeds")
     weight_std: dict[str, dict[float, float]]
+    bias_se: dict[int, float | None] = Field(
+        default_factory=dict,
+        description="k -> standard error of Δacc_b[:k]: std of the paired deltas / sqrt(seeds), points; None with "
+        "one seed (version 1 files: derived from their runs on load)",
+    )
+    weight_se: dict[str, dict[float, float | None]] = Field(
+        default_factory=dict, description="layer -> ratio -> standard error of Δacc_W, points (as bias_se)"
+    )
     noise: Noise
     runs: list[RunRecord]
     timing: dict[str, Any] = Field(description="wall seconds and how the runs were executed")
@@ -105,6 +115,17 @@ class ContribProfile(BaseModel):
         description="the split every accuracy of the runs was measured on: a validation split carved from "
         "the training data, or (profiles before issue 13) the test split",
     )
+
+    @model_validator(mode="after")
+    def _standard_errors(self) -> ContribProfile:
+        """Version 1 files hold no standard errors: they follow from the per-seed deltas of their runs."""
+        if not self.bias_se and not self.weight_se:
+            for r in self.runs:
+                if r.kind == "bias":
+                    self.bias_se[r.k] = standard_error(r.delta)
+                elif r.kind == "weight":
+                    self.weight_se.setdefault(r.layer, {})[r.ratio] = standard_error(r.delta)
+        return self
 
     @property
     def run_resolution(self) -> int:
@@ -138,6 +159,13 @@ def load_profile(path: str | os.PathLike) -> ContribProfile:
     except (json.JSONDecodeError, ValidationError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise MemplanError(f"{path} is not a memplan contribution profile: {first}") from None
+
+
+def standard_error(deltas: list[float] | None) -> float | None:
+    """Standard error of the mean of paired deltas (sample std / sqrt(n), points); None below 2 seeds."""
+    if deltas is None or len(deltas) < 2:
+        return None
+    return statistics.stdev(deltas) / math.sqrt(len(deltas))
 
 
 def _std(xs: list[float]) -> float:
@@ -196,6 +224,8 @@ def assemble(
         bias_std={k: bias[k].delta_std for k in sorted(bias)},
         weight={name: {r: weight[name][r].delta_mean for r in sorted(weight[name])} for name in by_conv},
         weight_std={name: {r: weight[name][r].delta_std for r in sorted(weight[name])} for name in by_conv},
+        bias_se={k: standard_error(bias[k].delta) for k in sorted(bias)},
+        weight_se={name: {r: standard_error(weight[name][r].delta) for r in sorted(weight[name])} for name in by_conv},
         noise=noise,
         runs=runs,
         **fields,

@@ -21,17 +21,20 @@ seeds, in accuracy points (0..100).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import BadOption
 from ..graph import SELECT_RULES, ConvLayer, LayerGraph
+from ..optim import MOMENTUM, OPTIMIZERS
 from ..plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..units import ratio_label
 
 RunKind = Literal["classifier", "bias", "weight"]
 PAPER_RATIOS = (0.125, 0.25, 0.5, 1.0)
+#: the ``momentum`` of profiles written before ``optimizer`` -> the optimizer it meant
+LEGACY_MOMENTUM = {0.0: "sgd", MOMENTUM: "sgd-momentum"}
 
 
 class Protocol(BaseModel):
@@ -45,7 +48,11 @@ class Protocol(BaseModel):
     lr_classifier: float = Field(0.05, gt=0, description="learning rate of the classifier, in every run")
     lr_bias: float = Field(0.02, gt=0, description="learning rate of biases / norm shifts, in every run")
     lr_weight: float = Field(0.1, gt=0, description="learning rate of the analysed conv weight (weight runs)")
-    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (the paper's runs use none)")
+    optimizer: str = Field(
+        "sgd",
+        description="memplan.optim name of the one optimizer of the linear probe and every run (its state is what "
+        "memplan search counts for schemes searched from this profile)",
+    )
     probe_epochs: int = Field(20, ge=1, description="epochs of the linear probe that every run starts from")
     probe_lr: float = Field(0.05, gt=0)
     ratios: tuple[float, ...] = Field(PAPER_RATIOS, min_length=1, description="channel ratios of weight runs")
@@ -60,6 +67,25 @@ class Protocol(BaseModel):
         if any(not 0 < r <= 1 for r in v):
             raise ValueError("ratios must lie in (0, 1]")
         return tuple(sorted(set(v)))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_momentum(cls, data: Any) -> Any:
+        """Profiles written before the optimizer table stored ``momentum`` (0: plain SGD)."""
+        if isinstance(data, dict) and "momentum" in data:
+            data = dict(data)
+            momentum = data.pop("momentum")
+            if momentum not in LEGACY_MOMENTUM:
+                raise ValueError(f"momentum {momentum} is none of memplan's optimizers")
+            data.setdefault("optimizer", LEGACY_MOMENTUM[momentum])
+        return data
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer(cls, v: str) -> str:
+        if v not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        return v
 
     @field_validator("select")
     @classmethod

@@ -27,7 +27,8 @@ from torch import Tensor
 from ..apply import apply_plan
 from ..errors import BadOption
 from ..graph import ConvLayer, LayerGraph, capture, conv_table, trace
-from ..nn.train import fit, make_optimizer
+from ..nn.train import fit
+from ..optim import make_optimizer
 from ..plan import Plan
 from . import cache as fcache
 from .data import Data
@@ -173,7 +174,7 @@ class Worker:
             for m, flag in train_flags:
                 m.training = flag
             t0 = time.perf_counter()
-            opt = make_optimizer(groups, "sgd", proto.lr_classifier, momentum=proto.momentum)
+            opt = make_optimizer(groups, proto.optimizer, proto.lr_classifier)
             fit(
                 forward,
                 opt,
@@ -211,7 +212,7 @@ def first_trained(graph: LayerGraph, plan: Plan) -> str | None:
 
 
 def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protocol, device: str = "cpu") -> float:
-    """Train ``model``'s classifier from zero on frozen features (SGD, momentum 0.9, cosine decay
+    """Train ``model``'s classifier from zero on frozen features (the protocol's optimizer, cosine decay
     over ``probe_epochs``, seed 0); returns its accuracy (%) on ``data``'s evaluation split
     (``x_test``). The features at the classifier's input are computed once, on ``device``; the
     model is left on the CPU."""
@@ -240,7 +241,7 @@ def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protoc
         p.requires_grad_(True)
     fit(
         suffix,
-        make_optimizer(params, "sgd-momentum", protocol.probe_lr),
+        make_optimizer(params, protocol.optimizer, protocol.probe_lr),
         tr.batch,
         data.y_train,
         epochs=protocol.probe_epochs,

@@ -18,7 +18,8 @@ import torch
 import torch.nn as nn
 
 from ..errors import MemplanError
-from ..nn.train import fit, make_optimizer
+from ..nn.train import fit
+from ..optim import make_optimizer
 from .data import PRETRAIN_DIGITS, digits
 
 
@@ -109,7 +110,7 @@ def save_state(path: Path, state: dict[str, torch.Tensor]) -> None:
 
 
 # ----------------------------------------------------------------------------- digits pretraining
-PRETRAIN = {"epochs": 6, "batch_size": 64, "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "seed": 0}
+PRETRAIN = {"epochs": 6, "batch_size": 64, "lr": 0.05, "optimizer": "sgd-momentum", "weight_decay": 5e-4, "seed": 0}
 
 
 def pretrain_digits(model: nn.Module, sample_shape: Sequence[int], key: str, cache_dir: Path) -> dict[str, Any]:
@@ -134,9 +135,7 @@ def pretrain_digits(model: nn.Module, sample_shape: Sequence[int], key: str, cac
         model.load_state_dict(stored["state_dict"])
         return {**desc, "test_accuracy": float(stored["test_accuracy"]), "cached": True}
     torch.manual_seed(cfg["seed"])
-    opt = make_optimizer(
-        model.parameters(), "sgd", cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"]
-    )
+    opt = make_optimizer(model.parameters(), cfg["optimizer"], cfg["lr"], weight_decay=cfg["weight_decay"])
     model.train()
     fit(
         model,

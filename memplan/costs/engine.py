@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import optim
 from ..graph import LayerGraph, role
 from ..graph.kinds import MAC_KINDS
 from ..modes import Mode
-from ..nn.train import OPTIMIZER_STATES
 from ..plan import OpView, Plan, grad_flow, updated_weight_numel
 from .flops import Flops, flops_of
 from .observe import observe
@@ -85,7 +85,7 @@ def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tup
         lc.trainable_params += trained
         lc.weight_bytes += _weight_bytes(p.numel, trained, p.dtype.itemsize, min(frozen_bits, 8 * p.dtype.itemsize))
         lc.gradient_bytes += trained * p.dtype.itemsize
-        lc.optimizer_bytes += OPTIMIZER_STATES[optimizer] * trained * p.dtype.itemsize
+        lc.optimizer_bytes += optim.states(optimizer) * trained * p.dtype.itemsize
     return lc, saved, how
 
 

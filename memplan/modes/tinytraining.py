@@ -123,7 +123,7 @@ def _keeps_nothing(op: OpView) -> tuple[()]:
 
 def _states(totals: Totals) -> int:
     """Optimizer buffers per trainable element, as the engine counted them (``optimizer_bytes`` =
-    buffers x ``gradient_bytes``: ``memplan.nn.train.OPTIMIZER_STATES`` of the profile's optimizer)."""
+    buffers x ``gradient_bytes``: ``memplan.optim.OPTIMIZERS`` of the profile's optimizer)."""
     return totals.optimizer_bytes // totals.gradient_bytes if totals.gradient_bytes else 0
 
 

@@ -1,9 +1,8 @@
 """Training: an optimizer by name and the one training loop memplan uses (``verify``'s steps,
 contribution analysis runs, its linear probe and the digits pretraining).
 
-Optimizer names are those the profiler counts state for (:data:`OPTIMIZER_STATES`): ``sgd``
-(no momentum: no state, the 256KB paper's choice and the default), ``sgd-momentum`` (one state
-tensor per trainable element) and ``adam`` (two).
+Optimizers come from the one table of :mod:`memplan.optim` (``make_optimizer`` is re-exported
+here, so ``memplan.train.make_optimizer`` builds them in training code).
 
 :func:`step_in_backward` is the Tiny Training Engine's in-place update in PyTorch: each
 parameter is updated (and its gradient freed) as soon as backward has accumulated its gradient.
@@ -19,45 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import BadOption
-from ..registry import Registry
-
-#: fp32 optimizer state tensors per trainable element, by optimizer name
-OPTIMIZER_STATES: Registry[int] = Registry("optimizer")
-OPTIMIZER_STATES.add("sgd", 0)
-OPTIMIZER_STATES.add("sgd-momentum", 1)
-OPTIMIZER_STATES.add("adam", 2)
-MOMENTUM = 0.9
+from ..optim import make_optimizer  # noqa: F401 (re-exported: memplan.train.make_optimizer)
 
 #: the inputs of one step: the sample indices (None = all) -> the forward's arguments
 Inputs = Callable[[Tensor | None], Sequence[Tensor]]
-
-
-def make_optimizer(
-    params: Iterable[Tensor] | Iterable[dict[str, Any]],
-    name: str = "sgd",
-    lr: float = 0.01,
-    *,
-    momentum: float | None = None,
-    weight_decay: float = 0.0,
-) -> torch.optim.Optimizer:
-    """An optimizer over the parameters of ``params`` that require grad (the others are left
-    out, so they never change). ``params`` may also be torch parameter groups (dicts with
-    ``params`` and, say, their own ``lr``: per-role learning rates). ``name``: ``sgd`` |
-    ``sgd-momentum`` (momentum 0.9) | ``adam``; ``momentum`` overrides the SGD momentum."""
-    OPTIMIZER_STATES.choose(name)
-    items = list(params)
-    if items and isinstance(items[0], dict):
-        groups: list[Any] = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in items]
-        groups = [g for g in groups if g["params"]]
-    else:
-        groups = [p for p in items if p.requires_grad]
-    if not groups:
-        raise BadOption("nothing to train: no parameter requires grad")
-    if name == "adam":
-        return torch.optim.Adam(groups, lr=lr, weight_decay=weight_decay)
-    if momentum is None:
-        momentum = MOMENTUM if name == "sgd-momentum" else 0.0
-    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 class InBackwardStep:

@@ -66,7 +66,7 @@ class SearchResult:
     profile_path: str | None
     profile_hash: str
     scheme: Scheme
-    summed_delta_acc: float
+    summed_delta_acc: float  # measured means of the scheme's entries, summed (points)
     memory_bytes: int  # compute() of the scheme, the bounded metric
     breakdown: dict[str, int]
     additive: bool
@@ -80,7 +80,9 @@ class SearchResult:
     compute_calls: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     out: str | None = None
-    warnings: list[str] = field(default_factory=list)  # e.g. Δacc measured at another resolution
+    warnings: list[str] = field(default_factory=list)
+    objective: str = "mean"  # what the search maximised (memplan.search.objective)
+    objective_value: float | None = None  # the scheme's summed gains under that objective (points)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the scheme as its JSON object, candidates as text, the cost table as rows."""
@@ -156,7 +158,8 @@ def run_search(
     classes: int | None = None,
     resolution: int | None = None,
     input_shape: Sequence[int] | None = None,
-    optimizer: str = "sgd",
+    optimizer: str | None = None,
+    objective: str = "mean",
     frozen_bits: int = 32,
     command: str | None = None,
     mode_options: dict[str, Any] | None = None,
@@ -175,7 +178,8 @@ def run_search(
     ``classes`` / ``resolution`` / ``input_shape`` (per sample): the traced model (classes default
     to the profile's). ``out``: write the scheme JSON. ``curves``: also run evolution and random
     search for their best-so-far curves (the 256KB paper's Figure 13, ``memplan.render.figures.plot_search``).
-    ``optimizer`` / ``mode_options``: the optimizer whose state the mode counts and the mode's options
+    ``optimizer`` / ``mode_options``: the optimizer whose state the mode counts (default: the one the
+    profile's runs trained with) and the mode's options
     (``Mode.configure``, e.g. ``{"grad_accumulation": True}`` for ``tinytraining``). With neither
     ``resolution`` nor ``input_shape``, a model is costed at its profile's costing resolution; a
     warning is recorded when the costing input differs from the one the profile's runs used.
@@ -227,8 +231,15 @@ def run_search(
             f"another resolution"
         )
     space = build_space(
-        cap.graph, contributions, model=cap.name, ratios=ratios, pw1_only=pw1_only, max_weight_layers=max_weight_layers
+        cap.graph,
+        contributions,
+        model=cap.name,
+        ratios=ratios,
+        pw1_only=pw1_only,
+        max_weight_layers=max_weight_layers,
+        objective=objective,
     )
+    optimizer = optimizer or contributions.optimizer  # count the state of the optimizer that trains
     memory = MemoryModel(space, mode, metric, optimizer=optimizer, frozen_bits=frozen_bits, mode_options=mode_options)
 
     t0 = time.perf_counter()
@@ -289,13 +300,14 @@ def run_search(
         raise RuntimeError(f"search returned {cand.describe()} using {measured} B > budget {budget_bytes} B")
 
     value = space.value(cand)
+    summed = space.summed_delta_acc(cand)
     breakdown = memory.breakdown(cand)
     scheme = space.to_scheme(
         cand,
         mode=mode,
         budget_bytes=budget_bytes,
         predicted={**breakdown, "memory_bytes": measured},
-        summed_delta_acc=value,
+        summed_delta_acc=summed,
         provenance=new_provenance(command, contributions.sha256),
     )
     exact = runs.get("exact")
@@ -312,7 +324,7 @@ def run_search(
         profile_path=str(profile_path) if profile_path is not None else None,
         profile_hash=contributions.sha256,
         scheme=scheme,
-        summed_delta_acc=value,
+        summed_delta_acc=summed,
         memory_bytes=measured,
         breakdown=breakdown,
         additive=additivity.additive,
@@ -326,6 +338,8 @@ def run_search(
         compute_calls=memory.calls,
         seconds=seconds,
         warnings=warnings,
+        objective=objective,
+        objective_value=value,
     )
     if out is not None:
         scheme.save(out)

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..contrib.profile import ContribProfile, load_profile
+from ..contrib.protocol import LEGACY_MOMENTUM
 from ..errors import BadOption, MemplanError
 from ..graph import ConvLayer, LayerGraph, conv_layers, conv_table, is_pw1
 from ..plan import BackwardFlags, Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..units import ratio_label
+from .objective import apply_objective
 
 #: the paper's channel ratios (0 = bias only is always allowed)
 DEFAULT_RATIOS = (0.125, 0.25, 0.5, 1.0)
@@ -50,6 +52,9 @@ class Contributions:
     classes: int | None = None
     run_shape: tuple[int, ...] | None = None  # per-sample input shape the profile's runs used
     costing_resolution: int | None = None  # input side the profile's schemes are meant to be costed at
+    optimizer: str = "sgd"  # the optimizer the profile's runs trained with (memplan.optim)
+    bias_se: dict[int, float | None] = field(default_factory=dict)  # standard errors, points (None: one seed)
+    weight_se: dict[str, dict[float, float | None]] = field(default_factory=dict)
 
 
 #: fields added to the profile later, left out of the hash while they hold the value older profiles imply
@@ -63,6 +68,13 @@ def profile_hash(profile: ContribProfile) -> str:
     for key, implied in _LATER_FIELDS.items():
         if key in data and data[key] == implied:
             del data[key]
+    if data["schema_version"] == 1:  # standard errors a version 1 file derives on load are not part of it
+        data.pop("bias_se", None)
+        data.pop("weight_se", None)
+    protocol = data["protocol"]
+    legacy = {v: k for k, v in LEGACY_MOMENTUM.items()}
+    if protocol.get("optimizer") in legacy:  # hashed in the form older profiles stored it: their momentum
+        protocol["momentum"] = legacy[protocol.pop("optimizer")]
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -79,6 +91,9 @@ def contributions_of(profile: ContribProfile, source: str = "contribution profil
         classes if isinstance(classes, int) else None,
         tuple(profile.input_shape),
         profile.resolution.costing if profile.resolution is not None else None,
+        profile.protocol.optimizer,
+        dict(profile.bias_se),
+        {k: dict(v) for k, v in profile.weight_se.items()},
     )
 
 
@@ -128,6 +143,7 @@ class SearchSpace:
     max_weight_layers: int | None = None
     contributions: Contributions | None = field(default=None, repr=False)
     fingerprint: str = ""  # memplan.plan.fingerprint of the graph
+    objective: str = "mean"  # what the gains are (memplan.search.objective)
 
     def __post_init__(self) -> None:
         self.fingerprint = self.fingerprint or fingerprint(self.graph)
@@ -152,6 +168,17 @@ class SearchSpace:
         for i, r in cand.weights:
             c = by_index[i]
             total += c.gains[c.ratios.index(r)]
+        return total
+
+    def summed_delta_acc(self, cand: Candidate) -> float:
+        """Summed measured Δacc (means over seeds, points) of ``cand``, whatever the objective."""
+        c = self.contributions
+        if c is None:
+            return self.value(cand)
+        total = c.bias[cand.k] if cand.k else 0.0
+        for i, r in cand.weights:
+            row = c.weight[self.convs[i].name]
+            total += next(g for q, g in row.items() if abs(q - r) < 1e-12)
         return total
 
     def check(self, cand: Candidate) -> None:
@@ -181,6 +208,24 @@ class SearchSpace:
         return scheme_to_plan(self.graph, self.to_scheme(cand), method="sparse")
 
 
+def objective_gains(
+    contributions: Contributions, objective: str
+) -> tuple[dict[int, float], dict[str, dict[float, float]]]:
+    """The bias and weight entries of ``contributions`` under ``objective`` (each family on its own)."""
+    ks = list(contributions.bias)
+    bias = apply_objective(objective, [contributions.bias[k] for k in ks], [contributions.bias_se.get(k) for k in ks])
+    cells = [(name, r) for name, row in contributions.weight.items() for r in row]
+    values = apply_objective(
+        objective,
+        [contributions.weight[n][r] for n, r in cells],
+        [contributions.weight_se.get(n, {}).get(r) for n, r in cells],
+    )
+    weight: dict[str, dict[float, float]] = {}
+    for (name, r), v in zip(cells, values, strict=True):
+        weight.setdefault(name, {})[r] = v
+    return dict(zip(ks, bias, strict=True)), weight
+
+
 def build_space(
     graph: LayerGraph,
     contributions: Contributions,
@@ -189,10 +234,12 @@ def build_space(
     ratios: Iterable[float] = DEFAULT_RATIOS,
     pw1_only: bool = False,
     max_weight_layers: int | None = None,
+    objective: str = "mean",
 ) -> SearchSpace:
     """The space of ``graph`` under ``contributions``: every bias depth the profile measured (and
     0), and every (conv, ratio) in ``ratios`` that it measured, restricted to first-pointwise convs
-    with ``pw1_only``. Profile entries for other layers or ratios are ignored."""
+    with ``pw1_only``. Profile entries for other layers or ratios are ignored. The gains are the
+    entries under ``objective`` (``memplan.search.objective``)."""
     ratio_set = tuple(sorted({float(r) for r in ratios}))
     if not ratio_set or any(not 0 < r <= 1 for r in ratio_set):
         raise BadOption(f"weight ratios must lie in (0, 1], got {list(ratios)}")
@@ -210,14 +257,15 @@ def build_space(
     bad = sorted(k for k in contributions.bias if k > n)
     if bad:
         raise ProfileError(f"{contributions.source} has bias depth {bad[0]}; the model has {n} convs")
-    gains = {0: 0.0, **{k: g for k, g in contributions.bias.items() if k > 0}}
+    bias_values, weight_values = objective_gains(contributions, objective)
+    gains = {0: 0.0, **{k: g for k, g in bias_values.items() if k > 0}}
     ks = tuple(sorted(gains))
     names = {c.name: i for i, c in enumerate(convs)}
     unknown = sorted(set(contributions.weight) - set(names))
     if unknown:
         raise ProfileError(f"{contributions.source} names layer {unknown[0]!r}, which is not a conv of this model")
     layers = []
-    for name, table in contributions.weight.items():
+    for name, table in weight_values.items():
         i = names[name]
         if pw1_only and not is_pw1(nodes[i]):
             continue
@@ -239,4 +287,5 @@ def build_space(
         pw1_only,
         max_weight_layers,
         contributions,
+        objective=objective,
     )

@@ -160,7 +160,7 @@ def validate_profile(
     res = prof.costing_resolution
     cap = capture_model(prof.model, batch=1, resolution=res, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
-    memory = MemoryModel(space, mode)
+    memory = MemoryModel(space, mode, optimizer=contributions.optimizer)
     table = build_table(memory)
     additive = check_additivity(memory, table, probe_candidates(space, seed=seed)).additive
     rng = random.Random(seed)
@@ -233,7 +233,7 @@ def default_budgets(profile: ContribProfile, mode: str = "tinytraining", n: int 
     contributions = contributions_of(profile)
     cap = capture_model(profile.model, batch=1, resolution=profile.costing_resolution, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
-    memory = MemoryModel(space, mode)
+    memory = MemoryModel(space, mode, optimizer=contributions.optimizer)
     k = space.ks[-1]
     lo = 2 * memory.measure(Candidate(min(x for x in space.ks if x > 0)))
     hi = memory.measure(Candidate(k, tuple((c.conv_index, c.ratios[-1]) for c in space.layers))) / 2

@@ -38,7 +38,8 @@ from ..apply import apply_plain, apply_plan, plan_strategy
 from ..costs.engine import compute
 from ..errors import BadOption
 from ..modes import get_mode
-from ..nn.train import fit, make_optimizer
+from ..nn.train import fit
+from ..optim import make_optimizer
 from .measure import saved_bytes
 from .meter import PeakMeter, resident_bytes
 

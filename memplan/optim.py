@@ -1,0 +1,90 @@
+"""The optimizers memplan trains with and counts, in one table: a name maps to how the optimizer
+is built and how much state it keeps.
+
+``states``: fp32 state tensors the optimizer keeps per trainable element between steps (SGD
+without momentum none, SGD with momentum its velocity, Adam its two moments). Training
+(:func:`make_optimizer`: contribution runs, the linear probe, ``verify``, benchmarks) and
+accounting (``memplan.costs.engine``: ``optimizer_bytes``, ``tinytraining``'s state bits) read the
+same entry, so a profile never counts another optimizer than the one that trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import BadOption
+from .registry import Registry
+
+#: SGD momentum of ``sgd-momentum``
+MOMENTUM = 0.9
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """One optimizer: ``build(param_groups, lr, weight_decay)`` and its ``states`` per trainable element."""
+
+    name: str
+    states: int
+    build: Callable[[list[Any], float, float], torch.optim.Optimizer]
+    description: str
+
+
+#: optimizer name -> how it is built and the state it keeps
+OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer")
+
+
+def register(name: str, states: int, description: str):
+    """Decorator registering ``build(groups, lr, weight_decay)`` under ``name``."""
+
+    def decorate(build: Callable[[list[Any], float, float], torch.optim.Optimizer]):
+        OPTIMIZERS.add(name, OptimizerSpec(name, states, build, description))
+        return build
+
+    return decorate
+
+
+@register("sgd", 0, "SGD without momentum (the 256KB paper's choice): no state")
+def _sgd(groups: list[Any], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=lr, momentum=0.0, weight_decay=weight_decay)
+
+
+@register("sgd-momentum", 1, f"SGD with momentum {MOMENTUM}: one velocity buffer per trainable element")
+def _sgd_momentum(groups: list[Any], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=lr, momentum=MOMENTUM, weight_decay=weight_decay)
+
+
+@register("adam", 2, "Adam (betas 0.9, 0.999): two moment buffers per trainable element")
+def _adam(groups: list[Any], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.Adam(groups, lr=lr, weight_decay=weight_decay)
+
+
+def states(name: str) -> int:
+    """State tensors per trainable element of optimizer ``name`` (a one-line error when unknown)."""
+    return OPTIMIZERS.choose(name).states
+
+
+def make_optimizer(
+    params: Iterable[Tensor] | Iterable[dict[str, Any]],
+    name: str = "sgd",
+    lr: float = 0.01,
+    *,
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
+    """Optimizer ``name`` (:data:`OPTIMIZERS`) over the parameters of ``params`` that require grad
+    (the others are left out, so they never change). ``params`` may also be torch parameter groups
+    (dicts with ``params`` and, say, their own ``lr``: per-role learning rates)."""
+    spec = OPTIMIZERS.choose(name)
+    items = list(params)
+    if items and isinstance(items[0], dict):
+        groups: list[Any] = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in items]
+        groups = [g for g in groups if g["params"]]
+    else:
+        groups = [p for p in items if p.requires_grad]
+    if not groups:
+        raise BadOption("nothing to train: no parameter requires grad")
+    return spec.build(groups, lr, weight_decay)

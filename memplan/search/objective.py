@@ -1,0 +1,64 @@
+"""What the search maximises: a registry of objectives, each turning a contribution profile's
+Δacc entries (mean over seeds, accuracy points) and their standard errors into the per-entry
+gains the solvers add up. Every objective is per entry, so the objective stays a sum and the
+exact solver still certifies its optimum.
+
+* ``mean``: the measured mean (the 256KB paper's summed Δacc); chases noise when entries are
+  the size of their standard error (the largest of many noisy sums is biased upward);
+* ``lcb``: mean - z x SE (z = 1): an entry counts only as far as it is measured above its noise;
+* ``shrink``: empirical-Bayes shrinkage toward 0 (normal prior N(0, tau^2) per family, bias and
+  weight entries, tau^2 = max(0, var(means) - mean(SE^2)) by the method of moments): mean x
+  tau^2 / (tau^2 + SE^2).
+
+An entry measured with one seed has no SE; ``lcb`` and ``shrink`` then use the family's pooled SE
+(root mean square of the others); a profile with no SE at all is refused by both, in one line.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+
+from ..errors import BadOption
+from ..registry import Registry
+
+#: z of the ``lcb`` objective (one standard error)
+LCB_Z = 1.0
+
+#: (means, standard errors) of one family of entries -> the gains the search adds
+Objective = Callable[[list[float], list[float]], list[float]]
+OBJECTIVES: Registry[Objective] = Registry("search objective")
+
+
+@OBJECTIVES.register("mean")
+def mean(means: list[float], ses: list[float]) -> list[float]:
+    return list(means)
+
+
+@OBJECTIVES.register("lcb")
+def lower_bound(means: list[float], ses: list[float]) -> list[float]:
+    return [m - LCB_Z * s for m, s in zip(means, ses, strict=True)]
+
+
+@OBJECTIVES.register("shrink")
+def shrink(means: list[float], ses: list[float]) -> list[float]:
+    if len(means) < 2:
+        return list(means)
+    tau2 = max(0.0, statistics.pvariance(means) - statistics.fmean(s * s for s in ses))
+    return [m * tau2 / (tau2 + s * s) if tau2 + s * s > 0 else m for m, s in zip(means, ses, strict=True)]
+
+
+def apply_objective(name: str, means: list[float], ses: list[float | None]) -> list[float]:
+    """The gains of objective ``name`` for one family of entries (``ses``: None where one seed)."""
+    fn = OBJECTIVES.choose(name)
+    if name == "mean":
+        return fn(means, [0.0] * len(means))
+    known = [s for s in ses if s is not None]
+    if not known:
+        raise BadOption(
+            f"objective {name!r} needs standard errors; this profile measured every entry with one seed",
+            "measure it with several seeds (memplan contrib --seeds 0,1,2) or use --objective mean",
+        )
+    pooled = math.sqrt(statistics.fmean(s * s for s in known))
+    return fn(means, [pooled if s is None else s for s in ses])
