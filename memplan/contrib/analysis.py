@@ -30,6 +30,7 @@ from ..graph import conv_table
 from ..io import validation_error
 from ..plan import fingerprint
 from ..units import ratio_label
+from .adaptive import merge, next_round
 from .checkpoint import Checkpoint
 from .data import DEFAULT_VALIDATION, Data, Validation
 from .executors import EXECUTORS, default_threads, execute, num_threads
@@ -53,6 +54,11 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
     ks = "all k = 1..L" if p.bias_ks is None else f"k in {list(p.bias_ks)} and those the weight runs need"
     wl = "every conv" if p.weight_layers is None else f"the last {p.weight_layers} convs"
     ratios = ", ".join(ratio_label(r) for r in p.ratios)
+    adaptive = (
+        ""
+        if p.max_seeds is None
+        else f", then one more seed per round for every entry with |Δacc| < {p.adaptive_z:g} SE, up to {p.max_seeds}"
+    )
     cache_text = (
         "feature cache of the frozen prefix " + ("exact fp32" if p.bits is None else f"quantised to {p.bits} bits")
         if cache
@@ -74,7 +80,7 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
         f"of conv i at ratios {ratios} (select {p.select}) for {wl}, + biases of convs i..L-1 + classifier. "
         f"Each run: {p.epochs} epochs of {p.optimizer}, batch {p.batch_size}, cosine decay to 0, "
         f"lr classifier {p.lr_classifier} / biases {p.lr_bias} / analysed weight {p.lr_weight}, no augmentation, "
-        f"seeds {list(p.seeds)} (data order). Δacc in accuracy points, paired by seed: bias k vs classifier "
+        f"seeds {list(p.seeds)} (data order){adaptive}. Δacc in accuracy points, paired by seed: bias k vs classifier "
         f"only, weight (i, r) vs bias k = L - i; mean and std over seeds. {cache_text}."
     )
 
@@ -116,6 +122,8 @@ def run_contrib(
     cache: bool = True,
     bits: int | None = None,
     seeds: Sequence[int] | None = None,
+    max_seeds: int | None = None,
+    adaptive_z: float | None = None,
     epochs: int | None = None,
     batch_size: int | None = None,
     lr_classifier: float | None = None,
@@ -160,6 +168,8 @@ def run_contrib(
     protocol = _protocol(
         dict(
             seeds=None if seeds is None else tuple(seeds),
+            max_seeds=max_seeds,
+            adaptive_z=adaptive_z,
             epochs=epochs,
             batch_size=batch_size,
             lr_classifier=lr_classifier,
@@ -251,23 +261,29 @@ def _measure(
     ctx = Context(name, net, seen, protocol, cache, threads, device)
     bar, bar_task = _progress(progress, len(specs), len(specs) - len(todo))
     t_grid = time.perf_counter()
+    executed = 0
     with bar:
-        for record in execute(
-            ctx,
-            todo,
-            workers=workers,
-            executor=executor,
-            address=address,
-            key=identity["backbone"] + identity["data"]["digest"],
-        ):
-            finished[record["id"]] = record
-            if ckpt is not None:
-                ckpt.append(record)
-            bar.advance(bar_task)
+        while todo:  # the grid, then rounds of adaptive seeding (memplan.contrib.adaptive)
+            for record in execute(
+                ctx,
+                todo,
+                workers=workers,
+                executor=executor,
+                address=address,
+                key=identity["backbone"] + identity["data"]["digest"],
+            ):
+                finished[record["id"]] = record
+                if ckpt is not None:
+                    ckpt.append(record)
+                bar.advance(bar_task)
+            executed += len(todo)
+            todo = [s for s in next_round(specs, merge(finished), protocol) if s.id not in finished]
+            bar.update(bar_task, total=bar.tasks[0].total + len(todo))
     wall = time.perf_counter() - t_start
+    merged = merge(finished)
     profile = assemble(
         specs,
-        finished,
+        merged,
         layers,
         model=name,
         fingerprint=fingerprint(graph),
@@ -282,15 +298,15 @@ def _measure(
         timing={
             "wall_s": round(wall, 2),
             "grid_wall_s": round(time.perf_counter() - t_grid, 2),
-            "runs_executed": len(todo),
-            "runs_resumed": len(specs) - len(todo),
+            "runs_executed": executed,
+            "runs_resumed": len(finished) - executed,
             "workers": workers,
             "threads_per_worker": threads,
             "executor": executor,
             "cache": cache,
             "device": device,
-            "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2),
-            "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2),
+            "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in merged.values()), 2),
+            "run_cpu_seconds": round(sum(r["cpu_s"] for r in merged.values()), 2),
         },
     )
     if out is not None:

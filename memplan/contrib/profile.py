@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..errors import MemplanError
 from ..graph import ConvLayer
 from ..io import write_text
+from .adaptive import paired_deltas
 from .protocol import Protocol, RunSpec
 
 #: 2: the standard error of every Δacc entry (``bias_se`` / ``weight_se``) and the protocol's optimizer
@@ -175,7 +176,7 @@ def _std(xs: list[float]) -> float:
 def run_record(raw: dict[str, Any], reference: dict[str, Any] | None) -> RunRecord:
     """A finished run's record with its paired Δacc against ``reference`` (None for the classifier run)."""
     accs = [float(a) for a in raw["accuracy"]]
-    delta = None if reference is None else [a - b for a, b in zip(accs, reference["accuracy"])]
+    delta = None if reference is None else paired_deltas(raw, reference)
     return RunRecord(
         id=raw["id"],
         kind=raw["kind"],

@@ -43,6 +43,13 @@ class Protocol(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     seeds: tuple[int, ...] = Field((0, 1), min_length=1, description="one training run per seed (data order)")
+    max_seeds: int | None = Field(
+        None,
+        ge=1,
+        description="adaptive sampling: an entry whose |Δacc| is below adaptive_z standard errors gets one more seed "
+        "per round (and its reference run too) until it has max_seeds; None: the seeds only",
+    )
+    adaptive_z: float = Field(2.0, gt=0, description="entries with |mean| < adaptive_z x SE are sampled again")
     epochs: int = Field(4, ge=1, description="epochs of every grid run")
     batch_size: int = Field(32, ge=1)
     lr_classifier: float = Field(0.05, gt=0, description="learning rate of the classifier, in every run")
@@ -108,12 +115,15 @@ class RunSpec:
     layer: str | None = None
     conv_index: int | None = None
     ratio: float | None = None
+    seeds: tuple[int, ...] | None = None  # an extra-seed run of adaptive sampling (None: the protocol's seeds)
 
     @property
     def id(self) -> str:
         if self.kind == "weight":
-            return f"weight:{self.layer}@{ratio_label(self.ratio)}"
-        return "classifier" if self.kind == "classifier" else f"bias:{self.k}"
+            base = f"weight:{self.layer}@{ratio_label(self.ratio)}"
+        else:
+            base = "classifier" if self.kind == "classifier" else f"bias:{self.k}"
+        return base if self.seeds is None else base + "".join(f"#seed{s}" for s in self.seeds)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "k": self.k, "layer": self.layer, "conv_index": self.conv_index, "ratio": self.ratio}

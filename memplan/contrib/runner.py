@@ -130,8 +130,12 @@ class Worker:
     def execute(self, spec: RunSpec) -> dict:
         """Train and evaluate ``spec`` for every seed; returns its record."""
         proto = self.ctx.protocol
+        if spec.seeds is not None:
+            proto = proto.model_copy(update={"seeds": spec.seeds})
         record = self.train_plan(
-            lambda graph: run_plan(spec, graph, self.ctx.model_name, proto), split_layer(spec, self.layers, self.graph)
+            lambda graph: run_plan(spec, graph, self.ctx.model_name, proto),
+            split_layer(spec, self.layers, self.graph),
+            proto,
         )
         return {"id": spec.id, **spec.to_dict(), **record}
 
@@ -164,7 +168,7 @@ class Worker:
         params = [p for g in groups for p in g["params"]]
         initial = [p.detach().clone() for p in params]
         buffers = [(b, b.detach().clone()) for b in model.buffers()]  # norm statistics of train-mode norms
-        accs, train_s, eval_s = [], 0.0, 0.0
+        accs, final_loss, train_s, eval_s = [], [], 0.0, 0.0
         for seed in proto.seeds:
             with torch.no_grad():
                 for p, p0 in zip(params, initial):
@@ -175,7 +179,7 @@ class Worker:
                 m.training = flag
             t0 = time.perf_counter()
             opt = make_optimizer(groups, proto.optimizer, proto.lr_classifier)
-            fit(
+            losses = fit(
                 forward,
                 opt,
                 train_in,
@@ -186,6 +190,7 @@ class Worker:
                 cosine=True,
             )
             t1 = time.perf_counter()
+            final_loss.append(losses[-1])
             model.eval()
             accs.append(accuracy(forward, test_in, y_test))
             eval_s += time.perf_counter() - t1
@@ -193,6 +198,7 @@ class Worker:
         return {
             "seeds": list(proto.seeds),
             "accuracy": accs,
+            "final_loss": final_loss,  # training loss of the last step per seed (not finite: diverged)
             "trainable_params": sum(p.numel() for p in params),
             "train_s": round(train_s, 4),
             "eval_s": round(eval_s, 4),

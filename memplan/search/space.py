@@ -59,6 +59,8 @@ class Contributions:
 
 #: fields added to the profile later, left out of the hash while they hold the value older profiles imply
 _LATER_FIELDS = {"resolution": None, "evaluated_on": "test"}
+#: protocol fields added later (adaptive seeding), left out of the hash while they hold their default
+_LATER_PROTOCOL_FIELDS = {"max_seeds": None, "adaptive_z": 2.0}
 
 
 def profile_hash(profile: ContribProfile) -> str:
@@ -72,6 +74,9 @@ def profile_hash(profile: ContribProfile) -> str:
         data.pop("bias_se", None)
         data.pop("weight_se", None)
     protocol = data["protocol"]
+    for key, implied in _LATER_PROTOCOL_FIELDS.items():
+        if key in protocol and protocol[key] == implied:
+            del protocol[key]
     legacy = {v: k for k, v in LEGACY_MOMENTUM.items()}
     if protocol.get("optimizer") in legacy:  # hashed in the form older profiles stored it: their momentum
         protocol["momentum"] = legacy[protocol.pop("optimizer")]

