@@ -306,8 +306,8 @@ def verdicts(rows: list[dict]) -> list[str]:
         )
         lines.append(
             f"{r['name']}: {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f}% at {r['memory_bytes']:,} B "
-            f"vs best baseline with no more memory, {best['name']}: {best['accuracy_mean']:.2f} ± {best['accuracy_ci']:.2f}% at "
-            f"{best['memory_bytes']:,} B -> {word}"
+            f"vs best baseline with no more memory, {best['name']}: {best['accuracy_mean']:.2f} ± "
+            f"{best['accuracy_ci']:.2f}% at {best['memory_bytes']:,} B -> {word}"
         )
     if full is not None:
         for obj in sorted({r["objective"] for r in rows if r["method"].startswith("searched")}):
@@ -509,10 +509,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "description": (
             f"{setup.name} ({setup.weights.get('source')}) -> {task.name} at {res} px: "
             f"{task.x_train.shape[0]} training images, {task.x_val.shape[0]} validation images carved from the "
-            f"training data, {task.x_test.shape[0]} test images (final numbers only). Linear probe first ({a.probe_epochs} epochs, lr {a.probe_lr}; validation "
-            f"accuracy {probe:.2f}%), then every method: {a.optimizer} ({OPTIMIZERS[a.optimizer].description}), one "
-            f"learning rate for every trained tensor, {a.epochs} epochs of batch {a.batch_size}, cosine decay, no "
-            "augmentation."
+            f"training data, {task.x_test.shape[0]} test images (final numbers only). Linear probe first "
+            f"({a.probe_epochs} epochs, lr {a.probe_lr}; validation accuracy {probe:.2f}%), then every method: "
+            f"{a.optimizer} ({OPTIMIZERS[a.optimizer].description}), one learning rate for every trained "
+            f"tensor, {a.epochs} epochs of batch {a.batch_size}, cosine decay, no augmentation."
         ),
         "mode": a.mode,
         "input": f"3x{res}x{res}",
