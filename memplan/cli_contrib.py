@@ -8,6 +8,7 @@ check of the 256KB paper's Figure 5(c). Option parsers: :mod:`memplan.cli_common
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -148,7 +149,7 @@ def validate(
         "--budgets",
         help='comma-separated memory budgets, e.g. "20KB,50KB,100KB" (default: 4 spread over the profile\'s range)',
     ),
-    per_budget: int = typer.Option(3, "--per-budget", help="random schemes per budget"),
+    per_budget: int = typer.Option(5, "--per-budget", help="random schemes per budget"),
     no_searched: bool = typer.Option(False, "--no-searched", help="leave out the searched optimum of each budget"),
     mode: str = typer.Option("tinytraining", "--mode", help="accounting mode of the budgets"),
     seeds: str | None = typer.Option(None, "--seeds", help="training seeds (default: the profile's)"),
@@ -157,6 +158,9 @@ def validate(
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
     json_out: str | None = typer.Option(None, "--json", help="write the result as JSON to PATH"),
     plot: str | None = typer.Option(None, "--plot", help="draw Figure 5(c) to PATH"),
+    checkpoint: str | None = typer.Option(
+        None, "--checkpoint", help="JSONL of trained schemes to resume from (default: beside --json, .runs.jsonl)"
+    ),
 ) -> None:
     """The additivity check (Figure 5c): train random schemes over several budgets end to end and
     correlate their summed Δacc with their real test-accuracy gain (Pearson, Spearman, bootstrap CIs)."""
@@ -179,6 +183,7 @@ def validate(
         seed=seed,
         device=device,
         progress=lambda text: out_console.print(text, markup=False),
+        checkpoint=checkpoint or (Path(json_out).with_suffix(".runs.jsonl") if json_out else None),
     )
     check.profile = profile
     for line in summary(check):

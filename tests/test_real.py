@@ -311,3 +311,31 @@ def test_validate_end_to_end_on_a_tiny_profile(tmp_path):
     assert load_profile(tmp_path / "p.json").evaluated_on == "validation" and prof.protocol.seeds == (0,)
     budgets = default_budgets(prof)
     assert len(budgets) == 4 and budgets == sorted(budgets) and budgets[0] < budgets[-1]
+
+
+def test_validate_resumes_from_its_checkpoint_and_correlates_every_objective(tmp_path, monkeypatch):
+    from memplan.contrib.final import Evaluator
+    from memplan.search.validate import validate_profile
+
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    run_contrib(
+        "minilearn-cifar10",
+        data=str(npz),
+        out=tmp_path / "p.json",
+        validation=4,
+        seeds=(0, 1),
+        epochs=1,
+        batch_size=8,
+        probe_epochs=2,
+        ratios=(0.5, 1.0),
+    )
+    ckpt = tmp_path / "v.runs.jsonl"
+    first = validate_profile(tmp_path / "p.json", ["2KB", "8KB"], per_budget=2, bootstrap=50, checkpoint=ckpt)
+    # standard errors exist (2 seeds): every objective is correlated, each value its scheme's sum under it
+    assert set(first.by_objective) == {"mean", "lcb", "shrink"}
+    assert all(p.objectives["mean"] == pytest.approx(p.summed_delta_acc) for p in first.points)
+    assert all(p.objectives["lcb"] <= p.objectives["mean"] + 1e-9 for p in first.points)
+    # a rerun trains nothing: every scheme comes from the checkpoint, with the same accuracies
+    monkeypatch.setattr(Evaluator, "scheme", lambda *a, **k: pytest.fail("trained again"))
+    again = validate_profile(tmp_path / "p.json", ["2KB", "8KB"], per_budget=2, bootstrap=50, checkpoint=ckpt)
+    assert [p.accuracy for p in again.points] == [p.accuracy for p in first.points]

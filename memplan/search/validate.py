@@ -25,19 +25,22 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..api import capture_model
-from ..contrib.final import Evaluator
+from ..contrib.checkpoint import Checkpoint
+from ..contrib.final import Evaluator, Result
 from ..contrib.profile import ContribProfile, load_profile
 from ..errors import BadOption
 from ..io import write_text
 from ..units import parse_bytes
 from .exact import solve_exact
 from .memory import MemoryModel, build_table, check_additivity, probe_candidates
-from .space import Candidate, SearchSpace, build_space, contributions_of
+from .objective import OBJECTIVES
+from .space import Candidate, SearchSpace, build_space, contributions_of, profile_hash
 
 CONFIDENCE = 0.95
 
@@ -55,6 +58,7 @@ class Point:
     summed_delta_acc: float
     accuracy: list[float]
     gain: float  # mean test accuracy - classifier-only mean test accuracy, points
+    objectives: dict[str, float] = field(default_factory=dict)  # the scheme's summed gains per search objective
 
 
 @dataclass
@@ -74,6 +78,8 @@ class AdditivityCheck:
     spearman_ci: tuple[float, float]
     bootstrap: int
     confidence: float = CONFIDENCE
+    #: objective -> its correlations with the real gain (pearson, spearman and their CIs), as above
+    by_objective: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -137,7 +143,7 @@ def validate_profile(
     profile: str | os.PathLike | ContribProfile,
     budgets: Sequence[str | int],
     *,
-    per_budget: int = 3,
+    per_budget: int = 5,
     searched: bool = True,
     mode: str = "tinytraining",
     seeds: Sequence[int] | None = None,
@@ -146,10 +152,14 @@ def validate_profile(
     threads: int = 1,
     device: str = "cpu",
     progress: Callable[[str], None] | None = None,
-) -> AdditivityCheck:
+    checkpoint: str | os.PathLike | None = None,
+) -> AdditivityCheck:  # 12 options: the check's knobs, each a keyword of the CLI command (one reason)
     """Train ``per_budget`` random schemes per budget (and the searched optimum of each with
     ``searched``) end to end and correlate their summed Δacc with their real test-accuracy gain
-    (module docstring). ``seeds``: training seeds (default: the profile's)."""
+    (module docstring). ``seeds``: training seeds (default: the profile's). ``checkpoint``: a JSONL
+    file of the trained schemes (one fsync'ed line each); a rerun with the same options skips them.
+    The summed gains under every search objective (``memplan.search.objective``) the profile
+    allows are correlated too (``by_objective``)."""
     t0 = time.perf_counter()
     prof = profile if isinstance(profile, ContribProfile) else load_profile(profile)
     source = "(given)" if isinstance(profile, ContribProfile) else str(profile)
@@ -174,13 +184,16 @@ def validate_profile(
             cand = draw(space, memory.measure, b, rng)
             if cand is not None:
                 picks.append(("random", b, cand))
+    spaces = _objective_spaces(cap.graph, contributions)
     evaluator = Evaluator(prof, seeds=seeds, threads=threads, device=device)
     say = progress or (lambda text: None)
-    ref = evaluator.scheme("classifier only", space.to_scheme(Candidate(0), mode=mode))
+    ckpt, done = _checkpoint(checkpoint, prof, evaluator, mode, budget_bytes, per_budget, searched, seed)
+    train = _trainer(evaluator, space, mode, ckpt, done)
+    ref = train("reference", Candidate(0))
     say(f"classifier only: {ref.mean:.2f}%")
     points = []
     for kind, b, cand in picks:
-        r = evaluator.scheme(cand.describe(), space.to_scheme(cand, mode=mode))
+        r = train(f"{kind}|{b}", cand)
         points.append(
             Point(
                 kind,
@@ -192,6 +205,7 @@ def validate_profile(
                 space.value(cand),
                 r.accuracy,
                 r.mean - ref.mean,
+                {name: sp.value(cand) for name, sp in spaces.items()},
             )
         )
         say(
@@ -199,6 +213,12 @@ def validate_profile(
             f"{points[-1].summed_delta_acc:+.2f}, test {r.mean:.2f}% (gain {points[-1].gain:+.2f})"
         )
     stats = correlations([p.summed_delta_acc for p in points], [p.gain for p in points], bootstrap=bootstrap, seed=seed)
+    by_objective = {
+        name: correlations(
+            [p.objectives[name] for p in points], [p.gain for p in points], bootstrap=bootstrap, seed=seed
+        )
+        for name in spaces
+    }
     notes = []
     if prof.evaluated_on != "validation":
         notes.append("the profile measured Δacc on the test split: the check is not independent of it")
@@ -217,9 +237,68 @@ def validate_profile(
         stats["spearman"],
         stats["spearman_ci"],
         bootstrap,
+        by_objective=by_objective,
         seconds=round(time.perf_counter() - t0, 1),
         notes=notes,
     )
+
+
+def _objective_spaces(graph: Any, contributions: Any) -> dict[str, SearchSpace]:
+    """The search space under every objective the profile allows (those needing standard errors
+    are left out when it has none)."""
+    out = {}
+    for name in OBJECTIVES:
+        try:
+            out[name] = build_space(graph, contributions, objective=name)
+        except BadOption:
+            continue
+    return out
+
+
+def _checkpoint(
+    path: str | os.PathLike | None,
+    prof: ContribProfile,
+    evaluator: Evaluator,
+    mode: str,
+    budgets: list[int],
+    per_budget: int,
+    searched: bool,
+    seed: int,
+) -> tuple[Checkpoint | None, dict[str, dict[str, Any]]]:
+    if path is None:
+        return None, {}
+    identity = {
+        "profile": profile_hash(prof),
+        "seeds": list(evaluator.protocol.seeds),
+        "mode": mode,
+        "budgets": budgets,
+        "per_budget": per_budget,
+        "searched": searched,
+        "seed": seed,
+    }
+    ckpt = Checkpoint(Path(path), identity)
+    done = ckpt.finished()
+    if done is None:
+        ckpt.start()
+    return ckpt, done or {}
+
+
+def _trainer(
+    evaluator: Evaluator, space: SearchSpace, mode: str, ckpt: Checkpoint | None, done: dict[str, dict[str, Any]]
+) -> Callable[[str, Candidate], Result]:
+    """Trains a candidate (or takes it from the checkpoint) and records it."""
+
+    def train(key: str, cand: Candidate) -> Result:
+        rid = f"{key}|{cand.describe()}"
+        if rid not in done:
+            r = evaluator.scheme(cand.describe(), space.to_scheme(cand, mode=mode))
+            done[rid] = {"id": rid, "accuracy": r.accuracy, "trainable_params": r.trainable_params, "s": r.seconds}
+            if ckpt is not None:
+                ckpt.append(done[rid])
+        rec = done[rid]
+        return Result(cand.describe(), rec["accuracy"], rec["trainable_params"], rec["s"])
+
+    return train
 
 
 def save(check: AdditivityCheck, path: str | os.PathLike) -> None:
@@ -254,4 +333,10 @@ def summary(check: AdditivityCheck) -> list[str]:
         f"{check.pearson_ci[1]:+.3f}); Spearman rho = {check.spearman:+.3f} (CI {check.spearman_ci[0]:+.3f} .. "
         f"{check.spearman_ci[1]:+.3f}); {check.bootstrap} bootstrap resamples",
     ]
+    for name, c in check.by_objective.items():
+        p, sp = c["pearson_ci"], c["spearman_ci"]
+        lines.append(
+            f"  objective {name}: Pearson {c['pearson']:+.3f} (CI {p[0]:+.3f} .. {p[1]:+.3f}), "
+            f"Spearman {c['spearman']:+.3f} (CI {sp[0]:+.3f} .. {sp[1]:+.3f})"
+        )
     return lines + [f"note: {n}" for n in check.notes]
