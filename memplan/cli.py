@@ -206,7 +206,9 @@ def verify(
 
 @app.command()
 def search(
-    model: str | None = typer.Argument(None, help="model (default: mcunet-5fps at 128 px with its shipped profile)"),
+    model: str | None = typer.Argument(
+        None, help="model (default: efficientnet-lite0, ImageNet weights, with its shipped Fashion-MNIST profile)"
+    ),
     budget: str | None = typer.Option(
         None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes'
     ),
@@ -226,11 +228,11 @@ def search(
     optimizer: str | None = typer.Option(
         None, "--optimizer", help="sgd | sgd-momentum | adam whose state is counted (default: the profile's own)"
     ),
-    objective: str = typer.Option(
-        "mean",
+    objective: str | None = typer.Option(
+        None,
         "--objective",
         help="mean | lcb | shrink: the profile's Δacc entries as measured, minus one standard error, or "
-        "shrunk toward 0 by their standard errors (memplan.search.objective)",
+        "shrunk toward 0 by their standard errors (default: shrink; mean for a profile without standard errors)",
     ),
     mode_option: list[str] | None = ModeOptionOpt,
     method: str | None = typer.Option(
@@ -247,7 +249,7 @@ def search(
     classes: int | None = ClassesOpt,
     resolution: int | None = ResOpt,
 ) -> None:
-    """Search the sparse-update scheme with the largest summed Δacc under a memory budget."""
+    """Search the sparse-update scheme with the largest summed (noise-aware) Δacc under a memory budget."""
     from .render.figures import plot_search
     from .render.reports import print_search
     from .search.run import run_search

@@ -39,7 +39,7 @@ def files(tmp_path_factory):
     good = d / "scheme.json"
     main_rc = None
     try:
-        main(["search", "--budget", "60KB", "--out", str(good)])
+        main(["search", "mcunet-5fps", "--budget", "60KB", "--out", str(good)])
     except SystemExit as exc:
         main_rc = exc.code
     assert main_rc == 0 and good.exists()

@@ -49,7 +49,7 @@ def test_noise_aware_search_drops_an_entry_that_is_all_noise():
     space_mean = build_space(cap.graph, contributions_of(profile), objective="mean")
     space_lcb = build_space(cap.graph, contributions_of(profile), objective="lcb")
     i = next(c.conv_index for c in space_mean.layers if c.conv.name == noisy)
-    r_mean = run_search("mcunet-5fps", "100KB", profile=profile, resolution=128)
+    r_mean = run_search("mcunet-5fps", "100KB", profile=profile, resolution=128, objective="mean")
     r_lcb = run_search("mcunet-5fps", "100KB", profile=profile, resolution=128, objective="lcb")
     chosen_mean = {(u.conv_index, u.ratio) for u in r_mean.scheme.weight_updates}
     chosen_lcb = {(u.conv_index, u.ratio) for u in r_lcb.scheme.weight_updates}
@@ -64,3 +64,14 @@ def _cand(result):
 
     s = result.scheme
     return Candidate(s.bias_update, tuple((u.conv_index, u.ratio) for u in s.weight_updates))
+
+
+def test_default_objective_is_noise_aware_and_says_so_when_it_cannot_be():
+    cap = capture_model("mcunet-5fps", resolution=128, classes=10)
+    profile = synthetic_profile(cap.graph, layers=4)  # no standard errors: one seed per entry
+    r = run_search("mcunet-5fps", "100KB", profile=profile, resolution=128)
+    assert r.objective == "mean" and any("no standard errors" in w for w in r.warnings)
+    ses = {k: 0.1 for k in profile.bias}, {n: {q: 0.1 for q in row} for n, row in profile.weight.items()}
+    profile = profile.model_copy(update={"bias_se": ses[0], "weight_se": ses[1]})
+    r = run_search("mcunet-5fps", "100KB", profile=profile, resolution=128)
+    assert r.objective == "shrink" and not any("standard errors" in w for w in r.warnings)

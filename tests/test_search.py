@@ -299,7 +299,7 @@ def test_evolution_is_seeded_and_leaves_random_state(mcunet):
 
 def test_plot_writes_both_figures(mcunet, tmp_path):
     _, profile, _, _, _ = mcunet
-    r = run_search(budget="50KiB", profile=profile, classes=10, curves=True, generations=3, population=8)
+    r = run_search("mcunet-5fps", budget="50KiB", profile=profile, classes=10, curves=True, generations=3, population=8)
     plot_search(r, tmp_path / "f.png")
     assert r.budget_bytes == 51_200 and r.budget_convention.startswith("1024-based")
     assert r.evolution is not None and r.random is not None and r.random.evaluations == r.evolution.evaluations
@@ -327,7 +327,7 @@ def test_budget_convention(text, convention):
 def test_infeasible_budget_is_one_line(mcunet):
     _, profile, _, _, table = mcunet
     with pytest.raises(BudgetError) as info:
-        run_search(budget=table.base[0] - 1, profile=profile, classes=10)
+        run_search("mcunet-5fps", budget=table.base[0] - 1, profile=profile, classes=10)
     text = str(info.value)
     assert "\n" not in text and "classifier-only" in text and str(table.base[0]) in text
 
@@ -340,7 +340,7 @@ def test_profile_for_another_model_is_refused(mcunet):
 
 def test_budget_xor_device(mcunet):
     with pytest.raises(MemplanError, match="either a budget or a device"):
-        run_search(budget="100KB", device="stm32f746", profile=mcunet[1])
+        run_search("mcunet-5fps", budget="100KB", device="stm32f746", profile=mcunet[1])
 
 
 def test_device_profiles():
@@ -382,12 +382,12 @@ def test_device_sets_the_budget(mcunet):
     own convention (tinytraining: SRAM less the reserve for the forward it does not count)."""
     _, profile, _, _, _ = mcunet
     dev = load_device("stm32f746")
-    r = run_search(device="stm32f746", profile=profile, classes=10, generations=8, population=16)
+    r = run_search("mcunet-5fps", device="stm32f746", profile=profile, classes=10, generations=8, population=16)
     assert r.mode == "mcu" and r.method == "evolution" and not r.additive
     assert r.budget_bytes == dev.budget_bytes == dev.sram_bytes - dev.runtime_bytes and r.device.name == "stm32f746"
     assert r.memory_bytes <= r.budget_bytes
     assert r.memory_bytes == r.breakdown["peak_bytes"]  # the candidate's quick peak is compute()'s
-    t = run_search(device="stm32f746", profile=profile, classes=10, mode="tinytraining")
+    t = run_search("mcunet-5fps", device="stm32f746", profile=profile, classes=10, mode="tinytraining")
     assert t.budget_bytes == dev.sram_bytes - dev.reserve_bytes and t.memory_bytes <= t.budget_bytes
 
 
@@ -443,7 +443,9 @@ def test_shipped_schemes_fit_their_budgets():
 
 def test_result_to_dict_is_json(mcunet):
     _, profile, _, _, _ = mcunet
-    r = run_search(budget="80KB", profile=profile, classes=10, method="evolution", generations=2, population=6)
+    r = run_search(
+        "mcunet-5fps", budget="80KB", profile=profile, classes=10, method="evolution", generations=2, population=6
+    )
     data = json.loads(json.dumps(r.to_dict()))
     assert data["scheme"]["budget_bytes"] == 80_000 and data["method"] == "evolution"
     assert data["exact"]["value"] >= data["evolution"]["value"] and len(data["table"]["extra"]) == 168

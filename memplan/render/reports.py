@@ -135,15 +135,21 @@ def print_search(result: SearchResult, console: Console) -> None:
     s = r.scheme
     weights = ", ".join(f"{w.conv_index} {w.layer} @{w.ratio:g}" for w in s.weight_updates) or "none"
     console.print(f"[bold]scheme[/] ({r.method}): biases of the last {s.bias_update} convs; weights: {weights}")
-    console.print(
-        f"summed Δacc {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = {fmt_bytes(r.memory_bytes)} "
-        f"({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)"
+    objective = (
+        f"objective {r.objective} (summed {r.objective_value:.4g}) · "
+        if r.objective != "mean" and r.objective_value is not None
+        else "objective mean · "
     )
+    console.print(
+        f"{objective}summed Δacc (measured means) {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = "
+        f"{fmt_bytes(r.memory_bytes)} ({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)"
+    )
+    runs_value = f"summed {r.objective}"
     table = Table("component", "bytes", "size")
     for k, v in r.breakdown.items():
         table.add_row(k, str(v), fmt_bytes(v))
     console.print(table)
-    runs = Table("method", "summed Δacc", "gap to exact", "evaluations", "seconds")
+    runs = Table("method", runs_value, "gap to exact", "evaluations", "seconds")
     if r.exact is not None:
         runs.add_row("exact", f"{r.exact.value:.4g}", "0", "-", f"{r.exact.seconds:.3f}")
     for tr in (r.evolution, r.random):

@@ -62,3 +62,14 @@ def apply_objective(name: str, means: list[float], ses: list[float | None]) -> l
         )
     pooled = math.sqrt(statistics.fmean(s * s for s in known))
     return fn(means, [pooled if s is None else s for s in ses])
+
+
+#: the objective of ``memplan search`` when none is asked for (README "Which objective")
+DEFAULT_OBJECTIVE = "shrink"
+
+
+def default_objective(bias_se: dict[int, float | None], weight_se: dict[str, dict[float, float | None]]) -> str:
+    """:data:`DEFAULT_OBJECTIVE` when the profile has standard errors, else ``mean`` (the caller warns)."""
+    known = [s for s in bias_se.values() if s is not None]
+    known += [s for row in weight_se.values() for s in row.values() if s is not None]
+    return DEFAULT_OBJECTIVE if known else "mean"

