@@ -1,0 +1,80 @@
+"""The cheap form of benchmarks/transfer.py that CI runs: a tiny task, a few methods (a searched
+scheme among them), two seeds. It checks that the pipeline, the checkpoint, the table and the
+plot are produced and that a rerun resumes; it asserts no accuracy (those depend on the CPU).
+The statistics it reports (Student-t CI, Pareto front) are checked against hand computations."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from memplan.contrib.analysis import run_contrib
+
+from .test_real import TINY_GRID, make_npz
+
+torch.set_num_threads(1)
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer.py"
+
+
+@pytest.fixture(scope="module")
+def transfer():
+    spec = importlib.util.spec_from_file_location("transfer_benchmark", PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mean_ci_is_the_student_t_interval(transfer):
+    xs = [80.0, 82.0, 84.0]
+    mean, half = transfer.mean_ci(xs)
+    # t(0.975, df=2) = 4.302652729911275; sample std = 2; n = 3
+    assert mean == 82.0 and half == pytest.approx(4.302652729911275 * 2 / math.sqrt(3))
+    assert transfer.mean_ci([70.0]) == (70.0, 0.0)
+
+
+def test_pareto_front_keeps_what_nothing_cheaper_beats(transfer):
+    rows = [
+        {"name": "a", "memory_bytes": 10, "accuracy_mean": 80.0},
+        {"name": "b", "memory_bytes": 20, "accuracy_mean": 79.0},  # dominated by a
+        {"name": "c", "memory_bytes": 30, "accuracy_mean": 85.0},
+        {"name": "d", "memory_bytes": 30, "accuracy_mean": 84.0},  # dominated by c (same memory)
+        {"name": "e", "memory_bytes": 40, "accuracy_mean": 85.0},  # dominated by c (more memory, same accuracy)
+    ]
+    assert transfer.pareto_front(rows) == ["a", "c"]
+
+
+def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch):
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    profile = tmp_path / "profile.json"
+    run_contrib("minilearn-cifar10", data=str(npz), out=profile, validation=4, **{**TINY_GRID, "seeds": (0, 1)})
+    out = tmp_path / "bench"
+    argv = [
+        "--model", "minilearn-cifar10", "--weights", "none", "--data", str(npz), "--resolution", "32",
+        "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
+        "--lrs", "0.001,0.01", "--seeds", "0,1", "--profile", str(profile), "--budgets", "4KB",
+        "--objectives", "mean,shrink", "--methods", "classifier only,bias only,last-1 weights+biases,searched (shrink)",
+        "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    result = transfer.main(argv)
+    names = {r["name"] for r in result["rows"]}
+    assert names == {"classifier only", "bias only", "last-1 weights+biases", "searched 4KB (shrink)"}
+    assert not result["missing"]
+    for r in result["rows"]:
+        assert len(r["accuracy"]) == 2 and r["lr"] in (0.001, 0.01) and r["memory_bytes"] > 0
+        assert set(r["grid_validation"]) == {"0.001", "0.01"}
+    searched = next(r for r in result["rows"] if r["name"].startswith("searched"))
+    assert searched["memory_bytes"] <= 4000 and searched["objective"] == "shrink"
+    assert any("searched 4KB (shrink)" in v for v in result["verdicts"])
+    table = (out / "transfer.md").read_text()
+    assert "| method | memory (B) |" in table and "adam" in table
+    assert (out / "transfer.png").stat().st_size > 10_000
+    assert json.loads((out / "transfer.json").read_text())["rows"] == result["rows"]
+    # rerunning trains nothing: every run comes from the checkpoint
+    monkeypatch.setattr(transfer.Bench, "run", lambda *a, **k: pytest.fail("trained again"))
+    again = transfer.main(argv)
+    assert again["rows"] == result["rows"]
