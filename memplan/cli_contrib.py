@@ -73,14 +73,25 @@ def measure(
     ),
     bits: int | None = typer.Option(None, "--bits", help="quantise cached features to BITS (default: fp32, exact)"),
     seeds: str | None = typer.Option(None, "--seeds", help="comma-separated seeds per run, e.g. 0,1,2"),
+    max_seeds: int | None = typer.Option(
+        None, "--max-seeds", help="adaptive sampling: more seeds, up to this many, where |Δacc| < --adaptive-z SE"
+    ),
+    adaptive_z: float | None = typer.Option(None, "--adaptive-z", help="z of adaptive sampling (default 2)"),
+    bias_ks: str | None = typer.Option(None, "--bias-ks", help="bias depths k to measure, e.g. 1,2,4,8 (default all)"),
+    weight_layers: int | None = typer.Option(
+        None, "--weight-layers", help="weight runs for the last N convs only (default all)"
+    ),
     epochs: int | None = typer.Option(None, "--epochs", help="epochs per run"),
     batch_size: int | None = typer.Option(None, "--batch-size", help="training batch size of every run"),
     ratios: str | None = typer.Option(None, "--ratios", help="weight ratios, e.g. 1/8,1/4,1/2,1"),
+    lr_classifier: float | None = typer.Option(None, "--lr-classifier", help="learning rate of the classifier"),
     lr_bias: float | None = typer.Option(None, "--lr-bias", help="learning rate of biases"),
     lr_weight: float | None = typer.Option(None, "--lr-weight", help="learning rate of the analysed weight"),
     optimizer: str | None = typer.Option(
         None, "--optimizer", help="sgd | sgd-momentum | adam: the probe's and every run's (default sgd)"
     ),
+    probe_epochs: int | None = typer.Option(None, "--probe-epochs", help="epochs of the linear probe"),
+    probe_lr: float | None = typer.Option(None, "--probe-lr", help="learning rate of the linear probe"),
     resolution: int | None = typer.Option(None, "--resolution", "-r", help="input side of the runs in px"),
     costing_resolution: int | None = typer.Option(
         None, "--costing-resolution", help="input side the schemes will be costed at (default: the run resolution)"
@@ -119,12 +130,19 @@ def measure(
         cache=not no_cache,
         bits=bits,
         seeds=ints(seeds, "seeds"),
+        max_seeds=max_seeds,
+        adaptive_z=adaptive_z,
+        bias_ks=ints(bias_ks, "bias-ks"),
+        weight_layers=weight_layers,
         epochs=epochs,
         batch_size=batch_size,
         ratios=floats(ratios, "ratios"),
+        lr_classifier=lr_classifier,
         lr_bias=lr_bias,
         lr_weight=lr_weight,
         optimizer=optimizer,
+        probe_epochs=probe_epochs,
+        probe_lr=probe_lr,
         resolution=resolution,
         costing_resolution=costing_resolution,
         train_per_class=train_per_class,
