@@ -426,6 +426,7 @@ def test_shipped_scheme_regenerates_identically():
         mode=shipped.mode,
         input_shape=shipped.input_shape,
         command=shipped.provenance.command,
+        objective=shipped.provenance.objective,
     ).scheme
     drop = {"provenance": {"date"}}
     assert again.model_dump(exclude=drop) == shipped.model_dump(exclude=drop)

@@ -49,11 +49,18 @@ class Provenance(BaseModel):
     command: str | None = Field(None, description="command line that produced the scheme")
     date: str = Field(description="ISO 8601, UTC")
     profile_hash: str | None = Field(None, description="hash of the contribution profile the search used")
+    objective: str | None = Field(
+        None, description="what the search maximised (memplan.search.objective: mean, lcb, shrink); None: not recorded"
+    )
 
 
-def new_provenance(command: str | None = None, profile_hash: str | None = None) -> Provenance:
+def new_provenance(
+    command: str | None = None, profile_hash: str | None = None, objective: str | None = None
+) -> Provenance:
     date = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-    return Provenance(memplan_version=__version__, command=command, date=date, profile_hash=profile_hash)
+    return Provenance(
+        memplan_version=__version__, command=command, date=date, profile_hash=profile_hash, objective=objective
+    )
 
 
 class Scheme(BaseModel):
