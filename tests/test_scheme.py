@@ -135,7 +135,7 @@ def test_json_round_trip(tmp_path):
     s.save(path)
     data = json.loads(path.read_text())
     assert data["schema_version"] == 1 and data["weight_updates"][1]["select"] == "magnitude+"
-    assert set(data["provenance"]) == {"memplan_version", "command", "date", "profile_hash"}
+    assert set(data["provenance"]) == {"memplan_version", "command", "date", "profile_hash", "objective"}
     assert load_scheme(path) == s
 
 
