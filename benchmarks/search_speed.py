@@ -24,7 +24,7 @@ from memplan.search.evolution import evolve
 from memplan.search.exact import relative_gap, solve_exact
 from memplan.search.memory import MemoryModel, build_table, check_additivity, probe_candidates
 from memplan.search.random_search import random_search
-from memplan.search.run import DEFAULT_MODEL, DEFAULT_RESOLUTION, find_profile
+from memplan.search.run import DEFAULT_MODEL, find_profile
 from memplan.search.space import build_space, load_contributions
 from memplan.search.toolbox import Problem, make_toolbox
 from memplan.units import parse_bytes
@@ -43,7 +43,7 @@ def to_99(trace, optimum: float) -> tuple[int | None, float | None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--resolution", type=int, default=DEFAULT_RESOLUTION)
+    ap.add_argument("--resolution", type=int, default=64, help="input side (default: the shipped profile's, 64 px)")
     ap.add_argument("--budget", default="100KB")
     ap.add_argument("--profile", default=None, help="contribution profile JSON (default: the shipped one)")
     ap.add_argument("--mode", default="tinytraining")

@@ -74,6 +74,11 @@ class Scheme(BaseModel):
     input_shape: list[int] = Field(description="per-sample input shape, e.g. [3, 128, 128]")
     batch: int = Field(1, ge=1)
     mode: str = Field("tinytraining", description="accounting mode the scheme was planned under")
+    optimizer: str | None = Field(
+        None,
+        description="optimizer whose state `predicted` counts and that training should use (memplan.optim: sgd, "
+        "sgd-momentum, adam); None: not recorded (schemes written before it)",
+    )
     budget_bytes: int | None = Field(None, ge=0, description="memory budget of the search, bytes")
     bias_update: int = Field(ge=0, description="the biases of the last n convs update")
     weight_updates: list[WeightUpdate] = Field(default_factory=list)

@@ -318,6 +318,7 @@ def run_search(
         budget_bytes=budget_bytes,
         predicted={**breakdown, "memory_bytes": measured},
         summed_delta_acc=summed,
+        optimizer=optimizer,
         provenance=new_provenance(command, contributions.sha256, objective),
     )
     exact = runs.get("exact")
