@@ -336,12 +336,13 @@ def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: 
         f"{header['seeds']}. LR: chosen on validation from {header['lrs']} (* = at the grid's edge). "
         "Wall: seconds of all the method's runs (grid + final) on this machine. P = on the Pareto front.",
         "",
-        "| method | memory (B) | test acc % | seeds | lr | trainable params | wall s | P |",
-        "|---|---:|---:|---:|---:|---:|---:|:-:|",
+        "| method | memory (B) | optimizer state | test acc % | seeds | lr | trainable params | wall s | P |",
+        "|---|---:|---|---:|---:|---:|---:|---:|:-:|",
     ]
+    state = f"{header['optimizer']}, {OPTIMIZERS[header['optimizer']].states} x 32 bit"
     for r in sorted(rows, key=lambda r: r["memory_bytes"]):
         out.append(
-            f"| {r['name']} | {r['memory_bytes']:,} | {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f} | "
+            f"| {r['name']} | {r['memory_bytes']:,} | {state} | {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f} | "
             f"{len(r['accuracy'])} | {r['lr']:g}{'*' if r['lr_at_grid_edge'] else ''} | {r['trainable_params']:,} | "
             f"{r['wall_s']:.0f} | {'P' if r['name'] in front else ''} |"
         )
