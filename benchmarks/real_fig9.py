@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from memplan.api import capture_model, profile_captured
+from memplan.api import capture, profile_captured
 from memplan.contrib.final import Evaluator
 from memplan.contrib.profile import load_profile
 from memplan.graph import conv_layers
@@ -78,7 +78,7 @@ def main() -> None:
     path = Path(os.path.relpath(args.profile))
     prof = load_profile(path)
     classes = prof.dataset["classes"]
-    cap = capture_model(prof.model, resolution=prof.costing_resolution, classes=classes)
+    cap = capture(prof.model, resolution=prof.costing_resolution, classes=classes)
     seeds = [int(s) for s in args.seeds.split(",")]
     ev = Evaluator(prof, seeds=seeds)
     print(ev.describe())

@@ -41,13 +41,14 @@ from pathlib import Path
 import torch
 
 import memplan
-from memplan.api import capture_model, profile_captured
+from memplan.api import capture, profile_captured
 from memplan.contrib.analysis import default_cache_dir
 from memplan.contrib.data import TRANSFER_DIGITS, digits_arrays, load_data, make_data
 from memplan.contrib.profile import load_profile
 from memplan.contrib.runner import accuracy, linear_probe, param_groups
 from memplan.contrib.weights import pretrain_digits
-from memplan.graph import capture, conv_layers
+from memplan.graph import conv_layers
+from memplan.graph.capture import capture_graph
 from memplan.models.zoo import build
 from memplan.nn.train import fit
 from memplan.optim import make_optimizer
@@ -110,7 +111,7 @@ def train_eval(
     accs, accs_extra = [], []
     for seed in seeds:
         model = copy.deepcopy(base)
-        memplan.apply_scheme(model, scheme, capture(model, shape))
+        memplan.apply_scheme(model, scheme, capture_graph(model, shape))
         opt = make_optimizer(param_groups(model, head, protocol), protocol.optimizer, protocol.lr_classifier)
         fit(
             model,
@@ -148,14 +149,14 @@ def main() -> None:
     scales = [float(s) for s in args.lr_scales.split(",")]
     t_start = time.perf_counter()
 
-    cap = capture_model(args.model, resolution=DEFAULT_RESOLUTION)
+    cap = capture(args.model, resolution=DEFAULT_RESOLUTION)
     path = Path(os.path.relpath(args.profile or find_profile(fingerprint(cap.graph))))
     prof = load_profile(path)
     protocol = prof.protocol if args.epochs is None else prof.protocol.model_copy(update={"epochs": args.epochs})
     classes = prof.dataset["classes"]
-    cap = capture_model(args.model, resolution=DEFAULT_RESOLUTION, classes=classes)
+    cap = capture(args.model, resolution=DEFAULT_RESOLUTION, classes=classes)
     shape = tuple(prof.input_shape)
-    cap_train = capture_model(args.model, input_shape=shape, classes=classes)
+    cap_train = capture(args.model, input_shape=shape, classes=classes)
 
     data = load_data("digits", shape, prof.dataset["train"] // classes)
     held = heldout(shape, prof.dataset["train"] // classes)

@@ -21,9 +21,10 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from ..api import capture
 from ..errors import BadOption, MemplanError
-from ..graph import LayerGraph, capture, trace
-from ..models import resolve, zoo
+from ..graph import LayerGraph
+from ..models import zoo
 from ..plan import fingerprint
 from .checkpoint import data_digest, state_digest
 from .data import DEFAULT_VALIDATION, Data, Validation, fit_to, load_data
@@ -123,11 +124,9 @@ def build_setup(
             if task.x_val is not None:
                 task.x_val = fit_to(task.x_val, shape)
     torch.manual_seed(0)
-    spec = resolve(model, task.classes, meta=False)
-    name, net = spec.name, spec.model
     shape = tuple(task.x_train.shape[1:])
-    gm = trace(net, name=name)
-    graph = capture(net, (1, *shape), gm=gm, name=name)
+    cap = capture(model, shape, classes=task.classes, meta=False, runnable=True)  # gm: the feature cache cuts it
+    name, net, gm, graph = cap.name, cap.model, cap.gm, cap.graph
     if graph.classes != task.classes:
         raise MemplanError(
             f"{name} outputs {graph.classes} classes; {data} has {task.classes}",

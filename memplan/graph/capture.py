@@ -76,7 +76,7 @@ def select_output(value: Any, output: str | int | None, name: str) -> tuple[Any,
     )
 
 
-def capture(
+def capture_graph(
     model: nn.Module,
     input_shape: Sequence[int],
     *,
@@ -84,20 +84,25 @@ def capture(
     block_names: Sequence[str] | None = None,
     dtype: torch.dtype = torch.float32,
     name: str = "model",
-    gm: fx.GraphModule | None = None,
     output: str | int | None = None,
+    runnable: bool = False,
 ) -> LayerGraph:
-    """Trace ``model`` and propagate an input of ``input_shape`` (batch first) on meta.
+    """Trace ``model`` and propagate an input of ``input_shape`` (batch first) on meta: the last
+    step of the capture pipeline (``memplan.capture``, which everything above the engine calls).
 
     Capture is symbolic (``torch.fx``) where it can be, and otherwise records one eager run on
     meta tensors (``memplan.record``: shape-dependent control flow, iteration over tensors);
     ``LayerGraph.capture`` says which. The model runs in train mode (flags restored after).
+    ``LayerGraph.gm`` keeps the GraphModule; ``runnable=True`` makes it one to run the model with
+    (the contribution feature cache cuts it): symbolic only (a failure raises TraceFailure; a
+    recording is specialised to its batch) and traced under the model's own train / eval flags.
     A cross-entropy loss node over the (batch, classes) logits is appended, since every training
     step has one; it takes the model's output, or for a tuple / dict / namedtuple output its
-    first tensor or the entry named by ``output``. ``gm`` reuses an earlier trace of the model.
+    first tensor or the entry named by ``output``.
     """
     x = torch.empty(tuple(input_shape), dtype=dtype, device="meta")
     how = "symbolic"
+    gm = trace(model, leaf_modules, name) if runnable else None
     with train_mode(model):
         if gm is None:
             try:

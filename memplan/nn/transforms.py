@@ -22,8 +22,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import BadOption, MemplanError
-from ..graph import capture, find_blocks, module_kind, node_kind, trace
+from ..graph import find_blocks, module_kind, node_kind
+from ..graph.capture import capture_graph  # transforms run inside the pipeline (memplan.api), before its capture
 from ..graph.kinds import ACTIVATIONS
+from ..graph.trace import trace
 from ..models.zoo.blocks import make_divisible
 
 #: channels per group of the GroupNorm layers TinyTL uses
@@ -237,7 +239,7 @@ def lite_branch(
 
 def _block_io(model: nn.Module, blocks: Sequence[str], input_shape: Sequence[int]):
     """{block: (input shape, output shape)} from a meta trace at ``(1, *input_shape)``."""
-    graph = capture(model, (1, *input_shape), block_names=list(blocks), name=type(model).__name__)
+    graph = capture_graph(model, (1, *input_shape), block_names=list(blocks), name=type(model).__name__)
     io = {}
     for b in graph.blocks:
         first, last = graph.block_range(b)

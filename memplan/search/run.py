@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from ..api import capture_model
+from ..api import capture
 from ..contrib.profile import ContribProfile
 from ..errors import BadOption, MemplanError
 from ..io import read_json
@@ -204,7 +204,7 @@ def run_search(
         contributions = load_contributions(profile_path)
     if contributions is not None and resolution is None and input_shape is None:
         resolution = contributions.costing_resolution
-    cap = capture_model(
+    cap = capture(
         model,
         batch=1,
         resolution=resolution,
@@ -219,7 +219,7 @@ def run_search(
         if own:
             resolution = contributions.costing_resolution
         if own or (classes is None and contributions.classes and contributions.classes != cap.classes):
-            cap = capture_model(
+            cap = capture(
                 model, batch=1, resolution=resolution, input_shape=input_shape, classes=classes or contributions.classes
             )
     warnings = []

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..api import capture_model
+from ..api import capture
 from ..contrib.final import Evaluator
 from ..contrib.profile import ContribProfile, load_profile
 from ..errors import BadOption
@@ -158,7 +158,7 @@ def validate_profile(
     budget_bytes = sorted({parse_bytes(b) for b in budgets})
     contributions = contributions_of(prof, f"contribution profile {source}")
     res = prof.costing_resolution
-    cap = capture_model(prof.model, batch=1, resolution=res, classes=contributions.classes)
+    cap = capture(prof.model, batch=1, resolution=res, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
     memory = MemoryModel(space, mode, optimizer=contributions.optimizer)
     table = build_table(memory)
@@ -231,7 +231,7 @@ def default_budgets(profile: ContribProfile, mode: str = "tinytraining", n: int 
     """``n`` budgets spaced geometrically between twice the cheapest bias-only memory and half the
     memory of the deepest bias depth with every weight at ratio 1 (bytes)."""
     contributions = contributions_of(profile)
-    cap = capture_model(profile.model, batch=1, resolution=profile.costing_resolution, classes=contributions.classes)
+    cap = capture(profile.model, batch=1, resolution=profile.costing_resolution, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
     memory = MemoryModel(space, mode, optimizer=contributions.optimizer)
     k = space.ks[-1]
