@@ -42,10 +42,10 @@ import torch
 
 import memplan
 from memplan.api import capture, profile_captured
-from memplan.contrib.analysis import default_cache_dir
 from memplan.contrib.data import TRANSFER_DIGITS, digits_arrays, load_data, make_data
 from memplan.contrib.profile import load_profile
 from memplan.contrib.runner import accuracy, linear_probe, param_groups
+from memplan.contrib.setup import default_cache_dir
 from memplan.contrib.weights import pretrain_digits
 from memplan.graph import conv_layers
 from memplan.graph.capture import capture_graph

@@ -36,7 +36,7 @@ from .executors import EXECUTORS, default_threads, execute, num_threads
 from .profile import ContribProfile, Resolution, assemble
 from .protocol import Protocol, grid
 from .runner import Context, linear_probe, resolve_device
-from .setup import DIGITS_RESOLUTION, DIGITS_TRAIN_PER_CLASS, build_setup, default_cache_dir  # noqa: F401 (re-exported)
+from .setup import build_setup
 from .weights import save_state
 
 
