@@ -11,7 +11,7 @@ name and the layer is named after the module owning them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,7 +24,7 @@ from .attrs import _call_args, _call_attrs, _functional_attrs, _module_attrs, _p
 from .blocks import _assign_blocks, find_blocks
 from .kinds import FUNCTIONAL_LAYERS
 from .layout import _MetaRunner, _pad_mode, flatten
-from .model import LayerGraph, Node, Param, TensorInfo, role
+from .model import TAG_ATTR, LayerGraph, Node, Param, TensorInfo, role
 from .record import record
 from .trace import trace
 
@@ -162,6 +162,7 @@ def _build(
             info(t, is_param=True)
 
     params_of = dict(model.named_parameters())
+    scope_tags = _tagger(model)
     fx_index: dict[fx.Node, int] = {}
     seen_params: set[str] = set()
     layer_names: set[str] = set()
@@ -253,6 +254,7 @@ def _build(
         if fxn.op == "call_module" and (not scopes or scopes[-1] != str(fxn.target)):
             scopes += (str(fxn.target),)
         scope = scopes[-1] if scopes else ""
+        tags = frozenset(t for sc in scopes for t in scope_tags(sc))
         fx_index[fxn] = len(nodes)
         nodes.append(
             Node(
@@ -269,6 +271,7 @@ def _build(
                 attrs=attrs,
                 scope=scope,
                 scopes=scopes,
+                tags=tags,
                 layer=layer,
                 uses=uses,
                 fx=fxn,
@@ -336,3 +339,18 @@ def _claim_parameters(
             seen.add(qual)
             p = params_of[qual]
             node.params = {role(qual): Param(qual, tuple(p.shape), p.dtype)}
+
+
+def _tagger(model: nn.Module) -> Callable[[str], frozenset[str]]:
+    """scope qualname -> the tags (``TAG_ATTR``) of that module and of every module above it."""
+    modules = dict(model.named_modules())
+    cache: dict[str, frozenset[str]] = {}
+
+    def tags(scope: str) -> frozenset[str]:
+        if scope not in cache:
+            parts = scope.split(".")
+            found = (getattr(modules.get(".".join(parts[:i])), TAG_ATTR, None) for i in range(1, len(parts) + 1))
+            cache[scope] = frozenset(t for t in found if isinstance(t, str))
+        return cache[scope]
+
+    return tags

@@ -22,15 +22,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import BadOption, MemplanError
-from ..graph import find_blocks, module_kind, node_kind
+from ..graph import Node, find_blocks, module_kind, node_kind
 from ..graph.capture import capture_graph  # transforms run inside the pipeline (memplan.api), before its capture
 from ..graph.kinds import ACTIVATIONS
+from ..graph.model import TAG_ATTR
 from ..graph.trace import trace
 from ..models.zoo.blocks import make_divisible
 
 #: channels per group of the GroupNorm layers TinyTL uses
 GN_CHANNELS_PER_GROUP = 8
-#: attribute of :class:`LiteResidual` holding the branch (strategies and modes find lite layers by it)
+#: attribute of :class:`LiteResidual` holding the branch, and the branch's tag (``graph.model.TAG_ATTR``):
+#: every node captured inside a branch carries it in ``Node.tags`` (strategies and modes find lite layers by it)
 LITE_ATTR = "lite_residual"
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -180,6 +182,7 @@ class LiteResidual(nn.Module):
         super().__init__()
         self.main = block
         self.lite_residual = branch
+        setattr(branch, TAG_ATTR, LITE_ATTR)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.main(x)
@@ -337,6 +340,6 @@ def add_lite_residual(
     return model
 
 
-def is_lite(layer_name: str) -> bool:
-    """Whether a layer (module qualname) belongs to a lite residual branch."""
-    return f".{LITE_ATTR}." in f".{layer_name}"
+def is_lite(node: Node) -> bool:
+    """Whether a captured node runs inside a lite residual branch (tagged by :class:`LiteResidual`)."""
+    return LITE_ATTR in node.tags
