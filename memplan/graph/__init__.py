@@ -6,7 +6,8 @@ with shapes propagated on the meta device.
 * :mod:`.kinds`: canonical op kinds and which modules are known exactly; :mod:`.trace`: the
   symbolic tracer; :mod:`.leafcalls`: custom autograd Functions and script functions as single
   calls; :mod:`.record`: capture by an eager run on meta; :mod:`.layout`: meta-device memory
-  layouts; :mod:`.capture`: capture + shape propagation; :mod:`.blocks`: block discovery;
+  layouts; :mod:`.capture`: capture + shape propagation (:mod:`.build`: the LayerGraph of it);
+  :mod:`.blocks`: block discovery;
 * :mod:`.conv`: conv-layer conventions (conv index, bias carrier, padding, sub-channel count).
 
 ``capture_graph`` (:mod:`.capture`) and ``trace`` (:mod:`.trace`) are not re-exported here: the
@@ -15,7 +16,8 @@ one public way to capture is ``memplan.capture`` (``memplan.api``), whose last s
 """
 
 from .blocks import find_blocks
-from .capture import select_output, train_mode
+from .build import select_output
+from .capture import train_mode
 from .conv import SELECT_RULES, ConvLayer, bias_carrier, conv_layers, conv_padding, conv_table, is_pw1, sub_channels
 from .kinds import module_kind, node_kind
 from .layout import flatten
