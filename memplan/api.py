@@ -143,7 +143,7 @@ def capture(  # public keyword API: one keyword per capture option of profile / 
     return Captured(graph, name or built.name, built.resolution, graph.classes, net)
 
 
-def profile_captured(
+def profile_captured(  # public keyword API: the accounting options of profile
     cap: Captured,
     method: str = "full",
     *,
@@ -183,7 +183,7 @@ def profile_captured(
     return prof
 
 
-def profile(
+def profile(  # public keyword API: one keyword per option of memplan profile
     model: str | nn.Module,
     method: str = "full",
     *,
@@ -233,17 +233,20 @@ def profile(
         **options,
     )
     if check:
-        small = cap
-        if isinstance(model, str) or cap.graph.batch > CHECK_BATCH:  # a real model at a small batch
-            again = dict(
-                batch=min(batch, CHECK_BATCH), leaf_modules=leaf_modules, block_names=block_names, output=output
-            )
-            if isinstance(model, str):
-                small = capture(model, cap.graph.input_shape[1:], meta=False, **shaping, **again)
-            else:  # the module, already transformed
-                small = capture(cap.model, cap.graph.input_shape[1:], name=cap.name, **again)
+        again = dict(batch=min(batch, CHECK_BATCH), leaf_modules=leaf_modules, block_names=block_names, output=output)
+        small = _checkable(model, cap, shaping, again)
         prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **options)))
     return prof
+
+
+def _checkable(model: str | nn.Module, cap: Captured, shaping: dict[str, Any], again: dict[str, Any]) -> Captured:
+    """What ``profile(check=True)`` runs: ``cap`` itself, or the real model (a zoo / import spec
+    built with weights, or the module already transformed) captured again at the check's batch."""
+    if not isinstance(model, str) and cap.graph.batch <= CHECK_BATCH:
+        return cap
+    if isinstance(model, str):
+        return capture(model, cap.graph.input_shape[1:], meta=False, **shaping, **again)
+    return capture(cap.model, cap.graph.input_shape[1:], name=cap.name, **again)
 
 
 def compare(

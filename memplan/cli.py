@@ -80,7 +80,7 @@ def _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, no
 
 
 @app.command()
-def profile(
+def profile(  # typer command: one parameter per CLI option
     ctx: typer.Context,
     model: str = ModelArg,
     method: str = MethodOpt,
@@ -163,7 +163,7 @@ def profile(
 
 
 @app.command()
-def verify(
+def verify(  # typer command: one parameter per CLI option
     model: str = ModelArg,
     method: str = MethodOpt,
     blocks: int | None = BlocksOpt,
@@ -205,7 +205,7 @@ def verify(
 
 
 @app.command()
-def search(
+def search(  # typer command: one parameter per CLI option
     model: str | None = typer.Argument(None, help="model (default: mcunet-5fps at 128 px with its shipped profile)"),
     budget: str | None = typer.Option(
         None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes'
@@ -295,7 +295,7 @@ def schema() -> None:
 
 
 @app.command()
-def compare(
+def compare(  # typer command: one parameter per CLI option
     model: str = ModelArg,
     methods: str | None = typer.Option(
         None,

@@ -136,7 +136,7 @@ class Worker:
         )
         return {"id": spec.id, **spec.to_dict(), **record}
 
-    def train_plan(
+    def train_plan(  # the seed loop: reset, train and evaluate, timed together
         self, make: Callable[[LayerGraph], Plan], split_at: str | None, protocol: Protocol | None = None
     ) -> dict:
         """Train ``make(graph)``'s plan on a fresh copy of the model for every seed and evaluate it on

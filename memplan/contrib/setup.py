@@ -30,7 +30,7 @@ from ..models import zoo
 from ..plan import fingerprint
 from .checkpoint import data_digest, state_digest
 from .data import DEFAULT_VALIDATION, Data, Validation, fit_to, load_data
-from .data.sources import source_of
+from .data.sources import Source, source_of
 from .weights import load_weights, read_state_dict
 
 ZOO_WEIGHTS = "zoo"  # --weights zoo: the published weights of the zoo entry
@@ -93,6 +93,22 @@ def _weights_path(model: Any, weights: str | os.PathLike) -> tuple[Path, str]:
     return entry.weights(), f"{ZOO_WEIGHTS}:{entry.name}"
 
 
+def _task(model: Any, data: str, src: Source, resolution: int | None, split: dict[str, Any]) -> Data:
+    """The task at the model's input: a zoo model's shape at ``resolution`` (default: the source's,
+    else the zoo's); other models keep the data's shape, resized to C x r x r with ``resolution``."""
+    entry = _zoo_entry(model)
+    if entry is not None:
+        res = resolution or src.resolution or entry.resolution
+        return load_data(data, tuple(entry.input_shape(res)), **split)
+    task = load_data(data, None, **split)
+    if resolution is not None:
+        shape = (task.x_train.shape[1], resolution, resolution)
+        task.x_train, task.x_test = fit_to(task.x_train, shape), fit_to(task.x_test, shape)
+        if task.x_val is not None:
+            task.x_val = fit_to(task.x_val, shape)
+    return task
+
+
 def build_setup(
     model: str | nn.Module,
     weights: str | os.PathLike | None,
@@ -116,17 +132,7 @@ def build_setup(
     if train_per_class is None:
         train_per_class = src.train_per_class
     split = dict(validation=validation, train_per_class=train_per_class, test_per_class=test_per_class)
-    entry = _zoo_entry(model)
-    if entry is not None:
-        res = resolution or src.resolution or entry.resolution
-        task = load_data(data, tuple(entry.input_shape(res)), **split)
-    else:
-        task = load_data(data, None, **split)
-        if resolution is not None:
-            shape = (task.x_train.shape[1], resolution, resolution)
-            task.x_train, task.x_test = fit_to(task.x_train, shape), fit_to(task.x_test, shape)
-            if task.x_val is not None:
-                task.x_val = fit_to(task.x_val, shape)
+    task = _task(model, data, src, resolution, split)
     torch.manual_seed(0)
     shape = tuple(task.x_train.shape[1:])
     cap = capture(model, shape, classes=task.classes, meta=False, runnable=True)  # gm: the feature cache cuts it

@@ -209,7 +209,7 @@ def _norm_layer(kind: str, channels: int, device, dtype) -> nn.Module:
     return nn.BatchNorm2d(channels, device=device, dtype=dtype)
 
 
-def lite_branch(
+def lite_branch(  # TinyTL's branch hyperparameters, one per argument
     in_channels: int,
     out_channels: int,
     kernel: int,
@@ -267,7 +267,7 @@ def _norm_kind_of(block: nn.Module) -> str:
     return "group" if any(isinstance(m, nn.GroupNorm) for m in block.modules()) else "batch"
 
 
-def add_lite_residual(
+def add_lite_residual(  # two thirds docstring (TinyTL's branch rule)
     model: nn.Module,
     kernel: int = 5,
     groups: int = 2,

@@ -133,7 +133,7 @@ def draw(
     return None
 
 
-def validate_profile(
+def validate_profile(  # public keyword API: one keyword per option of memplan contrib validate
     profile: str | os.PathLike | ContribProfile,
     budgets: Sequence[str | int],
     *,
