@@ -156,10 +156,17 @@ def profile(  # typer command: one parameter per CLI option
         emit(export.layers_csv([p]), csv_out, out)
     if not quiet:
         tables.print_profile(p, out, per_layer=per_layer, binary=binary)
-    if plot or (per_layer and not quiet and (method == "sparse" or mode == "tinytraining")):
+    if plot or (per_layer and not quiet and _conv_update_table(method, mode)):
         cli_peak.conv_update_costs(model, capture_opts, p.model, out, table=per_layer and not quiet, plot=plot)
     if check and (p.check["predicted"] != p.check["observed"] or p.check["differing"]):
         raise typer.Exit(1)
+
+
+def _conv_update_table(method: str, mode: str) -> bool:
+    """Whether ``--per-layer`` also prints each conv's update cost (a property of the strategy or the mode)."""
+    from .modes import get_mode
+
+    return STRATEGIES.choose(method).conv_update_table or get_mode(mode).conv_update_table
 
 
 @app.command()
