@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.fx as fx
 import torch.nn as nn
 
 from ..api import capture
@@ -50,8 +49,7 @@ class Setup:
     name: str
     net: nn.Module
     task: Data  # train, validation (x_val) and test splits
-    gm: fx.GraphModule
-    graph: LayerGraph
+    graph: LayerGraph  # its capture (graph.gm: the symbolic torch.fx trace)
     weights: dict[str, Any]  # where the backbone came from
     dataset: dict[str, Any]  # summary, digest and how the splits were made
 
@@ -135,8 +133,9 @@ def build_setup(
     task = _task(model, data, src, resolution, split)
     torch.manual_seed(0)
     shape = tuple(task.x_train.shape[1:])
-    cap = capture(model, shape, classes=task.classes, meta=False, runnable=True)  # gm: the feature cache cuts it
-    name, net, gm, graph = cap.name, cap.model, cap.gm, cap.graph
+    # runnable: the feature cache cuts the symbolic trace; a model only a recording captures fails here
+    cap = capture(model, shape, classes=task.classes, meta=False, runnable=True)
+    name, net, graph = cap.name, cap.model, cap.graph
     if graph.classes != task.classes:
         raise MemplanError(
             f"{name} outputs {graph.classes} classes; {data} has {task.classes}",
@@ -166,7 +165,7 @@ def build_setup(
         "train_per_class": train_per_class,
         "test_per_class": test_per_class,
     }
-    return Setup(name, net, task, gm, graph, source, dataset)
+    return Setup(name, net, task, graph, source, dataset)
 
 
 def setup_of(profile: Any, *, cache_dir: str | os.PathLike | None = None) -> Setup:
