@@ -22,7 +22,7 @@ import torch
 
 from memplan.apply import apply_plain
 from memplan.costs.engine import compute
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.io import shipped
 from memplan.models import zoo
 from memplan.modes import get_mode
@@ -55,7 +55,7 @@ def run(name: str, method: str, opts: dict, batch: int, resolution: int) -> dict
     for schedule in ("standard", "tte"):
         torch.manual_seed(0)
         model = zoo.build(name, num_classes=10)
-        graph = capture(model, shape)
+        graph = capture_graph(model, shape)
         plan = make_plan(graph, method, **opts)
         calibrate_graphs([(graph, plan)])
         prof = compute(graph, plan, get_mode("pytorch"), schedule=schedule)

@@ -55,7 +55,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import memplan
 from memplan.apply import apply_plain
 from memplan.costs.observe import conv_backward_flops
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.io import write_text
 from memplan.models import zoo
 from memplan.strategies import make_plan
@@ -429,7 +429,7 @@ def run_case(
     g = torch.Generator().manual_seed(1)
     x = torch.randn(case.shape, generator=g)
     y = torch.randint(0, CLASSES, (case.batch,), generator=g)
-    graph = capture(copy.deepcopy(base), case.shape)
+    graph = capture_graph(copy.deepcopy(base), case.shape)
     rows: list[Row] = []
     for method in methods:
         model = copy.deepcopy(base)

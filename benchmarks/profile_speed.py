@@ -10,7 +10,7 @@ import torch
 
 import memplan
 from memplan.apply import apply_plain
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.models import zoo
 from memplan.strategies import make_plan
 from memplan.verify.measure import saved_bytes
@@ -44,7 +44,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = zoo.build(name, num_classes=1000)
         shape = (batch, *zoo.get_entry(name).input_shape(res))
-        graph = capture(model, shape)
+        graph = capture_graph(model, shape)
         apply_plain(model, graph, make_plan(graph, "full"))
         x, y = torch.randn(shape), torch.randint(0, 1000, (batch,))
         real_t, _ = best_of(partial(saved_bytes, model, x, y, backward=True), n=1)

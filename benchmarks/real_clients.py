@@ -117,7 +117,7 @@ def time_model(base: torch.nn.Module, shape: Sequence[int], repeat: int) -> tupl
     prof()  # warm: first-call costs of this model's code paths
     profile_s = best_of(prof, repeat)
     model = copy.deepcopy(base)
-    graph = memplan.capture(copy.deepcopy(base), tuple(shape))
+    graph = memplan.capture(copy.deepcopy(base), tuple(shape)[1:], batch=shape[0]).graph
     model_modules(model, graph)
     apply_plain(model, graph, make_plan(graph, TIMING_METHOD))
     x, y = corpus.data(tuple(shape))

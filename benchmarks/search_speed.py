@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from memplan.api import capture_model
+from memplan.api import capture
 from memplan.plan import fingerprint
 from memplan.search.evolution import evolve
 from memplan.search.exact import relative_gap, solve_exact
@@ -54,12 +54,12 @@ def main() -> None:
 
     budget = parse_bytes(args.budget)
     t = time.perf_counter()
-    cap = capture_model(args.model, resolution=args.resolution, classes=None)
+    cap = capture(args.model, resolution=args.resolution, classes=None)
     t_capture = time.perf_counter() - t
     path = args.profile or find_profile(fingerprint(cap.graph))
     contributions = load_contributions(path)
     if contributions.classes and contributions.classes != cap.classes:
-        cap = capture_model(args.model, resolution=args.resolution, classes=contributions.classes)
+        cap = capture(args.model, resolution=args.resolution, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
     memory = MemoryModel(space, args.mode)
     t = time.perf_counter()

@@ -61,7 +61,7 @@ from typing import Any
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from memplan.api import capture_model, profile_captured
+from memplan.api import capture, profile_captured
 from memplan.contrib.checkpoint import Checkpoint
 from memplan.contrib.data import Data
 from memplan.contrib.protocol import Protocol
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"transfer: nothing measured yet in {out}")
 
     res = a.resolution
-    cap = capture_model(setup.name, resolution=res, classes=setup.task.classes)
+    cap = capture(setup.name, resolution=res, classes=setup.task.classes)
     methods = baselines(cap)
     profile = Path(a.profile) if a.profile else None
     if profile is not None and profile.is_file():
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         keep = set(a.methods.split(","))
         methods = [m for m in methods if m.name in keep or m.family in keep]
     caps = {
-        m.arch: capture_model(setup.name, resolution=res, classes=setup.task.classes, method=m.arch)
+        m.arch: capture(setup.name, resolution=res, classes=setup.task.classes, method=m.arch)
         for m in methods
         if m.arch
     }

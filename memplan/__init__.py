@@ -18,10 +18,10 @@ from .version import __version__
 
 #: public name -> the module that defines it
 EXPORTS = {
-    **dict.fromkeys(("profile", "compare", "capture_model", "profile_captured"), "api"),
+    **dict.fromkeys(("capture", "profile", "compare", "profile_captured"), "api"),
     **dict.fromkeys(("apply_plan", "apply_strategy", "apply_scheme"), "apply"),
     **dict.fromkeys(("LayerCost", "Profile", "Totals"), "costs"),
-    **dict.fromkeys(("LayerGraph", "capture", "trace"), "graph"),
+    "LayerGraph": "graph",
     "MODES": "modes",
     **dict.fromkeys(("Plan", "Train", "Scheme", "load_scheme", "shipped_scheme"), "plan"),
     **dict.fromkeys(("STRATEGIES", "make_plan"), "strategies"),

@@ -1,14 +1,18 @@
 """Python API: ``profile`` and ``compare`` return plain data (:class:`~memplan.costs.Profile`).
 
-It also holds the one capture pipeline every entry point goes through (``profile``,
-``compare``, ``apply_strategy``, ``verify``, ``reproduce``, ``search``):
+It also holds the one capture pipeline, :func:`capture` (``memplan.capture``), that every entry
+point goes through (``profile``, ``compare``, ``apply_strategy``, ``verify``, ``reproduce``,
+``search``, ``contrib``):
 
 1. :func:`build_model`: resolve the spec (zoo name, import spec or module), fix the per-sample
    input shape, swap the norms (``norm="group"``);
-2. :func:`capture_built`: the architecture transform of a strategy (``Strategy.transform``
-   from the strategy registry, with its options), then the meta-device trace.
+2. the architecture transform of a strategy (``Strategy.transform`` from the strategy registry,
+   with its options), then the meta-device capture (``memplan.graph.capture.capture_graph``).
 
-:func:`capture_model` is both steps.
+The result, :class:`Captured`, carries the graph, the module it was traced from and the
+``torch.fx`` GraphModule (``Captured.gm``). Only the engine layers below this one (architecture
+transforms that read a block's shapes, strategies that read a trace) call the graph layer's
+``capture_graph`` / ``trace`` themselves: they run inside step 2.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch.fx as fx
 import torch.nn as nn
 
 from .check import CHECK_BATCH, check as self_check
@@ -24,7 +29,8 @@ from .costs.engine import compute
 from .costs.extras import strategy_extras
 from .costs.records import Profile
 from .errors import BadOption
-from .graph import LayerGraph, capture
+from .graph import LayerGraph
+from .graph.capture import capture_graph
 from .models import resolve, sample_shape, zoo
 from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
@@ -54,6 +60,11 @@ class Captured:
     classes: int
     model: nn.Module  # the (transformed) module the graph was traced from
 
+    @property
+    def gm(self) -> fx.GraphModule:
+        """The ``torch.fx`` GraphModule the graph was built from (symbolic or recorded trace)."""
+        return self.graph.gm
+
 
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or value < 1):
@@ -72,7 +83,8 @@ def build_model(
     """Step 1 of the pipeline: resolve ``model`` (zoo models on the meta device unless
     ``meta=False``) and its per-sample input shape; ``input_shape`` (no batch) by default
     (3, r, r) at the zoo's resolution, or 224 for models outside the zoo. ``norm="group"``
-    swaps every BatchNorm for GroupNorm (TinyTL's setting; ``memplan.nn.transforms``)."""
+    swaps every BatchNorm for GroupNorm (TinyTL's setting; ``memplan.nn.transforms``).
+    Callers that build once and capture several copies (``memplan.verify``) use it alone."""
     _positive("resolution", resolution)
     _positive("classes", classes)
     spec = resolve(model, classes, meta=meta)
@@ -83,69 +95,55 @@ def build_model(
     return Built(spec.name, spec.model, shape, None if input_shape is not None else res, spec.block_names)
 
 
-def capture_built(
-    built: Built,
-    *,
-    batch: int = 1,
-    method: str | None = None,
-    method_options: dict[str, Any] | None = None,
-    leaf_modules: Iterable[str | type] = (),
-    block_names: Sequence[str] | None = None,
-    output: str | int | None = None,
-) -> Captured:
-    """Step 2 of the pipeline: ``method``'s architecture transform (if it has one; the model is
-    changed in place) and the capture at ``batch`` x the per-sample shape. ``output`` names the
-    entry of a tuple / dict / namedtuple output that holds the logits (default: the first tensor)."""
-    _positive("batch", batch)
-    model = built.model
-    if method is not None:
-        model = transform_model(model, method, **(method_options or {}))
-    blocks = block_names if block_names is not None else built.block_names
-    graph = capture(
-        model,
-        (batch, *built.sample_shape),
-        leaf_modules=leaf_modules,
-        block_names=list(blocks) if blocks is not None else None,
-        name=built.name,
-        output=output,
-    )
-    return Captured(graph, built.name, built.resolution, graph.classes, model)
-
-
-def capture_model(
+def capture(  # public keyword API: one keyword per capture option of profile / the CLI
     model: str | nn.Module,
+    input_shape: Sequence[int] | None = None,
     *,
     batch: int = 1,
     resolution: int | None = None,
     classes: int | None = None,
-    input_shape: Sequence[int] | None = None,
     leaf_modules: Iterable[str | type] = (),
     block_names: Sequence[str] | None = None,
     method: str | None = None,
     method_options: dict[str, Any] | None = None,
     norm: str | None = None,
     output: str | int | None = None,
+    name: str | None = None,
+    meta: bool = True,
+    runnable: bool = False,
 ) -> Captured:
-    """Trace ``model`` (zoo name, import spec or module) at ``batch`` x per-sample shape: the
-    whole pipeline (:func:`build_model`, then :func:`capture_built`).
+    """The capture pipeline: ``model`` (zoo name, import spec or module) traced at ``batch`` x
+    the per-sample ``input_shape`` (no batch; default (3, r, r) at ``resolution``, the zoo's or
+    224 px) on the meta device, as a :class:`Captured` (graph, module, GraphModule).
 
-    ``input_shape`` is the per-sample shape (no batch). With ``method``, that strategy's
-    architecture transform (if any) is applied before tracing.
+    ``classes``: the head size of zoo / import-spec models. ``norm="group"``: BatchNorm ->
+    GroupNorm first. ``method``: that strategy's architecture transform (if any) with
+    ``method_options``, applied in place before tracing. ``leaf_modules`` / ``block_names`` /
+    ``output``: modules traced as one op, explicit blocks, the logits entry of a tuple / dict
+    output. ``name``: the model's name in the graph and messages (default: the spec, or the
+    class name). ``meta=False`` builds zoo models with real (random) weights. ``runnable=True``:
+    ``Captured.gm`` runs the model as it is (symbolic trace only, under the model's own train /
+    eval flags; ``memplan.graph.capture.capture_graph``), for the contribution feature cache.
     """
     _positive("batch", batch)
-    built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm)
-    return capture_built(
-        built,
-        batch=batch,
-        method=method,
-        method_options=method_options,
+    built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm, meta=meta)
+    net = built.model
+    if method is not None:
+        net = transform_model(net, method, **(method_options or {}))
+    blocks = block_names if block_names is not None else built.block_names
+    graph = capture_graph(
+        net,
+        (batch, *built.sample_shape),
         leaf_modules=leaf_modules,
-        block_names=block_names,
+        block_names=list(blocks) if blocks is not None else None,
+        name=name or built.name,
         output=output,
+        runnable=runnable,
     )
+    return Captured(graph, name or built.name, built.resolution, graph.classes, net)
 
 
-def profile_captured(
+def profile_captured(  # public keyword API: the accounting options of profile
     cap: Captured,
     method: str = "full",
     *,
@@ -185,7 +183,7 @@ def profile_captured(
     return prof
 
 
-def profile(
+def profile(  # public keyword API: one keyword per option of memplan profile
     model: str | nn.Module,
     method: str = "full",
     *,
@@ -219,18 +217,9 @@ def profile(
     ``memplan calibrate`` file; a path; None: none). ``Profile.workspace`` says what was used.
     ``mode_options``: options of the mode, e.g. ``{"state_bits": 32}`` for ``tinytraining``.
     """
-    cap = capture_model(
-        model,
-        batch=batch,
-        resolution=resolution,
-        classes=classes,
-        input_shape=input_shape,
-        leaf_modules=leaf_modules,
-        block_names=block_names,
-        method=method,
-        method_options=options,
-        norm=norm,
-        output=output,
+    shaping = dict(resolution=resolution, classes=classes, norm=norm, method=method, method_options=options)
+    cap = capture(
+        model, input_shape, batch=batch, leaf_modules=leaf_modules, block_names=block_names, output=output, **shaping
     )
     prof = profile_captured(
         cap,
@@ -244,28 +233,20 @@ def profile(
         **options,
     )
     if check:
-        small = cap
-        if isinstance(model, str) or cap.graph.batch > CHECK_BATCH:  # a real model at a small batch
-            if isinstance(model, str):
-                built = build_model(
-                    model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm, meta=False
-                )
-                real = transform_model(built.model, method, **options)
-            else:
-                built, real = None, cap.model  # already transformed
-            shape = (min(batch, CHECK_BATCH), *cap.graph.input_shape[1:])
-            blocks = block_names if block_names is not None else (built.block_names if built else None)
-            graph = capture(
-                real,
-                shape,
-                leaf_modules=leaf_modules,
-                name=cap.name,
-                output=output,
-                block_names=list(blocks) if blocks is not None else None,
-            )
-            small = Captured(graph, cap.name, cap.resolution, graph.classes, real)
+        again = dict(batch=min(batch, CHECK_BATCH), leaf_modules=leaf_modules, block_names=block_names, output=output)
+        small = _checkable(model, cap, shaping, again)
         prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **options)))
     return prof
+
+
+def _checkable(model: str | nn.Module, cap: Captured, shaping: dict[str, Any], again: dict[str, Any]) -> Captured:
+    """What ``profile(check=True)`` runs: ``cap`` itself, or the real model (a zoo / import spec
+    built with weights, or the module already transformed) captured again at the check's batch."""
+    if not isinstance(model, str) and cap.graph.batch <= CHECK_BATCH:
+        return cap
+    if isinstance(model, str):
+        return capture(model, cap.graph.input_shape[1:], meta=False, **shaping, **again)
+    return capture(cap.model, cap.graph.input_shape[1:], name=cap.name, **again)
 
 
 def compare(
@@ -280,14 +261,14 @@ def compare(
 ) -> list[Profile]:
     """One profile per strategy. ``methods`` items are names or (name, options). The model is
     traced once, plus once per strategy (or architecture option) that transforms it."""
-    cap = capture_model(model, **capture_options)
+    cap = capture(model, **capture_options)
     items = methods if methods is not None else default_methods(cap)
     out = []
     for item in items:
         name, opts = (item, {}) if isinstance(item, str) else item
         this = cap
         if changes_architecture(name, opts):
-            this = capture_model(model, method=name, method_options=opts, **capture_options)
+            this = capture(model, method=name, method_options=opts, **capture_options)
         out.append(
             profile_captured(
                 this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, mode_options=mode_options, **opts
@@ -312,7 +293,7 @@ def default_methods(cap: Captured) -> list[tuple[str, dict[str, Any]]]:
 def update_costs(model: str | nn.Module, **capture_options: Any) -> list[ConvUpdateCost]:
     """The cost of updating each conv of ``model`` under the ``tinytraining`` convention (the
     256KB paper's Figure 11a), one row per conv in conv-index order."""
-    return conv_update_costs(capture_model(model, **capture_options).graph)
+    return conv_update_costs(capture(model, **capture_options).graph)
 
 
 def describe_models() -> list[dict[str, Any]]:
@@ -321,7 +302,7 @@ def describe_models() -> list[dict[str, Any]]:
     rows = []
     for name in zoo.names():
         entry = zoo.get_entry(name)
-        cap = capture_model(name)
+        cap = capture(name)
         p = profile_captured(cap, "last")
         rows.append(
             {

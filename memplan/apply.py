@@ -27,7 +27,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from .api import Built, Captured, capture_built
+from .api import Captured, capture
 from .errors import BadOption
 from .graph import LayerGraph, role
 from .graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
@@ -75,9 +75,9 @@ def apply_plain(model: nn.Module, graph: LayerGraph, plan: Plan) -> nn.Module:
 
 
 def _capture(model: nn.Module, input_shape: Sequence[int], **options: Any) -> Captured:
-    """The capture pipeline (``memplan.api``) on a built model at ``input_shape`` (batch first)."""
+    """The capture pipeline (``memplan.capture``) on a built model at ``input_shape`` (batch first)."""
     shape = tuple(input_shape)
-    return capture_built(Built("model", model, shape[1:], None), batch=shape[0], **options)
+    return capture(model, shape[1:], batch=shape[0], name="model", **options)
 
 
 def _build(cls: type[nn.Module], m: nn.Module, train: Train) -> nn.Module:
@@ -100,7 +100,7 @@ def _module_names(model: nn.Module, graph: LayerGraph) -> dict[int, str]:
         if not same:
             raise BadOption(
                 f"the graph was not traced from this model (layer {node.name!r} differs)",
-                "trace it with memplan.capture(model, input_shape) or pass graph=None",
+                "capture it with memplan.capture(model, input_shape).graph or pass graph=None",
             )
         names[id(node.module)] = node.name
     return names
@@ -133,7 +133,7 @@ def apply_plan(
 ) -> nn.Module:
     """Set up ``model`` in place for training under ``plan``; returns the same object.
 
-    ``graph``: a trace of ``model`` (``memplan.capture``); traced at ``input_shape`` (batch
+    ``graph``: a trace of ``model`` (``memplan.capture(model, ...).graph``); traced at ``input_shape`` (batch
     first) on the meta device when not given. See the module docstring for what changes.
     Raises ``BadOption`` for what cannot be realised (a fractional linear update, a
     sub-channel update of a grouped non-depthwise conv, an approximation without lean op)

@@ -80,7 +80,7 @@ def _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, no
 
 
 @app.command()
-def profile(
+def profile(  # typer command: one parameter per CLI option
     ctx: typer.Context,
     model: str = ModelArg,
     method: str = MethodOpt,
@@ -156,14 +156,21 @@ def profile(
         emit(export.layers_csv([p]), csv_out, out)
     if not quiet:
         tables.print_profile(p, out, per_layer=per_layer, binary=binary)
-    if plot or (per_layer and not quiet and (method == "sparse" or mode == "tinytraining")):
+    if plot or (per_layer and not quiet and _conv_update_table(method, mode)):
         cli_peak.conv_update_costs(model, capture_opts, p.model, out, table=per_layer and not quiet, plot=plot)
     if check and (p.check["predicted"] != p.check["observed"] or p.check["differing"]):
         raise typer.Exit(1)
 
 
+def _conv_update_table(method: str, mode: str) -> bool:
+    """Whether ``--per-layer`` also prints each conv's update cost (a property of the strategy or the mode)."""
+    from .modes import get_mode
+
+    return STRATEGIES.choose(method).conv_update_table or get_mode(mode).conv_update_table
+
+
 @app.command()
-def verify(
+def verify(  # typer command: one parameter per CLI option
     model: str = ModelArg,
     method: str = MethodOpt,
     blocks: int | None = BlocksOpt,
@@ -205,7 +212,7 @@ def verify(
 
 
 @app.command()
-def search(
+def search(  # typer command: one parameter per CLI option
     model: str | None = typer.Argument(
         None, help="model (default: efficientnet-lite0, ImageNet weights, with its shipped Fashion-MNIST profile)"
     ),
@@ -297,7 +304,7 @@ def schema() -> None:
 
 
 @app.command()
-def compare(
+def compare(  # typer command: one parameter per CLI option
     model: str = ModelArg,
     methods: str | None = typer.Option(
         None,

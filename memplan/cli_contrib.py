@@ -47,7 +47,7 @@ def _validation(text: str | None) -> Any:
 
 
 @app.command()
-def measure(
+def measure(  # typer command: one parameter per CLI option
     model: str = typer.Argument(..., help="zoo name, package.module:attr or path/to/file.py:attr"),
     weights: str | None = typer.Option(
         None,
@@ -160,7 +160,7 @@ def measure(
 
 
 @app.command()
-def validate(
+def validate(  # typer command: one parameter per CLI option
     profile: str = typer.Argument(..., help="contribution profile JSON (measured with a validation split)"),
     budgets: str | None = typer.Option(
         None,

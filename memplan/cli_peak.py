@@ -74,7 +74,7 @@ def conv_update_costs(
         out.print(f"wrote {plot}")
 
 
-def calibrate(
+def calibrate(  # typer command: one parameter per CLI option
     models: list[str] = typer.Argument(..., help="zoo names, package.module:attr or file.py:attr (repeatable)"),
     method: list[str] | None = typer.Option(
         None, "--method", "-m", help="strategy to calibrate (repeatable; default: the strategies memplan compare shows)"

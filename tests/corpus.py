@@ -506,7 +506,7 @@ def _restore(flags: dict[nn.Module, bool]) -> None:
 def capture_entry(base: nn.Module, shape):
     import memplan
 
-    return memplan.capture(copy.deepcopy(base), shape)
+    return memplan.capture(copy.deepcopy(base), shape[1:], batch=shape[0]).graph
 
 
 def check_pair(
@@ -514,7 +514,7 @@ def check_pair(
 ) -> PairResult:
     """Checks 1-3 for ``method`` on ``base`` (left untouched; every run is on a deep copy).
 
-    ``graph`` is ``memplan.capture`` of a copy of ``base`` at ``shape``. 1: ``pytorch``-mode saved
+    ``graph`` is ``memplan.capture(...).graph`` of a copy of ``base`` at ``shape``. 1: ``pytorch``-mode saved
     bytes vs ``saved_tensors_hooks``. 2: forward / backward FLOPs vs FlopCounterMode. 3 (with
     ``apply_checks``): ``apply_strategy`` on a copy: eval outputs bit-identical to the original's,
     train-mode loss identical and trainable gradients allclose to plain autograd's, ``applied``

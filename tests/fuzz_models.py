@@ -7,7 +7,7 @@ failing example hypothesis prints is a complete reproduction::
     from tests.fuzz_models import *
     spec = NetSpec(...)  # as printed
     model = build(spec)
-    graph = memplan.graph.capture(model, spec.input_shape)
+    graph = memplan.graph.capture.capture_graph(model, spec.input_shape)
 
 Shapes stay tiny (batch 1-3, channels <= 16, spatial <= 16) so one example takes
 milliseconds. Every op appears in several forms (module, functional, Tensor method,

@@ -6,7 +6,7 @@ import torch
 
 from memplan.apply import apply_plain
 from memplan.costs.engine import compute
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.models import zoo
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
@@ -23,7 +23,7 @@ def real_model(name: str, classes: int = 10, seed: int = 0) -> torch.nn.Module:
 
 
 def predicted_and_measured(model, shape, method, opts, mode="pytorch", classes=10):
-    graph = capture(model, shape)
+    graph = capture_graph(model, shape)
     if method == "lastk" and not graph.blocks:
         opts = {"layers": 3}
     plan = make_plan(graph, method, **opts)

@@ -15,7 +15,8 @@ import memplan
 from memplan.apply import apply_plain, apply_plan, apply_scheme, apply_strategy, write_back
 from memplan.costs.engine import compute
 from memplan.errors import BadOption, MemplanError
-from memplan.graph import capture, conv_layers
+from memplan.graph import conv_layers
+from memplan.graph.capture import capture_graph
 from memplan.modes import get_mode
 from memplan.nn.lean import (
     FrozenConv,
@@ -58,7 +59,7 @@ def planned(name: str, method: str, shape=None, classes: int = 10, seed: int = 0
     """(real model, graph, plan, shape): nothing applied yet."""
     model = real_model(name, classes, seed)
     shape = shape or small_shape(name)
-    graph = capture(model, shape)
+    graph = capture_graph(model, shape)
     plan = make_plan(graph, method, **options(method, graph))
     return model, graph, plan, shape
 
@@ -93,7 +94,7 @@ def test_applied_prediction_is_byte_exact(name, method):
         assert measured.bytes == ideal
     assert measured.bytes <= mode_bytes(graph, plan, "pytorch")  # never more than plain PyTorch
     # profiling the applied model still works: lean modules are leaves of the same kinds
-    assert mode_bytes(capture(model, shape), plan, "applied") == measured.bytes
+    assert mode_bytes(capture_graph(model, shape), plan, "applied") == measured.bytes
 
 
 def test_bias_saving_over_plain_pytorch_proxylessnas():
@@ -162,7 +163,7 @@ def test_apply_plan_sparse_uses_the_plan_selection_rule():
 def test_apply_plan_traces_itself_and_refuses_other_graphs_and_reapplying():
     shape = small_shape("mcunet-5fps")
     model = real_model("mcunet-5fps")
-    other_graph = capture(real_model("mcunet-5fps"), shape)
+    other_graph = capture_graph(real_model("mcunet-5fps"), shape)
     plan = make_plan(other_graph, "bias")
     with pytest.raises(BadOption, match="not traced from this model"):
         apply_plan(model, plan, other_graph)
@@ -174,7 +175,7 @@ def test_apply_plan_traces_itself_and_refuses_other_graphs_and_reapplying():
 
 def test_apply_plan_refuses_what_no_lean_op_realises():
     model = real_model("mobilenetv3-small")
-    graph = capture(model, small_shape("mobilenetv3-small"))
+    graph = capture_graph(model, small_shape("mobilenetv3-small"))
     head = graph.classifier.name
     with pytest.raises(BadOption, match="no sub-channel linear op"):
         apply_plan(model, Plan("x", {head: Train(0.5, True)}), graph)
@@ -182,7 +183,7 @@ def test_apply_plan_refuses_what_no_lean_op_realises():
     with pytest.raises(BadOption, match="no sign-approximated backward for hardsigmoid"):
         apply_plan(model, Plan("x", {head: Train(1.0, True)}, approx={gate}), graph)
     grouped = nn.Sequential(nn.Conv2d(4, 8, 3, groups=2), nn.Flatten(), nn.Linear(8 * 4 * 4, 3))
-    g2 = capture(grouped, (2, 4, 6, 6))
+    g2 = capture_graph(grouped, (2, 4, 6, 6))
     with pytest.raises(BadOption, match="cannot apply SubChannelConv"):
         apply_plan(grouped, Plan("x", {"0": Train(0.5)}), g2)
 
@@ -227,7 +228,7 @@ def test_relu_feeding_a_trained_conv_keeps_no_mask():
         nn.Flatten(),
         nn.Linear(4 * 6 * 6, 3),
     )
-    graph = capture(model, (2, 3, 8, 8))
+    graph = capture_graph(model, (2, 3, 8, 8))
     plan = Plan("x", {"0": Train(0.0, True), "3": Train(1.0, True), "5": Train(0.0, True), "7": Train(1.0, True)})
     predicted = mode_bytes(graph, plan, "applied")
     apply_plan(model, plan, graph)
@@ -257,7 +258,7 @@ class SharedReLU(nn.Module):
 def test_module_called_twice_gets_one_decision():
     torch.manual_seed(0)
     model = SharedReLU()
-    graph = capture(model, (2, 3, 8, 8))
+    graph = capture_graph(model, (2, 3, 8, 8))
     plan = Plan("x", {"c1": Train(0.0, True), "c2": Train(1.0, True), "fc": Train(1.0, True)})
     predicted = mode_bytes(graph, plan, "applied")
     apply_plan(model, plan, graph)
@@ -302,7 +303,7 @@ class Mixed(nn.Module):
 def test_mixed_ops_byte_exact_and_documented_gaps(method):
     torch.manual_seed(0)
     model = Mixed()
-    graph = capture(model, (2, 3, 16, 16))
+    graph = capture_graph(model, (2, 3, 16, 16))
     plan = make_plan(graph, method)
     predicted = mode_bytes(graph, plan, "applied")
     apply_plan(model, plan, graph)
@@ -410,7 +411,7 @@ def test_gradients_equal_plain_pytorch(name, method):
     plain, graph, plan, shape = planned(name, method)
     lean = copy.deepcopy(plain)
     apply_plain(plain, graph, plan)
-    apply_plan(lean, plan, capture(lean, shape))
+    apply_plan(lean, plan, capture_graph(lean, shape))
     x, y = batch(shape)
     losses = []
     for model in (plain, lean):

@@ -85,27 +85,19 @@ def test_relu_swap_saves_hswish_memory():
 
 
 def test_lite_blocks_puts_branches_in_the_last_blocks_only():
-    p = memplan.profile("proxylessnas-mobile", "tinytl-l", resolution=64, lite_blocks=2)
-    lite_blocks = {layer.block for layer in p.layers if is_lite(layer.name)}
-    all_blocks = list(dict.fromkeys(layer.block for layer in p.layers if layer.block))
-    assert lite_blocks == set(all_blocks[-2:])
+    cap = memplan.capture("proxylessnas-mobile", resolution=64, method="tinytl-l", method_options={"lite_blocks": 2})
+    lite_blocks = {n.block for n in cap.graph.nodes if is_lite(n)}
+    assert lite_blocks == set(cap.graph.blocks[-2:])
 
 
 def test_mobiletl_train_main_false_trains_patches_and_head_only():
-    p = memplan.profile(
-        "proxylessnas-mobile",
-        "mobiletl",
-        mode="ideal",
-        resolution=64,
-        classes=10,
-        blocks=3,
-        lite=True,
-        lite_blocks=3,
-        train_main=False,
-    )
+    options = dict(blocks=3, lite=True, lite_blocks=3, train_main=False)
+    p = memplan.profile("proxylessnas-mobile", "mobiletl", mode="ideal", resolution=64, classes=10, **options)
+    cap = memplan.capture("proxylessnas-mobile", resolution=64, classes=10, method="mobiletl", method_options=options)
+    lite = {n.name for n in cap.graph.nodes if is_lite(n)}
     trained = {layer.name for layer in p.layers if layer.trainable_params}
     blocks = {layer.block for layer in p.layers if layer.name in trained and layer.block}
-    assert trained and all(is_lite(n) for n in trained if any(n.startswith(b + ".") for b in blocks))
+    assert trained and all(n in lite for n in trained if any(n.startswith(b + ".") for b in blocks))
     assert len(blocks) == 3
 
 

@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from memplan import api
 from memplan.apply import apply_plain
 from memplan.errors import BadOption
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.models import zoo
 from memplan.reproduce.figures import by_key, select
 from memplan.strategies import make_plan
@@ -52,7 +52,7 @@ def tiny_profile(**opts):
 
 
 def test_plan_is_lastk():
-    graph = capture(zoo.build("mobilenetv2", num_classes=10), (1, 3, 32, 32))
+    graph = capture_graph(zoo.build("mobilenetv2", num_classes=10), (1, 3, 32, 32))
     ours, ref = make_plan(graph, "cache-reuse", blocks=4), make_plan(graph, "lastk", blocks=4)
     assert ours.method == "cache-reuse"
     assert ours.train == ref.train and ours.norm_train == ref.norm_train and ours.approx == ref.approx
@@ -103,7 +103,7 @@ def test_stage_flops_match_flop_counter_on_resnet18():
     model = zoo.build("resnet18", num_classes=10)
     batch, samples, epochs = 2, 7, 2
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
-    graph = capture(model, tuple(x.shape))
+    graph = capture_graph(model, tuple(x.shape))
     plan = make_plan(graph, "cache-reuse", blocks=2, samples=samples, epochs=epochs)
     apply_plain(model, graph, plan)
     with FlopCounterMode(display=False) as fwd:
@@ -126,7 +126,7 @@ def test_stage_flops_match_flop_counter_on_resnet18():
 
 @pytest.fixture(scope="module")
 def captured_224():
-    return {m: api.capture_model(m, classes=100) for m in ("mobilenetv2", "efficientnet-b0", "resnet18")}
+    return {m: api.capture(m, classes=100) for m in ("mobilenetv2", "efficientnet-b0", "resnet18")}
 
 
 def _cache_bytes(captured, fig) -> int:
@@ -165,7 +165,7 @@ def test_published_sec54_and_table1(captured_224):
 def test_fig1a_four_block_training_flops():
     """'around 500 MFLOPs to train 4 blocks in MobileNet-V2': stage B forward + backward per image
     at 2 x MACs (1000-class head) is 524 MFLOPs, about 5% above."""
-    cap = api.capture_model("mobilenetv2", classes=1000)
+    cap = api.capture("mobilenetv2", classes=1000)
     e = api.profile_captured(cap, "cache-reuse", blocks=4, samples=1).extras
     per_image = e["stage_b_forward_flops_per_epoch"] + e["stage_b_backward_flops_per_epoch"]
     assert per_image == pytest.approx(

@@ -17,7 +17,7 @@ import memplan
 from memplan.apply import apply_plain
 from memplan.check import check
 from memplan.costs.engine import compute
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
 from memplan.verify.measure import saved_bytes
@@ -132,7 +132,7 @@ def _randomise_norms(model: nn.Module) -> None:
 
 
 def _exact(model: nn.Module, shape: tuple[int, ...], method: str, opts: dict, classes: int = 5, output=None):
-    graph = capture(model, shape, output=output)
+    graph = capture_graph(model, shape, output=output)
     plan = make_plan(graph, method, **opts)
     prof = compute(graph, plan, get_mode("pytorch"))
     apply_plain(model, graph, plan)
@@ -145,7 +145,7 @@ def _exact(model: nn.Module, shape: tuple[int, ...], method: str, opts: dict, cl
 
 
 def test_known_layers_only_when_forward_is_stock():
-    graph = capture(ThirdPartyStyle(), (2, 3, 32, 32))
+    graph = capture_graph(ThirdPartyStyle(), (2, 3, 32, 32))
     kinds = collections.Counter((n.target, n.kind) for n in graph.nodes)
     assert kinds[("InitOnly", "conv")] == 2  # __init__ override only: a stock conv module
     assert kinds[("conv2d", "conv")] == 3  # ConvSame traced into: its F.conv2d is the conv layer
@@ -171,7 +171,7 @@ def test_third_party_patterns_byte_exact_and_flops(method, opts, act):
 
 
 def test_functional_layers_train_with_their_module():
-    graph = capture(ThirdPartyStyle(), (2, 3, 32, 32))
+    graph = capture_graph(ThirdPartyStyle(), (2, 3, 32, 32))
     plan = make_plan(graph, "bias")
     # the F.linear of blocks.0.gate and the stem's F.conv2d are layers the strategies see
     assert plan.train["blocks.0.gate"].bias and plan.train["stem"].bias
@@ -235,7 +235,7 @@ def test_structured_outputs_and_defaulted_arguments(kind, output):
 
 def test_output_that_is_not_logits_is_a_one_line_error():
     with pytest.raises(memplan.MemplanError, match="--output"):
-        capture(Structured("namedtuple"), (2, 3, 8, 8))  # the first tensor is the feature maps
+        capture_graph(Structured("namedtuple"), (2, 3, 8, 8))  # the first tensor is the feature maps
 
 
 @pytest.mark.parametrize("method,opts", BASIC + [("mobiletl", {"blocks": 1})])
@@ -249,7 +249,7 @@ def test_apply_never_changes_what_the_model_computes(method, opts):
     model = memplan.apply_strategy(copy.deepcopy(base), method, input_shape=(2, 3, 32, 32), **opts)
     model.eval()
     assert torch.equal(model(x), ref)
-    graph = capture(copy.deepcopy(base), (2, 3, 32, 32))
+    graph = capture_graph(copy.deepcopy(base), (2, 3, 32, 32))
     prof = compute(graph, make_plan(graph, method, **opts), get_mode("applied"))
     model.train()
     fresh = memplan.apply_strategy(copy.deepcopy(base), method, input_shape=(2, 3, 32, 32), **opts)
@@ -269,7 +269,7 @@ class NeedsNoGrad(nn.Module):
 
 def test_op_that_cannot_be_replayed_is_bounded_and_listed():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), NeedsNoGrad(), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
-    graph = capture(model, (2, 3, 6, 6), leaf_modules=[NeedsNoGrad])
+    graph = capture_graph(model, (2, 3, 6, 6), leaf_modules=[NeedsNoGrad])
     prof = compute(graph, make_plan(graph, "full"), get_mode("pytorch"))
     x = graph.nodes[2].in_tensors[0].nbytes
     assert prof.unknown_ops == {"NeedsNoGrad": 1}
@@ -282,7 +282,7 @@ def test_check_agrees_on_every_zoo_model(name):
     from .helpers import real_model, small_shape
 
     model = real_model(name)
-    graph = capture(model, small_shape(name))
+    graph = capture_graph(model, small_shape(name))
     for method, opts in BASIC:
         if method == "lastk" and graph.blocks:
             opts = {"blocks": 2}

@@ -21,13 +21,15 @@ import pytest
 import torch
 import torch.nn as nn
 
+import memplan
 from memplan.apply import apply_plan
 from memplan.contrib import cache as fcache, load_profile, run_contrib
 from memplan.contrib.data import digits_arrays, load_data
 from memplan.contrib.protocol import Protocol, RunSpec, grid, run_plan
 from memplan.contrib.runner import Worker
 from memplan.errors import MemplanError
-from memplan.graph import capture, conv_table, trace
+from memplan.graph import conv_table
+from memplan.graph.capture import capture_graph
 from memplan.render.figures import plot_contrib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,10 +93,10 @@ TINY = dict(seeds=(0, 1), epochs=2, batch_size=8, probe_epochs=3, ratios=(0.5, 1
 # ----------------------------------------------------------------------------- feature cache
 def test_split_at_every_layer_reproduces_the_model():
     model = tiny_model()
-    gm = trace(model)
+    cap = memplan.capture(model, (3, 8, 8), runnable=True)
+    gm, graph = cap.gm, cap.graph
     x = torch.randn(5, 3, 8, 8)
     want = model(x)
-    graph = capture(model, (1, 3, 8, 8), gm=gm)
     for layer in [c.name for c in conv_table(graph)] + ["classifier"]:
         prefix_graph, suffix_graph, names = fcache.split(gm, layer)
         values = fcache.run_prefix(fcache.submodel(model, prefix_graph), x, names)
@@ -119,7 +121,7 @@ def test_quantise_follows_eq2_by_hand():
 
 # ----------------------------------------------------------------------------- grid and plans
 def test_grid_counts_and_references():
-    graph = capture(tiny_model(), (1, 3, 8, 8))
+    graph = capture_graph(tiny_model(), (1, 3, 8, 8))
     layers = conv_table(graph)
     assert [c.name for c in layers] == ["stem.0", "a.0", "b.0", "c.0"]
     assert [c.bias for c in layers] == ["stem.1", "a.1", "b.1", "c.1"]  # BN shift carries the bias
@@ -138,7 +140,7 @@ def test_run_trains_what_the_paper_says():
 
     def applied(spec):
         model = tiny_model()
-        graph = capture(model, (1, 3, 8, 8))
+        graph = capture_graph(model, (1, 3, 8, 8))
         return apply_plan(model, run_plan(spec, graph, "tiny", proto), graph)
 
     # weight run on conv a.0 (8 -> 8, 3x3) at ratio 1/4: int(8 / 4) = 2 input channels -> 8 x 2 x 3 x 3 = 144

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from memplan.contrib.weights import load_weights, read_state_dict
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.models import zoo
 
 
 def test_lite0_structure_and_tf_same_padding():
     model = zoo.build("efficientnet-lite0", 10)
-    graph = capture(model, (1, 3, 224, 224))
+    graph = capture_graph(model, (1, 3, 224, 224))
     convs = [n for n in graph.nodes if n.kind == "conv"]
     # stem + 16 blocks x (expand, dw, project) - block 0 has no expand + head = 1 + 47 + 1
     assert len(convs) == 49 and len(graph.blocks) == 16

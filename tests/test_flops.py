@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from memplan.apply import apply_plain
 from memplan.costs.engine import compute
 from memplan.costs.observe import conv_backward_flops
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.models import zoo
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
@@ -40,7 +40,7 @@ def measure_flops(model, shape, classes=10):
 def test_forward_and_backward_flops(name):
     model = real_model(name)
     shape = small_shape(name)
-    graph = capture(model, shape)
+    graph = capture_graph(model, shape)
     for method, opts in STRATEGIES:
         if method == "lastk" and not graph.blocks:
             opts = {"layers": 3}
@@ -62,7 +62,7 @@ def test_flop_counter_group_bug_is_avoided():
         conv(x).sum().backward()
     counted = fc.get_total_flops()
     fwd = 2 * 2 * 32 * 8 * 8 * 9  # hand count: 2 x out_numel x (C_in / groups) x k^2
-    graph = capture(nn.Sequential(conv, nn.Flatten(), nn.Linear(32 * 64, 2)), (2, 32, 8, 8))
+    graph = capture_graph(nn.Sequential(conv, nn.Flatten(), nn.Linear(32 * 64, 2)), (2, 32, 8, 8))
     prof = compute(graph, make_plan(graph, "full"), get_mode("pytorch"))
     layer = prof.layer("0")
     assert layer.forward_flops == fwd
@@ -81,7 +81,7 @@ def test_matmul_and_functional_linear_hand_count():
             h = x @ self.w  # B x 4 x 5: MACs = B*4*5*6
             return self.fc(h.mean(1))
 
-    graph = capture(M(), (2, 4, 6))
+    graph = capture_graph(M(), (2, 4, 6))
     prof = compute(graph, make_plan(graph, "full"), get_mode("pytorch"))
     assert prof.totals.macs == 2 * 4 * 5 * 6 + 2 * 5 * 3
 
@@ -91,7 +91,7 @@ def test_sub_channel_weight_gradient_fraction():
     from memplan.plan import Plan, Train
 
     model = nn.Sequential(nn.Conv2d(16, 8, 1), nn.Flatten(), nn.Linear(8 * 16, 2))
-    graph = capture(model, (1, 16, 4, 4))
+    graph = capture_graph(model, (1, 16, 4, 4))
     plan = Plan("sparse", {"0": Train(0.25, True), "2": Train(1.0, True)})
     full = 2 * 8 * 16 * 16  # 2 x out_numel x C_in
     ideal = compute(graph, plan, get_mode("ideal")).layer("0")

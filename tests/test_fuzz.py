@@ -28,7 +28,9 @@ from hypothesis import given, strategies as st
 
 from memplan.apply import apply_plain, apply_plan
 from memplan.costs.engine import compute
-from memplan.graph import LayerGraph, Node, capture, trace
+from memplan.graph import LayerGraph, Node
+from memplan.graph.capture import capture_graph
+from memplan.graph.trace import trace
 from memplan.modes import get_mode
 from memplan.plan import Plan, Train
 from memplan.strategies import make_plan
@@ -122,7 +124,7 @@ def test_pytorch_mode_and_flops_match_measurement():
     def check(data):
         spec = data.draw(nets(), label="spec")
         model = build(spec)
-        graph = capture(model, spec.input_shape)
+        graph = capture_graph(model, spec.input_shape)
         kinds.update(n.kind for n in graph.nodes)
         x, y = sample_batch(spec)
         assert_layouts_match_eager(model, graph, x)
@@ -151,11 +153,11 @@ def lean_partial(node: Node) -> bool:
 @given(st.data())
 def test_applied_mode_matches_measurement_after_apply_plan(data):
     spec = data.draw(nets(), label="spec")
-    graph = capture(build(spec), spec.input_shape)
+    graph = capture_graph(build(spec), spec.input_shape)
     x, y = sample_batch(spec)
     for plan in data.draw(st.lists(plans(graph, lean_partial), min_size=1, max_size=2), label="plans"):
         model = build(spec)  # apply_plan swaps modules in place: a fresh model per plan
-        graph = capture(model, spec.input_shape)
+        graph = capture_graph(model, spec.input_shape)
         prof = compute(graph, plan, get_mode("applied"))
         assert prof.unknown_ops == {}
         apply_plan(model, plan, graph)
@@ -233,7 +235,7 @@ REGRESSIONS = {
 def test_fuzzer_findings_stay_fixed(name, method):
     spec = NetSpec(2, 3, (6, 6), REGRESSIONS[name], HEAD, 3)
     model = build(spec)
-    graph = capture(model, spec.input_shape)
+    graph = capture_graph(model, spec.input_shape)
     plan = make_plan(graph, method)
     prof = compute(graph, plan, get_mode("pytorch"))
     assert prof.unknown_ops == {}
@@ -268,7 +270,7 @@ def test_ops_without_rules_are_observed_and_counted(method):
     """cumsum, PixelShuffle and a user leaf have no cost rule: they are replayed on meta, listed
     with counts, and the total equals the measurement (every mode uses the observed bytes)."""
     model = WithUnknownOps()
-    graph = capture(model, (2, 3, 6, 6), leaf_modules=[Doubled])
+    graph = capture_graph(model, (2, 3, 6, 6), leaf_modules=[Doubled])
     plan = make_plan(graph, method)
     for mode in ("pytorch", "ideal"):
         prof = compute(graph, plan, get_mode(mode))
@@ -297,7 +299,7 @@ class MetaIncapable(nn.Module):
 
 def test_op_that_cannot_run_on_meta_is_replayed_on_cpu():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), MetaIncapable(), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
-    graph = capture(model, (2, 3, 6, 6), leaf_modules=[MetaIncapable])
+    graph = capture_graph(model, (2, 3, 6, 6), leaf_modules=[MetaIncapable])
     plan = make_plan(graph, "full")
     prof = compute(graph, plan, get_mode("pytorch"))
     assert prof.observed_ops == {"MetaIncapable": 1} and prof.unknown_ops == {}
@@ -330,7 +332,7 @@ def test_applied_shared_activation():
         classes=2,
     )
     model = build(spec)
-    graph = capture(model, spec.input_shape)
+    graph = capture_graph(model, spec.input_shape)
     plan = Plan("full", {n.name: Train(1.0) for n in graph.param_nodes()})
     prof = compute(graph, plan, get_mode("applied"))
     apply_plan(model, plan, graph)
@@ -353,7 +355,7 @@ class Tied(nn.Module):
 
 def test_module_called_twice_trains_at_every_call():
     model = Tied()
-    graph = capture(model, (2, 8))
+    graph = capture_graph(model, (2, 8))
     plan = make_plan(graph, "full")
     prof = compute(graph, plan, get_mode("pytorch"))
     apply_plain(model, graph, plan)

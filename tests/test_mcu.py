@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch.nn as nn
 
-from memplan.api import capture_model, profile_captured
+from memplan.api import capture, profile_captured
 from memplan.costs.engine import compute
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.modes import get_mode
 from memplan.modes.mcu_layout import McuSettings, buffers, patch_stage
 from memplan.reproduce import reproduce
@@ -21,7 +21,7 @@ SCHEME_49KB = by_key("tinytraining.repo.mcunet-5fps.sparse.49kb.memory").options
 
 @pytest.fixture(scope="module")
 def mcunet():
-    return capture_model("mcunet-5fps", resolution=128, classes=10)
+    return capture("mcunet-5fps", resolution=128, classes=10)
 
 
 def test_runtime_buffers_equal_tinyengine_codegen(mcunet):
@@ -56,7 +56,7 @@ def test_patch_stage_extents_follow_the_receptive_field():
         nn.Flatten(),
         nn.Linear(256, 10),
     )
-    graph = capture(net, (1, 3, 32, 32))
+    graph = capture_graph(net, (1, 3, 32, 32))
     stage = patch_stage(graph, buffers(graph), McuSettings(patches=2))
     convs = [n for n in graph.nodes if n.kind == "conv"]
     assert stage is not None and stage.end == convs[2].index  # no blocks: the third stride-2 conv closes it

@@ -15,7 +15,7 @@ import torch.nn as nn
 from memplan import api
 from memplan.apply import apply_plain
 from memplan.errors import BadOption
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.models import zoo
 from memplan.reproduce.figures import by_key
 from memplan.strategies import make_plan
@@ -31,7 +31,7 @@ def kws_bytes(classes: int) -> int:
 
 
 def test_plan_trains_the_layers_after_the_cut():
-    graph = capture(zoo.build("minilearn-kws"), (1, 1, 62, 12))
+    graph = capture_graph(zoo.build("minilearn-kws"), (1, 1, 62, 12))
     plan = make_plan(graph, "minilearn")
     assert plan.method == "minilearn" and plan.norm_train == set()
     assert {k: (t.weight, t.bias) for k, t in plan.train.items()} == {
@@ -107,7 +107,7 @@ def test_training_ram_against_saved_tensor_hooks(optimizer, states):
     shape = (2, 3, 32, 32)
     e = api.profile(model, "minilearn", input_shape=shape[1:], batch=2, optimizer=optimizer).extras
     x, y = torch.randn(shape), torch.randint(0, 10, (2,))
-    graph = capture(model, shape)
+    graph = capture_graph(model, shape)
     apply_plain(model, graph, make_plan(graph, "minilearn"))
     stage2 = saved_bytes(model, x, y).bytes
     apply_plain(model, graph, make_plan(graph, "last"))

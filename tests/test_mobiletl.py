@@ -38,7 +38,7 @@ def mini_profile(method="mobiletl", mode="ideal", **opts):
 
 
 def test_plan_hand_checked():
-    cap = memplan.capture_model(mini_net(), batch=2, input_shape=(3, 8, 8))
+    cap = memplan.capture(mini_net(), batch=2, input_shape=(3, 8, 8))
     plan = memplan.make_plan(cap.graph, "mobiletl", blocks=1)
     assert plan.train == {
         f"{B1}.expand.conv": Train(1.0),
@@ -97,7 +97,7 @@ def test_kept_tensors_hand_checked():
     ],
 )
 def test_full_norms_ablation(which, full):
-    cap = memplan.capture_model(mini_net(), batch=2, input_shape=(3, 8, 8))
+    cap = memplan.capture(mini_net(), batch=2, input_shape=(3, 8, 8))
     plan = memplan.make_plan(cap.graph, "mobiletl", blocks=1, full_norms=which)
     for norm in ("expand", "dw", "project"):
         name = f"{B1}.{norm}.bn"
@@ -109,7 +109,7 @@ def test_default_k_is_the_last_three_blocks_or_all_fewer():
     """mini_net has 2 blocks: the default K (DEFAULT_K = 3) covers both; mobilenetv2 gets 3."""
     assert mini_profile().options.get("blocks") is None
     assert mini_profile().totals == mini_profile(blocks=2).totals
-    cap = memplan.capture_model("mobilenetv2", batch=1, resolution=32)
+    cap = memplan.capture("mobilenetv2", batch=1, resolution=32)
     default, three = memplan.make_plan(cap.graph, "mobiletl"), memplan.make_plan(cap.graph, "mobiletl", blocks=3)
     assert default.train == three.train and default.approx == three.approx
 

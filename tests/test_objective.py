@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from memplan.api import capture_model
+from memplan.api import capture
 from memplan.errors import BadOption
 from memplan.search import run_search
 from memplan.search.objective import apply_objective
@@ -38,7 +38,7 @@ def test_one_seed_entries_take_the_pooled_standard_error_and_no_se_at_all_is_ref
 
 
 def test_noise_aware_search_drops_an_entry_that_is_all_noise():
-    cap = capture_model("mcunet-5fps", resolution=128, classes=10)
+    cap = capture("mcunet-5fps", resolution=128, classes=10)
     profile = synthetic_profile(cap.graph, layers=4)
     bias_se = {k: 0.05 for k in profile.bias}
     weight_se = {n: {r: 0.05 for r in row} for n, row in profile.weight.items()}
@@ -67,7 +67,7 @@ def _cand(result):
 
 
 def test_default_objective_is_noise_aware_and_says_so_when_it_cannot_be():
-    cap = capture_model("mcunet-5fps", resolution=128, classes=10)
+    cap = capture("mcunet-5fps", resolution=128, classes=10)
     profile = synthetic_profile(cap.graph, layers=4)  # no standard errors: one seed per entry
     r = run_search("mcunet-5fps", "100KB", profile=profile, resolution=128)
     assert r.objective == "mean" and any("no standard errors" in w for w in r.warnings)

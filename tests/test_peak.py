@@ -18,7 +18,7 @@ import torch
 from memplan.apply import apply_plain
 from memplan.costs.engine import compute
 from memplan.costs.workspace import calibration_path, kernel_key, load_calibration, machine
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.models import zoo
 from memplan.modes import get_mode
 from memplan.nn.train import make_optimizer, step_in_backward
@@ -65,7 +65,7 @@ def resident_bytes(model, *batch):
 def predicted_and_measured(name, method, shape, schedule="standard", calibrate=True):
     """(profile, predicted bytes above the resident memory, measured allocation-replay peak)."""
     model = real_model(name)
-    graph = capture(model, shape)
+    graph = capture_graph(model, shape)
     opts = _options(graph, method)
     if opts is None:
         pytest.skip(f"{name} has no blocks for {method}")
@@ -129,7 +129,7 @@ def test_workspace_missing_without_calibration(tmp_path, monkeypatch):
 def test_calibration_file_is_per_machine_and_shared(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMPLAN_CACHE", str(tmp_path))
     model = real_model("mcunet-5fps")
-    graph = capture(model, (2, 3, 32, 32))
+    graph = capture_graph(model, (2, 3, 32, 32))
     first = calibrate_graphs([(graph, make_plan(graph, "bias"))])
     ident = machine("cpu")
     assert first.path == str(calibration_path(ident)) and first.measured == first.configs > 0
@@ -148,17 +148,17 @@ def test_calibration_file_is_per_machine_and_shared(tmp_path, monkeypatch):
 
 def test_meta_capture_shares_keys_with_real_capture():
     """Calibrating a zoo model traced on meta tensors covers the same model traced from real weights."""
-    from memplan.api import capture_model
+    from memplan.api import capture
 
-    cap = capture_model("mcunet-5fps", batch=2, resolution=32, classes=10)
-    real = capture(real_model("mcunet-5fps"), (2, 3, 32, 32))
+    cap = capture("mcunet-5fps", batch=2, resolution=32, classes=10)
+    real = capture_graph(real_model("mcunet-5fps"), (2, 3, 32, 32))
     keys = lambda g: {kernel_key(op) for op in grad_flow(g, make_plan(g, "bias"))} - {None}  # noqa: E731
     assert keys(cap.graph) == keys(real)
 
 
 def test_not_modelled_in_analytic_modes():
     model = real_model("mcunet-5fps")
-    graph = capture(model, (1, 3, 32, 32))
+    graph = capture_graph(model, (1, 3, 32, 32))
     prof = compute(graph, make_plan(graph, "bias"), get_mode("ideal"))
     assert prof.workspace["status"] == "not modelled"
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from memplan.api import capture_model, profile_captured
+from memplan.api import capture, profile_captured
 from memplan.cli import main
 from memplan.contrib import load_profile, run_contrib
 from memplan.contrib.data import BadData, RawTask, load_data, prepare, read_idx
@@ -180,7 +180,7 @@ class TwoConv(nn.Module):
 
 
 def _tt(optimizer="sgd", **mode_options):
-    cap = capture_model(TwoConv(), input_shape=(3, 8, 8))
+    cap = capture(TwoConv(), input_shape=(3, 8, 8))
     scheme = Scheme(
         model="two",
         fingerprint=fingerprint(cap.graph),
@@ -220,7 +220,7 @@ def test_tinytraining_optimizer_state_and_accumulation_by_hand():
 
 
 def test_tinytraining_momentum_doubles_the_update_memory_of_the_papers_scheme():
-    cap = capture_model("mcunet-5fps", resolution=128, classes=10)
+    cap = capture("mcunet-5fps", resolution=128, classes=10)
     cfg = {
         "n_bias_update": 22,
         "manual_weight_idx": [21, 24, 27, 30, 36, 39],

@@ -11,7 +11,8 @@ import torch
 import torch.nn as nn
 
 from memplan.errors import MemplanError
-from memplan.graph import capture, conv_layers
+from memplan.graph import conv_layers
+from memplan.graph.capture import capture_graph
 from memplan.plan import (
     Scheme,
     Train,
@@ -50,7 +51,7 @@ class SmallNet(nn.Module):
 
 
 def small_graph(classes: int = 4, width: int = 16, side: int = 8, batch: int = 1):
-    return capture(SmallNet(classes, width), (batch, 3, side, side), name="smallnet")
+    return capture_graph(SmallNet(classes, width), (batch, 3, side, side), name="smallnet")
 
 
 def small_scheme(graph, **changes) -> Scheme:
@@ -197,7 +198,7 @@ def test_backward_config_forms():
 def test_published_mcunet_scheme_imports():
     import memplan
 
-    cap = memplan.capture_model("mcunet-5fps", resolution=128, classes=10)
+    cap = memplan.capture("mcunet-5fps", resolution=128, classes=10)
     bc = by_key("tinytraining.fig11.mcunet-5fps.sparse.100kb.memory").options["scheme"]
     s = Scheme.from_backward_config(bc, cap.graph)
     assert s.bias_update == 22 and s.model == "mcunet-5fps" and s.input_shape == [3, 128, 128]

@@ -21,7 +21,7 @@ import torch
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 import memplan
-from memplan.api import capture_model
+from memplan.api import capture
 from memplan.contrib import ContribProfile, Protocol
 from memplan.contrib.profile import Noise
 from memplan.costs.engine import compute
@@ -88,7 +88,7 @@ def synthetic_profile(
 @pytest.fixture(scope="module")
 def mcunet():
     """MCUNet-5FPS at 128 px, 10 classes, its synthetic profile, space, memory model and table."""
-    cap = capture_model("mcunet-5fps", resolution=128, classes=10)
+    cap = capture("mcunet-5fps", resolution=128, classes=10)
     profile = synthetic_profile(cap.graph)
     space = build_space(cap.graph, contributions_of(profile), model=cap.name)
     memory = MemoryModel(space, "tinytraining")
@@ -131,7 +131,7 @@ def milp_optimum(space, table, budget: int) -> float:
 
 def test_exact_matches_brute_force_with_compute_memory():
     """Tiny space on SmallNet: enumerate every candidate, memory from compute() directly."""
-    graph = capture_model(SmallNet(), input_shape=(3, 8, 8)).graph
+    graph = capture(SmallNet(), input_shape=(3, 8, 8)).graph
     profile = synthetic_profile(graph, seed=3)
     space = build_space(graph, contributions_of(profile), model="smallnet", ratios=(0.5, 1.0))
     memory = MemoryModel(space, "tinytraining")
@@ -235,7 +235,7 @@ def test_run_search_writes_scheme_within_budget(mcunet, tmp_path):
 def test_non_additive_metric_uses_evolution_with_compute():
     """Peak memory of the ideal mode's simulated step is not a sum over options: the search says so,
     refuses the exact solver, and the evolutionary result fits under compute()."""
-    graph = capture_model(SmallNet(), input_shape=(3, 8, 8)).graph
+    graph = capture(SmallNet(), input_shape=(3, 8, 8)).graph
     profile = synthetic_profile(graph, seed=1)
     space = build_space(graph, contributions_of(profile), model="smallnet")
     memory = MemoryModel(space, "ideal", "peak")

@@ -115,7 +115,7 @@ def test_ideal_kept_tensors_hand_checked():
 def test_pytorch_mode_matches_autograd_on_the_sparse_plan():
     torch.manual_seed(0)
     model = memplan.models.zoo.build("mcunet-5fps", 10)
-    graph = memplan.capture(model, (2, 3, 48, 48), name="mcunet-5fps")
+    graph = memplan.capture(model, (3, 48, 48), batch=2, name="mcunet-5fps").graph
     plan = make_plan(
         graph, "sparse", scheme=by_key("tinytraining.fig11.mcunet-5fps.sparse.100kb.memory").options["scheme"]
     )
@@ -130,7 +130,7 @@ def test_pytorch_mode_matches_autograd_on_the_sparse_plan():
 
 @functools.cache
 def captured(model: str, batch: int, resolution: int, classes: int) -> memplan.api.Captured:
-    return memplan.capture_model(model, batch=batch, resolution=resolution, classes=classes)
+    return memplan.capture(model, batch=batch, resolution=resolution, classes=classes)
 
 
 def published_kib(fig) -> float:

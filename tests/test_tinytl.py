@@ -11,10 +11,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memplan
-from memplan.api import capture_model, profile_captured
+from memplan.api import capture, profile_captured
 from memplan.apply import apply_plain
 from memplan.errors import BadOption
-from memplan.graph import capture, find_blocks
+from memplan.graph import find_blocks
+from memplan.graph.capture import capture_graph
 from memplan.models import zoo
 from memplan.nn.transforms import LiteResidual, add_lite_residual, group_count, is_lite, lite_kernel, swap_norm
 from memplan.reproduce.figures import by_key
@@ -81,7 +82,7 @@ def test_group_count():
 def test_swap_norm_on_meta_and_cli_option():
     m = swap_norm(meta_model("proxylessnas-mobile", 10), "group")
     assert all(p.is_meta for p in m.parameters())
-    cap = capture_model("proxylessnas-mobile", resolution=32, norm="group")
+    cap = capture("proxylessnas-mobile", resolution=32, norm="group")
     kinds = {n.kind for n in cap.graph.nodes}
     assert "groupnorm" in kinds and "batchnorm" not in kinds
 
@@ -120,7 +121,7 @@ def test_lite_residual_architecture_proxylessnas():
 def test_lite_residual_trainable_params_match_mobiletl_table3():
     """MobileTL Table 3 prints TinyTL-L's trainable parameters (100 classes): 1,944,516 =
     lite branches + classifier. It pins the branch architecture (kernels, widths, first block)."""
-    cap = capture_model("proxylessnas-mobile", classes=100, resolution=64, norm="group", method="tinytl-l")
+    cap = capture("proxylessnas-mobile", classes=100, resolution=64, norm="group", method="tinytl-l")
     p = profile_captured(cap, "tinytl-l", mode="tinytl")
     assert p.totals.trainable_params == by_key("mobiletl.table3.proxylessnas-mobile.tinytl-l.trainable_params").value
 
@@ -136,9 +137,9 @@ def test_lite_residual_preserves_output_traces_and_trains(norm):
         add_lite_residual(m, norm=norm)
         after = m(x)
     assert torch.equal(before, after)  # the last norm's scale is 0: the branches add exactly 0
-    graph = capture(m, (2, 3, 112, 112))
+    graph = capture_graph(m, (2, 3, 112, 112))
     assert len(graph.blocks) == 20
-    lite = [n for n in graph.nodes if is_lite(n.name)]
+    lite = [n for n in graph.nodes if is_lite(n)]
     assert len([n for n in lite if n.kind == "conv"]) == 2 * 19
     assert {n.kind for n in lite} == {"avgpool", "conv", "relu", "batchnorm" if norm == "batch" else "groupnorm"}
     assert sum(n.kind == "interpolate" for n in graph.nodes) == 19
@@ -146,8 +147,9 @@ def test_lite_residual_preserves_output_traces_and_trains(norm):
     plan = make_plan(graph, "tinytl-l")
     apply_plain(m, graph, plan)
     F.cross_entropy(m(x), torch.tensor([1, 2])).backward()
+    branch_params = {qual for n in lite for qual in n.uses.values()}
     for name, p in m.named_parameters():
-        assert (p.grad is not None) == (is_lite(name) or name.startswith("classifier.")), name
+        assert (p.grad is not None) == (name in branch_params or name.startswith("classifier.")), name
 
 
 @pytest.mark.parametrize("norm, method", [("batch", "tinytl-l"), ("group", "tinytl-lb")])
@@ -161,24 +163,24 @@ def test_lite_network_pytorch_mode_matches_autograd(norm, method):
 
 
 def test_lite_strategies_need_branches():
-    graph = capture(meta_model("proxylessnas-mobile", 10), (1, 3, 32, 32))
+    graph = capture_graph(meta_model("proxylessnas-mobile", 10), (1, 3, 32, 32))
     with pytest.raises(BadOption):
         make_plan(graph, "tinytl-l")
 
 
 def test_lite_options_reach_the_transform():
-    cap = capture_model(
+    cap = capture(
         "proxylessnas-mobile",
         resolution=64,
         method="tinytl-lb",
         method_options={"lite_kernel": 3, "lite_groups": 4, "lite_norm": "group"},
     )
-    convs = [n for n in cap.graph.nodes if is_lite(n.name) and n.kind == "conv" and n.name.endswith("conv1")]
+    convs = [n for n in cap.graph.nodes if is_lite(n) and n.kind == "conv" and n.name.endswith("conv1")]
     assert len(convs) == 19
     assert all(n.attrs["kernel_size"] in ((3, 3), (1, 1)) and n.attrs["groups"] == 4 for n in convs)
-    assert all(n.kind == "groupnorm" for n in cap.graph.nodes if is_lite(n.name) and "norm" in n.name)
+    assert all(n.kind == "groupnorm" for n in cap.graph.nodes if is_lite(n) and "norm" in n.name)
     with pytest.raises(BadOption):
-        capture_model("proxylessnas-mobile", resolution=64, method="tinytl-l", method_options={"lite_kernel": 4})
+        capture("proxylessnas-mobile", resolution=64, method="tinytl-l", method_options={"lite_kernel": 4})
 
 
 # --------------------------------------------------------------------------- the tinytl mode
@@ -239,7 +241,7 @@ def test_tinytl_mode_peak_layer_and_kept():
 @pytest.fixture(scope="module")
 def table2():
     """TinyTL Table 2 network (GroupNorm + lite residual), batch 8, 224 px, Flowers head (102)."""
-    return capture_model(tinytl_net(102), batch=8, resolution=224)
+    return capture(tinytl_net(102), batch=8, resolution=224)
 
 
 @pytest.mark.parametrize(

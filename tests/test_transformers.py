@@ -30,7 +30,7 @@ from memplan.apply import apply_plain
 from memplan.check import check
 from memplan.costs.engine import compute
 from memplan.costs.observe import flop_counter
-from memplan.graph import capture
+from memplan.graph.capture import capture_graph
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
 from memplan.verify.measure import model_modules, saved_bytes
@@ -56,7 +56,7 @@ def check_model(entry: tc.TEntry, resolution: int, methods=STRATEGIES) -> list[s
     torch.manual_seed(0)
     base = entry.build(resolution)
     shape = entry.shape(resolution)
-    graph = capture(copy.deepcopy(base), shape)  # a capture failure raises: a failure, not a skip
+    graph = capture_graph(copy.deepcopy(base), shape)  # a capture failure raises: a failure, not a skip
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(shape, generator=g), torch.randint(0, tc.CLASSES, (shape[0],), generator=g)
     problems = []
@@ -157,7 +157,7 @@ def test_sdpa_rules_match_saved_tensor_hooks(case, method):
     torch.manual_seed(0)
     model = Attention(*case)
     shape = (2, 1, 5, 16)
-    graph = capture(copy.deepcopy(model), shape)
+    graph = capture_graph(copy.deepcopy(model), shape)
     plan = make_plan(graph, method)
     prof = compute(graph, plan, get_mode("pytorch"))
     assert not prof.unknown_ops and not any("attention" in k for k in prof.observed_ops)  # costed by the rule
@@ -178,7 +178,7 @@ def test_check_fails_when_a_rule_is_wrong(monkeypatch):
     import memplan.modes.pytorch as pt
 
     model = Attention("split", None, 0.0, False)
-    graph = capture(copy.deepcopy(model), (2, 1, 5, 16))
+    graph = capture_graph(copy.deepcopy(model), (2, 1, 5, 16))
     plan = make_plan(graph, "full")
     assert check(model, graph, plan).agrees
     right = pt.pytorch.rules["sdpa"]

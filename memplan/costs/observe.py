@@ -120,7 +120,7 @@ class Replay:
         return torch.func.functional_call(self.node.module, {**self.params, **self.buffers}, self.args, self.kwargs)
 
 
-def conv_backward_flops(
+def conv_backward_flops(  # the conv's geometry, one argument per dimension
     grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed, *args, out_shape=None, **kwargs
 ) -> int:
     """Group-aware FLOPs of ``aten.convolution_backward`` for ``FlopCounterMode(custom_mapping=...)``.

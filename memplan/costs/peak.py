@@ -157,7 +157,7 @@ def _activation_grads(graph: LayerGraph, views: list[OpView]) -> tuple[list[int]
     return grad_alloc, grad_free
 
 
-def simulate_peak(
+def simulate_peak(  # one walk over the training step's events
     graph: LayerGraph,
     views: list[OpView],
     saved: list[list[Saved]],

@@ -6,25 +6,29 @@ with shapes propagated on the meta device.
 * :mod:`.kinds`: canonical op kinds and which modules are known exactly; :mod:`.trace`: the
   symbolic tracer; :mod:`.leafcalls`: custom autograd Functions and script functions as single
   calls; :mod:`.record`: capture by an eager run on meta; :mod:`.layout`: meta-device memory
-  layouts; :mod:`.capture`: capture + shape propagation; :mod:`.blocks`: block discovery;
+  layouts; :mod:`.capture`: capture + shape propagation (:mod:`.build`: the LayerGraph of it);
+  :mod:`.blocks`: block discovery;
 * :mod:`.conv`: conv-layer conventions (conv index, bias carrier, padding, sub-channel count).
+
+``capture_graph`` (:mod:`.capture`) and ``trace`` (:mod:`.trace`) are not re-exported here: the
+one public way to capture is ``memplan.capture`` (``memplan.api``), whose last step is
+``capture_graph``; only the engine layers inside that pipeline import them, from their modules.
 """
 
 from .blocks import find_blocks
-from .capture import capture, select_output, train_mode
+from .build import select_output
+from .capture import train_mode
 from .conv import SELECT_RULES, ConvLayer, bias_carrier, conv_layers, conv_padding, conv_table, is_pw1, sub_channels
 from .kinds import module_kind, node_kind
 from .layout import flatten
 from .model import LayerGraph, Node, Param, TensorInfo, role
-from .trace import LeafTracer, trace
+from .trace import LeafTracer
 
 __all__ = [
     "flatten",
-    "capture",
     "select_output",
     "train_mode",
     "role",
-    "trace",
     "LeafTracer",
     "LayerGraph",
     "Node",

@@ -18,6 +18,10 @@ import torch.nn as nn
 
 from ..errors import MemplanError
 
+#: module attribute naming what a module is for (e.g. ``"lite_residual"``, set by the transform
+#: that inserts TinyTL's branches); capture records it on every node run inside the module
+TAG_ATTR = "memplan_tag"
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -99,6 +103,7 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     scope: str = ""  # qualname of the innermost module whose forward created this node
     scopes: tuple[str, ...] = ()  # qualnames of every module call this node runs inside, outermost first
+    tags: frozenset[str] = frozenset()  # TAG_ATTR of the modules it runs inside (and of their parents)
     block: str | None = None
     layer: str = ""  # the layer whose parameters this op uses (plans are keyed by it); "" for none
     uses: dict[str, str] = field(default_factory=dict)  # every parameter the op reads: local name -> qualname

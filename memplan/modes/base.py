@@ -55,6 +55,9 @@ class Mode:
     #: the mode counts only the *extra* memory of training (not the forward working memory), so a
     #: device budget for it leaves a reserve for the forward (``memplan.search.devices``)
     extra_only: bool = False
+    #: ``memplan profile --per-layer`` also prints the cost of updating each conv (the 256KB
+    #: paper's Figure 11a, ``memplan.api.update_costs``)
+    conv_update_table: bool = False
 
     def __init__(self, parent: Mode | None = None):
         self.parent = parent

@@ -63,6 +63,7 @@ class McuMode(TinyTrainingMode):
 
     default_schedule = "tte"
     extra_only = False
+    conv_update_table = False  # Figure 11a is tinytraining's own view, not the MCU peak's
 
     def __init__(self, name: str, settings: McuSettings, description: str):
         self.name, self.settings, self.description = name, settings, description
@@ -95,6 +96,7 @@ class McuMode(TinyTrainingMode):
         return Summary(steps["peak"], steps["peak"], steps["where"], steps["phase"], steps["at"], extras)
 
 
+# long: one walk over the MCU schedule's buffers
 def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, schedule: str) -> dict[str, Any]:
     """Peak, where, phase, per-op bytes and a breakdown of one training step (module docstring),
     through the peak core :func:`memplan.costs.peak.simulate_step`."""

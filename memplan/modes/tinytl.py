@@ -93,7 +93,7 @@ def shortcut_inputs(graph: LayerGraph) -> dict[str, int]:
         first, last = graph.block_range(b)
         uses: dict[int, list[int]] = {}
         for n in graph.nodes[first : last + 1]:
-            if n.block != b or is_lite(n.name):
+            if n.block != b or is_lite(n):
                 continue
             for i, t in zip(n.inputs, n.in_tensors):
                 if graph.nodes[i].block != b and t.storage not in graph.param_storages:

@@ -134,6 +134,7 @@ class TinyTrainingMode(Mode):
         "1-bit masks, summed (no peak); weight_bytes = updated copies + biases; KiB in extras"
     )
     extra_only = True
+    conv_update_table = True
     #: bits of one optimizer buffer element (None: the parameter's own bits, the paper's quantised buffer)
     state_bits: int | None = None
     #: keep a gradient accumulator per updated element, at ``accumulation_bits``

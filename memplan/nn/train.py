@@ -80,7 +80,7 @@ def _update(own: torch.optim.Optimizer, group: dict[str, Any]) -> Callable[[Tens
     return hook
 
 
-def fit(
+def fit(  # public keyword API: one keyword per training setting
     forward: Callable[..., Tensor],
     optimizer: torch.optim.Optimizer,
     x: Tensor | Inputs,

@@ -22,13 +22,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import BadOption, MemplanError
-from ..graph import capture, find_blocks, module_kind, node_kind, trace
+from ..graph import Node, find_blocks, module_kind, node_kind
+from ..graph.capture import capture_graph  # transforms run inside the pipeline (memplan.api), before its capture
 from ..graph.kinds import ACTIVATIONS
+from ..graph.model import TAG_ATTR
+from ..graph.trace import trace
 from ..models.zoo.blocks import make_divisible
 
 #: channels per group of the GroupNorm layers TinyTL uses
 GN_CHANNELS_PER_GROUP = 8
-#: attribute of :class:`LiteResidual` holding the branch (strategies and modes find lite layers by it)
+#: attribute of :class:`LiteResidual` holding the branch, and the branch's tag (``graph.model.TAG_ATTR``):
+#: every node captured inside a branch carries it in ``Node.tags`` (strategies and modes find lite layers by it)
 LITE_ATTR = "lite_residual"
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -178,6 +182,7 @@ class LiteResidual(nn.Module):
         super().__init__()
         self.main = block
         self.lite_residual = branch
+        setattr(branch, TAG_ATTR, LITE_ATTR)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.main(x)
@@ -204,7 +209,7 @@ def _norm_layer(kind: str, channels: int, device, dtype) -> nn.Module:
     return nn.BatchNorm2d(channels, device=device, dtype=dtype)
 
 
-def lite_branch(
+def lite_branch(  # TinyTL's branch hyperparameters, one per argument
     in_channels: int,
     out_channels: int,
     kernel: int,
@@ -237,7 +242,7 @@ def lite_branch(
 
 def _block_io(model: nn.Module, blocks: Sequence[str], input_shape: Sequence[int]):
     """{block: (input shape, output shape)} from a meta trace at ``(1, *input_shape)``."""
-    graph = capture(model, (1, *input_shape), block_names=list(blocks), name=type(model).__name__)
+    graph = capture_graph(model, (1, *input_shape), block_names=list(blocks), name=type(model).__name__)
     io = {}
     for b in graph.blocks:
         first, last = graph.block_range(b)
@@ -262,7 +267,7 @@ def _norm_kind_of(block: nn.Module) -> str:
     return "group" if any(isinstance(m, nn.GroupNorm) for m in block.modules()) else "batch"
 
 
-def add_lite_residual(
+def add_lite_residual(  # two thirds docstring (TinyTL's branch rule)
     model: nn.Module,
     kernel: int = 5,
     groups: int = 2,
@@ -335,6 +340,6 @@ def add_lite_residual(
     return model
 
 
-def is_lite(layer_name: str) -> bool:
-    """Whether a layer (module qualname) belongs to a lite residual branch."""
-    return f".{LITE_ATTR}." in f".{layer_name}"
+def is_lite(node: Node) -> bool:
+    """Whether a captured node runs inside a lite residual branch (tagged by :class:`LiteResidual`)."""
+    return LITE_ATTR in node.tags

@@ -18,7 +18,7 @@ from ..units import ratio_label
 if TYPE_CHECKING:  # annotations only: drawing needs none of these packages
     from ..contrib.profile import ContribProfile
     from ..modes.tinytraining import ConvUpdateCost
-    from ..search.run import SearchResult
+    from ..search.result import SearchResult
 
 
 def _pyplot() -> Any:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..reproduce import Reproduction
 from ..search.exact import relative_gap
-from ..search.run import SearchResult
+from ..search.result import SearchResult
 from ..units import fmt_bytes
 from ..verify import SETUPS, VerifyReport
 

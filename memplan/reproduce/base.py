@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import Captured, capture_model, profile_captured
+from .. import api
+from ..api import Captured, profile_captured
 from ..costs.records import Profile
 from ..modes import MODES
 from ..registry import Registry
@@ -74,7 +75,7 @@ def captured(model: str, capture: dict[str, Any], method: str, options: dict[str
     own = method if get_strategy(method).transform is not None else None
     key = (model, _frozen(capture), own, _frozen(shaping))
     if key not in _CAPTURES:
-        _CAPTURES[key] = capture_model(model, method=method, method_options=shaping, **capture)
+        _CAPTURES[key] = api.capture(model, method=method, method_options=shaping, **capture)
         if len(_CAPTURES) > CACHE_SIZE:
             _CAPTURES.popitem(last=False)
     return _CAPTURES[key]

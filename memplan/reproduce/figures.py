@@ -93,7 +93,7 @@ UNIT_SCALE: dict[str, float] = {
 FIGURE_MODES: tuple[str, ...] = ("tinytl", "tinytraining", "pytorch", "ideal", "mcu", "inference", "measured")
 
 
-#: figure options the capture reads -> ``memplan.api.capture_model`` keyword (None: not printed, default)
+#: figure options the capture reads -> ``memplan.capture`` keyword (None: not printed, default)
 CAPTURE_OPTIONS: dict[str, str] = {
     "batch": "batch",
     "resolution": "resolution",

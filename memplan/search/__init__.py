@@ -3,11 +3,13 @@
 ``run_search`` is the entry point (plain-data :class:`SearchResult`; ``memplan.render`` prints
 and draws it). Pieces: ``space`` (candidates, scheme / plan mapping), ``memory`` (costs via
 ``memplan.costs.engine.compute``, additivity check), ``exact`` (certified optimum), ``toolbox``
-/ ``evolution`` / ``random_search`` (DEAP), ``devices`` (device budgets).
+/ ``evolution`` / ``random_search`` (DEAP), ``devices`` (device budgets), ``methods`` (the search methods, a registry).
 """
 
 from .devices import Device, device_names, load_device
-from .run import DEFAULT_MODEL, METHODS, BudgetError, SearchResult, budget_convention, run_search
+from .methods import METHODS
+from .result import SearchResult
+from .run import DEFAULT_MODEL, BudgetError, SearchOptions, budget_convention, run_search
 from .space import DEFAULT_RATIOS, Candidate, Contributions, ProfileError, load_contributions
 
 __all__ = [
@@ -24,5 +26,6 @@ __all__ = [
     "DEFAULT_RATIOS",
     "DEFAULT_MODEL",
     "METHODS",
+    "SearchOptions",
     "budget_convention",
 ]

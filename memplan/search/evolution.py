@@ -26,6 +26,11 @@ class Trace:
     best_per_evaluation: list[float] = field(default_factory=list)  # best so far after each evaluation
     best_per_generation: list[float] = field(default_factory=list)  # evolution only; entry 0 = initial population
 
+    @property
+    def candidate(self) -> Candidate:
+        """The best candidate (the name ``ExactResult`` gives it)."""
+        return self.best
+
 
 class Recorder:
     """Evaluates individuals through the toolbox and keeps the best-so-far curve."""

@@ -231,7 +231,7 @@ def objective_gains(
     return dict(zip(ks, bias, strict=True)), weight
 
 
-def build_space(
+def build_space(  # one pass: bias depths, then weight options per conv
     graph: LayerGraph,
     contributions: Contributions,
     *,

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..api import capture_model
+from ..api import capture
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.final import Evaluator, Result
 from ..contrib.profile import ContribProfile, load_profile
@@ -139,7 +139,7 @@ def draw(
     return None
 
 
-def validate_profile(
+def validate_profile(  # public keyword API: one keyword per option of memplan contrib validate
     profile: str | os.PathLike | ContribProfile,
     budgets: Sequence[str | int],
     *,
@@ -168,7 +168,7 @@ def validate_profile(
     budget_bytes = sorted({parse_bytes(b) for b in budgets})
     contributions = contributions_of(prof, f"contribution profile {source}")
     res = prof.costing_resolution
-    cap = capture_model(prof.model, batch=1, resolution=res, classes=contributions.classes)
+    cap = capture(prof.model, batch=1, resolution=res, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
     memory = MemoryModel(space, mode, optimizer=contributions.optimizer)
     table = build_table(memory)
@@ -310,7 +310,7 @@ def default_budgets(profile: ContribProfile, mode: str = "tinytraining", n: int 
     """``n`` budgets spaced geometrically between twice the cheapest bias-only memory and half the
     memory of the deepest bias depth with every weight at ratio 1 (bytes)."""
     contributions = contributions_of(profile)
-    cap = capture_model(profile.model, batch=1, resolution=profile.costing_resolution, classes=contributions.classes)
+    cap = capture(profile.model, batch=1, resolution=profile.costing_resolution, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
     memory = MemoryModel(space, mode, optimizer=contributions.optimizer)
     k = space.ks[-1]

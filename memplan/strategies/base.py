@@ -38,6 +38,7 @@ class Strategy:
     options: tuple[str, ...] = ()  # plan options accepted by fn
     transform: TransformFn | None = None  # transform(model, **transform_options) -> model, before tracing
     transform_options: tuple[str, ...] = ()
+    conv_update_table: bool = False  # profile --per-layer also prints each conv's update cost (Figure 11a)
 
 
 STRATEGIES: Registry[Strategy] = Registry("method")
@@ -78,11 +79,13 @@ def strategy(
     options: tuple[str, ...] = (),
     transform: TransformFn | None = None,
     transform_options: tuple[str, ...] = (),
+    conv_update_table: bool = False,
 ) -> Callable[[StrategyFn], StrategyFn]:
-    """Decorator registering a plan function as strategy ``name``."""
+    """Decorator registering a plan function as strategy ``name`` (fields of :class:`Strategy`)."""
 
     def register(fn: StrategyFn) -> StrategyFn:
-        STRATEGIES.add(name, Strategy(name, fn, description, options, transform, transform_options))
+        entry = Strategy(name, fn, description, options, transform, transform_options, conv_update_table)
+        STRATEGIES.add(name, entry)
         return fn
 
     return register

@@ -71,8 +71,9 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ..errors import BadOption
-from ..graph import LayerGraph, Node, node_kind, trace
+from ..graph import LayerGraph, Node, node_kind
 from ..graph.kinds import ACTIVATIONS
+from ..graph.trace import trace
 from ..nn.transforms import replace_module
 from ..plan import Plan
 from .base import lastk, positive, strategy

@@ -84,7 +84,7 @@ def mobiletl(graph: LayerGraph, blocks: int | None = None, full_norms: str = "la
     norm_train = {n.name for n in tail if n.kind in NORM_KINDS}
     approx: set[str] = set()
     for block in graph.blocks[-blocks:]:
-        inside = [n for n in graph.nodes if n.block == block and not is_lite(n.name)]
+        inside = [n for n in graph.nodes if n.block == block and not is_lite(n)]
         norms = [n for n in inside if n.kind in NORM_KINDS and n.params]
         full = {n.name for n in full_norms_of(graph, norms, full_norms)}
         for n in norms:

@@ -38,6 +38,7 @@ def resolve_scheme(graph: LayerGraph, scheme: SchemeSource) -> Scheme:
     "sparse update from --scheme (memplan scheme JSON or tiny-training backward_config): biases "
     "of the last n convs, chosen conv weights at channel ratios, classifier",
     ("scheme",),
+    conv_update_table=True,
 )
 def sparse(graph: LayerGraph, scheme: SchemeSource | None = None) -> Plan:
     if scheme is None:

@@ -25,7 +25,7 @@ from .base import bias, full_train, strategy, train_classifier
 
 
 def _lite_plan(graph: LayerGraph, method: str, biases: bool) -> Plan:
-    lite = [n for n in graph.param_nodes() if is_lite(n.name)]
+    lite = [n for n in graph.param_nodes() if is_lite(n)]
     if not lite:
         raise BadOption(
             f"method {method!r} found no lite residual branch in the model",

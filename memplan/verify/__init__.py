@@ -104,7 +104,7 @@ def _device(device: str) -> torch.device:
     return dev
 
 
-def _run_setup(
+def _run_setup(  # one verify setup with verify's options
     built: Built,
     setup: str,
     method: str,
@@ -143,7 +143,7 @@ def _run_setup(
     return SetupResult(setup, prof.totals.saved_activation_bytes, measured, prof.totals.peak_bytes, peak, losses)
 
 
-def verify(
+def verify(  # public keyword API: one keyword per option of memplan verify
     model: str | nn.Module,
     method: str = "full",
     *,

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..api import capture_model, default_methods
+from ..api import capture, default_methods
 from ..costs.observe import Replay
 from ..costs.workspace import Calibration, empty_calibration, kernel_key, kernel_label
 from ..errors import MemplanError, ModelNotFound
@@ -227,7 +227,7 @@ def calibrate(
             for res in resolutions:
                 for batch in batches:
                     try:
-                        cap = capture_model(model, batch=batch, resolution=res, classes=classes)
+                        cap = capture(model, batch=batch, resolution=res, classes=classes)
                     except ModelNotFound:
                         raise  # a model that does not exist is an error, not a skip
                     except MemplanError as exc:  # e.g. a resolution a fixed-input model cannot take
@@ -238,7 +238,7 @@ def calibrate(
                         this, st = cap, get_strategy(name)
                         if st.transform is not None:
                             topts = {k: v for k, v in {**opts, **options}.items() if k in st.transform_options}
-                            this = capture_model(
+                            this = capture(
                                 model, batch=batch, resolution=res, classes=classes, method=name, method_options=topts
                             )
                         accepted = st.options

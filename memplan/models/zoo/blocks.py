@@ -97,7 +97,7 @@ class InvertedResidual(nn.Module):
     after the depthwise activation (MobileNetV3, EfficientNet).
     """
 
-    def __init__(
+    def __init__(  # the block's published hyperparameters
         self,
         in_channels: int,
         out_channels: int,

@@ -1,0 +1,111 @@
+"""The search methods, a registry: one small function per method, each running it on a prepared
+search (space, cost table, budget) and returning its result (``ExactResult`` or ``Trace``, both
+naming their best candidate ``.candidate``).
+
+* ``exact``: the certified optimum of the cost table (``memplan.search.exact``); only where
+  memory is additive;
+* ``evolution``: DEAP evolution (``memplan.search.evolution``), repaired to the budget;
+* ``random``: as many random candidates as evolution evaluated (``memplan.search.random_search``).
+
+Adding a method is one function here, registered with ``@method("name")``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from deap import base
+
+from ..registry import Registry
+from .evolution import evolve
+from .exact import solve_exact
+from .memory import CostTable, MemoryModel
+from .random_search import random_search
+from .space import SearchSpace
+from .toolbox import Problem, make_toolbox
+
+
+@dataclass
+class Prepared:
+    """One search ready to run: the space, memory model and cost table, the budget (bytes), the
+    DEAP settings, and the results of the methods run so far (by name)."""
+
+    space: SearchSpace
+    memory: MemoryModel
+    table: CostTable
+    additive: bool  # memory is the table's sum: the table is the memory function
+    budget: int
+    seed: int = 0
+    generations: int = 100
+    population: int = 100
+    runs: dict[str, Any] = field(default_factory=dict)
+    _toolbox: tuple[Problem, base.Toolbox] | None = None
+
+    def toolbox(self) -> tuple[Problem, base.Toolbox]:
+        """The DEAP problem and toolbox (made once, on first use)."""
+        if self._toolbox is None:
+            memory_of = self.table.estimate if self.additive else self.memory.measure
+            problem = Problem(self.space, self.table, self.budget, memory_of, self.additive)
+            self._toolbox = (problem, make_toolbox(problem))
+        return self._toolbox
+
+
+@dataclass(frozen=True)
+class Method:
+    """A search method: ``run(prepared)`` -> its result; ``needs``: methods whose results it reads;
+    ``additive_only``: applies only where memory is additive."""
+
+    run: Callable[[Prepared], Any]
+    needs: tuple[str, ...] = ()
+    additive_only: bool = False
+
+
+METHODS: Registry[Method] = Registry("search method")
+
+
+def method(name: str, *, needs: tuple[str, ...] = (), additive_only: bool = False) -> Callable:
+    """Decorator registering ``run(prepared) -> result`` as the search method ``name``."""
+
+    def decorate(run: Callable[[Prepared], Any]) -> Callable[[Prepared], Any]:
+        METHODS.add(name, Method(run, needs, additive_only))
+        return run
+
+    return decorate
+
+
+@method("exact", additive_only=True)
+def exact(s: Prepared) -> Any:
+    return solve_exact(s.space, s.table, s.budget)
+
+
+@method("evolution")
+def evolution(s: Prepared) -> Any:
+    problem, toolbox = s.toolbox()
+    return evolve(problem, toolbox, population=s.population, generations=s.generations, seed=s.seed)
+
+
+@method("random", needs=("evolution",))
+def random(s: Prepared) -> Any:
+    problem, toolbox = s.toolbox()
+    return random_search(problem, toolbox, evaluations=s.runs["evolution"].evaluations, seed=s.seed)
+
+
+def run_methods(s: Prepared, wanted: Iterable[str], seconds: dict[str, float]) -> dict[str, Any]:
+    """Run the ``wanted`` methods and those they need, in registration order; returns
+    ``s.runs`` and records each method's wall time in ``seconds`` (s)."""
+    todo = set(wanted)
+    pending = list(todo)
+    while pending:
+        for need in METHODS.choose(pending.pop()).needs:
+            if need not in todo:
+                todo.add(need)
+                pending.append(need)
+    for name, m in METHODS.items():
+        if name in todo:
+            t0 = time.perf_counter()
+            s.runs[name] = m.run(s)
+            seconds[name] = time.perf_counter() - t0
+    return s.runs

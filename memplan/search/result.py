@@ -1,0 +1,81 @@
+"""What one search produced, as plain data: :class:`SearchResult` (``memplan.render`` draws and
+prints it; ``to_dict`` is its JSON form)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from ..plan import Scheme
+from .devices import Device
+from .evolution import Trace
+from .exact import ExactResult
+from .memory import Additivity, CostTable
+from .space import SearchSpace
+
+
+@dataclass
+class SearchResult:
+    """Everything one search produced. Bytes are integers; Δacc is in the profile's units."""
+
+    model: str
+    input_shape: list[int]
+    mode: str
+    metric: str  # which Profile figure the budget bounds (memplan.search.memory.METRICS)
+    method: str  # the method that produced ``scheme``
+    budget_bytes: int
+    budget_text: str  # as given ("100KB", or the device name)
+    budget_convention: str  # how the text was read
+    device: Device | None
+    profile_path: str | None
+    profile_hash: str
+    scheme: Scheme
+    summed_delta_acc: float  # measured means of the scheme's entries, summed (points)
+    memory_bytes: int  # compute() of the scheme, the bounded metric
+    breakdown: dict[str, int]
+    additive: bool
+    additivity: Additivity
+    space_size: dict[str, Any]
+    table: CostTable
+    exact: ExactResult | None = None
+    gap_to_exact: float | None = None  # 1 - value / exact value (0 = optimal); None without exact
+    evolution: Trace | None = None
+    random: Trace | None = None
+    compute_calls: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    out: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    objective: str = "shrink"  # what the search maximised (memplan.search.objective)
+    objective_value: float | None = None  # the scheme's summed gains under that objective (points)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the scheme as its JSON object, candidates as text, the cost table as rows."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["scheme"] = self.scheme.model_dump(mode="json")
+        data["device"] = self.device.model_dump() if self.device else None
+        data["additivity"] = asdict(self.additivity)
+        data["table"] = {
+            "base": {str(k): v for k, v in self.table.base.items()},
+            "extra": [[i, r, v] for (i, r), v in self.table.extra.items()],
+        }
+        if self.exact is not None:
+            data["exact"] = {**asdict(self.exact), "candidate": self.exact.candidate.describe()}
+        for name in ("evolution", "random"):
+            trace = getattr(self, name)
+            if trace is not None:
+                data[name] = {**asdict(trace), "best": trace.best.describe()}
+        return data
+
+
+def space_size(space: SearchSpace) -> dict[str, Any]:
+    """The size of the space: convs, bias depths, weight layers and options, ratios."""
+    options = sum(len(c.ratios) for c in space.layers)
+    return {
+        "convs": space.n_convs,
+        "bias_depths": len(space.ks),
+        "weight_layers": len(space.layers),
+        "weight_options": options,
+        "ratios": list(space.ratio_set),
+        "pw1_only": space.pw1_only,
+        "max_weight_layers": space.max_weight_layers,
+    }
