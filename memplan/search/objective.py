@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..errors import BadOption
 from ..registry import Registry
@@ -26,22 +27,41 @@ from ..registry import Registry
 #: z of the ``lcb`` objective (one standard error)
 LCB_Z = 1.0
 
-#: (means, standard errors) of one family of entries -> the gains the search adds
-Objective = Callable[[list[float], list[float]], list[float]]
+
+@dataclass(frozen=True)
+class Objective:
+    """``gains(means, ses)`` of one family of entries; ``needs_se``: whether it reads the SEs."""
+
+    name: str
+    gains: Callable[[list[float], list[float]], list[float]]
+    needs_se: bool
+
+
+#: objective name -> how a family's (means, standard errors) become the gains the search adds
 OBJECTIVES: Registry[Objective] = Registry("search objective")
 
 
-@OBJECTIVES.register("mean")
+def objective(name: str, *, needs_se: bool = True):
+    """Decorator registering ``gains(means, ses)`` as objective ``name``."""
+
+    def decorate(fn: Callable[[list[float], list[float]], list[float]]):
+        OBJECTIVES.add(name, Objective(name, fn, needs_se))
+        return fn
+
+    return decorate
+
+
+@objective("mean", needs_se=False)
 def mean(means: list[float], ses: list[float]) -> list[float]:
     return list(means)
 
 
-@OBJECTIVES.register("lcb")
+@objective("lcb")
 def lower_bound(means: list[float], ses: list[float]) -> list[float]:
     return [m - LCB_Z * s for m, s in zip(means, ses, strict=True)]
 
 
-@OBJECTIVES.register("shrink")
+@objective("shrink")
 def shrink(means: list[float], ses: list[float]) -> list[float]:
     if len(means) < 2:
         return list(means)
@@ -51,9 +71,9 @@ def shrink(means: list[float], ses: list[float]) -> list[float]:
 
 def apply_objective(name: str, means: list[float], ses: list[float | None]) -> list[float]:
     """The gains of objective ``name`` for one family of entries (``ses``: None where one seed)."""
-    fn = OBJECTIVES.choose(name)
-    if name == "mean":
-        return fn(means, [0.0] * len(means))
+    obj = OBJECTIVES.choose(name)
+    if not obj.needs_se:
+        return obj.gains(means, [0.0] * len(means))
     known = [s for s in ses if s is not None]
     if not known:
         raise BadOption(
@@ -61,7 +81,7 @@ def apply_objective(name: str, means: list[float], ses: list[float | None]) -> l
             "measure it with several seeds (memplan contrib --seeds 0,1,2) or use --objective mean",
         )
     pooled = math.sqrt(statistics.fmean(s * s for s in known))
-    return fn(means, [pooled if s is None else s for s in ses])
+    return obj.gains(means, [pooled if s is None else s for s in ses])
 
 
 #: the objective of ``memplan search`` when none is asked for (README "Which objective")
