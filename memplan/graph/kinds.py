@@ -115,6 +115,7 @@ FUNCTION_KINDS: dict[object, str] = {
     operator.imul: "mul",
     torch.mul: "mul",
     operator.truediv: "div",
+    operator.itruediv: "div",
     torch.div: "div",
     operator.matmul: "matmul",
     torch.matmul: "matmul",
