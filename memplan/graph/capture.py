@@ -180,6 +180,8 @@ def _build(
                     "memplan needs the logits tensor",
                 )
         outs = tuple(info(t, is_param=(fxn.op == "get_attr")) for t in flatten(value) if isinstance(t, torch.Tensor))
+        if kind == "unknown" and not outs and fxn.op in ("call_function", "call_method"):
+            kind = "meta"  # Python values only (shape arithmetic: c // heads): nothing autograd could keep
         inputs: list[int] = []
         in_tensors: list[TensorInfo] = []
         in_fx: list[fx.Node] = []
