@@ -40,8 +40,9 @@ def main() -> int:
     for e in tc.ENTRIES:
         for r in e.resolutions:
             t = time.perf_counter()
+            results: list = []
             try:
-                problems = check_model(e, r)
+                problems = check_model(e, r, results=results)
                 error = ""
             except Exception as exc:  # noqa: BLE001  (a capture failure is a result: a failure)
                 problems, error = [], f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -56,6 +57,9 @@ def main() -> int:
                     "problems": problems,
                     "exact": [m for m in STRATEGIES if m not in bad and not error],
                     "apply_exact": [m for m in STRATEGIES if m not in bad_apply and not error],
+                    "observed_ops": sorted({k for p in results for k in p.observed_ops or {}}),
+                    "saved_bytes": {p.method: p.measured_bytes for p in results},
+                    "applied_bytes": {p.method: p.applied_measured for p in results},
                     "seconds": round(time.perf_counter() - t, 2),
                 }
             )

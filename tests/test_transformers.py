@@ -86,14 +86,16 @@ def pair_problems(r: corpus.PairResult, where: str) -> list[str]:
     return problems + [f"{where}: apply: {p}" for p in apply]
 
 
-def check_model(entry: tc.TEntry, resolution: int, methods=STRATEGIES, *, apply: bool = True) -> list[str]:
+def check_model(
+    entry: tc.TEntry, resolution: int, methods=STRATEGIES, *, apply: bool = True, results: list | None = None
+) -> list[str]:
     """Problems found on ``entry`` at ``resolution`` (empty: every pair exact). Per strategy
     (``tests/corpus.check_pair``, the CNN corpus's checks): ``pytorch``-mode saved bytes ==
     saved_tensors_hooks, FLOPs == FlopCounterMode (with the SDPA formulas), ``--check`` observes the
     measurement and agrees; with ``apply``: after ``memplan.apply_strategy`` on a copy, eval outputs
     bit-identical to plain PyTorch's under the same plan (no_grad and autograd on), the train-mode
     loss identical and gradients close to plain autograd's, and the ``applied`` prediction == the
-    saved_tensors_hooks measurement of the applied model."""
+    saved_tensors_hooks measurement of the applied model. ``results`` collects the PairResults."""
     torch.manual_seed(0)
     base = entry.build(resolution)
     shape = entry.shape(resolution)
@@ -104,6 +106,8 @@ def check_model(entry: tc.TEntry, resolution: int, methods=STRATEGIES, *, apply:
             base, graph, shape, method, entry.name, raise_errors=True, apply_checks=apply, flops=measured_flops
         )
         problems += pair_problems(r, f"{entry.name}@{resolution}/{method}")
+        if results is not None:
+            results.append(r)
     return problems
 
 
