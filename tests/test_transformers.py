@@ -213,6 +213,20 @@ def test_check_fails_when_a_rule_is_wrong(monkeypatch):
     assert any("(2, 2, 5) float32 80 B" in i for i in row.observed_items)
 
 
+def test_apply_check_fails_when_the_applied_rule_is_wrong(monkeypatch):
+    """The apply stage can fail: with the ``applied`` conv rule made to forget that FrozenConv keeps
+    nothing (it predicts what PyTorch's conv keeps), DeiT bias-only reports the patch embedding's
+    input image (2 x 3 x 32 x 32 float32) as predicted but not measured."""
+    import memplan.modes.applied as ap
+    import memplan.modes.pytorch as pt
+
+    monkeypatch.setitem(ap.applied.rules._items, "conv", pt.pytorch.rules["conv"])
+    problems = check_model(tc.BY_NAME["deit"], 32, ("bias",))
+    assert len(problems) == 1 and ": apply: applied mode predicts" in problems[0]
+    predicted, measured = (int(w) for w in problems[0].split() if w.isdigit())
+    assert predicted - measured == 2 * 3 * 32 * 32 * 4
+
+
 # ----------------------------------------------------------------------------- history-independent capture
 _INDEX_CACHE: dict[int, torch.Tensor] = {}
 
