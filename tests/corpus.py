@@ -422,7 +422,7 @@ class PairResult:
     measured_fwd_flops: int | None = None
     predicted_bwd_flops: int | None = None
     measured_bwd_flops: int | None = None
-    eval_identical: bool | None = None  # eval outputs after apply_strategy == the original's (torch.equal)
+    eval_identical: bool | None = None  # eval outputs after apply_strategy == plain PyTorch's under the plan
     eval_max_diff: float | None = None
     #: informational: max |diff| of the applied model's eval outputs from an untouched copy's (all
     #: parameters requiring grad). Nonzero only where torch itself picks another kernel by the
@@ -529,9 +529,10 @@ def check_pair(
 
     ``graph`` is ``memplan.capture`` of a copy of ``base`` at ``shape``. 1: ``pytorch``-mode saved
     bytes vs ``saved_tensors_hooks``. 2: forward / backward FLOPs vs FlopCounterMode. 3 (with
-    ``apply_checks``): ``apply_strategy`` on a copy: eval outputs bit-identical to the original's,
-    train-mode loss identical and trainable gradients allclose to plain autograd's, ``applied``
-    prediction == measurement. Also recorded, informational: ``memplan.check`` (the meta-device
+    ``apply_checks``): ``apply_strategy`` on a copy: eval outputs bit-identical to plain
+    PyTorch's under the same plan (``apply_plain``'s ``requires_grad`` flags), train-mode loss
+    identical and trainable gradients allclose to plain autograd's, ``applied`` prediction ==
+    measurement. Also recorded, informational: ``memplan.check`` (the meta-device
     self-check) against the measurement. With ``raise_errors`` a failing stage raises instead of being
     recorded (the informational self-check never raises). ``flops(model, x, y)`` measures a step's
     (forward, backward) FLOPs (default :func:`measure_flops`).
