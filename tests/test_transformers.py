@@ -7,7 +7,12 @@ For each model x full / bias / norm / last at two resolutions, batch 2:
    independent measurement, ``memplan.verify.measure.saved_bytes``), byte-exact;
 2. forward / backward FLOPs == FlopCounterMode (with torch's SDPA formulas for the CPU flash kernel,
    which FlopCounterMode counts as 0, and the group-aware convolution backward);
-3. ``memplan.check`` (``--check``: a real CPU run of the model) agrees.
+3. ``memplan.check`` (``--check``: a real CPU run of the model) agrees;
+4. after ``memplan.apply_strategy`` on a copy (the CNN corpus's checks, ``tests/corpus.check_pair``):
+   eval outputs bit-identical (``torch.equal``) to plain PyTorch's under the same plan, the
+   train-mode loss identical and gradients close to plain autograd's, and the ``applied`` mode's
+   prediction == saved_tensors_hooks on the applied model. Modules without a lean version
+   (LayerNorm, GELU, attention) are left as they are.
 
 A capture failure fails. By default one model per group at the first resolution runs; the whole
 corpus runs with ``pytest -m slow`` (benchmarks/transformers_corpus.py records its results).
@@ -35,7 +40,7 @@ from memplan.modes import get_mode
 from memplan.strategies import make_plan
 from memplan.verify.measure import model_modules, saved_bytes
 
-from . import transformers_corpus as tc
+from . import corpus, transformers_corpus as tc
 
 STRATEGIES = ("full", "bias", "norm", "last")
 pytestmark = pytest.mark.skipif(bool(tc.MISSING), reason=f"transformers missing: {tc.MISSING}")
@@ -51,40 +56,58 @@ def measured_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[
     return fwd.get_total_flops(), bwd.get_total_flops()
 
 
-def check_model(entry: tc.TEntry, resolution: int, methods=STRATEGIES) -> list[str]:
-    """Problems found on ``entry`` at ``resolution`` (empty: every pair exact)."""
+def pair_problems(r: corpus.PairResult, where: str) -> list[str]:
+    """What is off in one checked pair (empty: exact). Apply-stage problems read ``apply: ...``."""
+    problems = []
+    if not r.bytes_exact:
+        problems.append(f"{where}: predicted {r.predicted_bytes} B, measured {r.measured_bytes} B")
+    if not r.flops_exact:
+        problems.append(
+            f"{where}: FLOPs predicted {r.predicted_fwd_flops} / {r.predicted_bwd_flops}, "
+            f"measured {r.measured_fwd_flops} / {r.measured_bwd_flops}"
+        )
+    if r.check_differing or r.check_observed != r.measured_bytes or "check" in r.errors:
+        problems.append(
+            f"{where}: --check observed {r.check_observed}, measured {r.measured_bytes}: "
+            f"{r.check_differing[:2] or r.errors.get('check')}"
+        )
+    if r.eval_identical is None and r.applied_predicted is None and not r.errors:
+        return problems  # apply checks not asked for
+    apply = []
+    if not r.eval_identical:
+        apply.append(f"eval outputs changed (max |diff| {r.eval_max_diff})")
+    if not r.loss_identical:
+        apply.append("train-mode loss differs from plain autograd's")
+    if not r.grads_close:
+        apply.append(f"gradients differ: {r.grad_mismatch}")
+    if not r.applied_exact:
+        apply.append(f"applied mode predicts {r.applied_predicted} B, measured {r.applied_measured} B")
+    apply += [f"{stage}: {err}" for stage, err in r.errors.items() if stage != "check"]
+    return problems + [f"{where}: apply: {p}" for p in apply]
+
+
+def check_model(
+    entry: tc.TEntry, resolution: int, methods=STRATEGIES, *, apply: bool = True, results: list | None = None
+) -> list[str]:
+    """Problems found on ``entry`` at ``resolution`` (empty: every pair exact). Per strategy
+    (``tests/corpus.check_pair``, the CNN corpus's checks): ``pytorch``-mode saved bytes ==
+    saved_tensors_hooks, FLOPs == FlopCounterMode (with the SDPA formulas), ``--check`` observes the
+    measurement and agrees; with ``apply``: after ``memplan.apply_strategy`` on a copy, eval outputs
+    bit-identical to plain PyTorch's under the same plan (no_grad and autograd on), the train-mode
+    loss identical and gradients close to plain autograd's, and the ``applied`` prediction == the
+    saved_tensors_hooks measurement of the applied model. ``results`` collects the PairResults."""
     torch.manual_seed(0)
     base = entry.build(resolution)
     shape = entry.shape(resolution)
     graph = capture_graph(copy.deepcopy(base), shape)  # a capture failure raises: a failure, not a skip
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(shape, generator=g), torch.randint(0, tc.CLASSES, (shape[0],), generator=g)
     problems = []
     for method in methods:
-        where = f"{entry.name}@{resolution}/{method}"
-        plan = make_plan(graph, method)
-        prof = compute(graph, plan, get_mode("pytorch"))
-        t = prof.totals
-        model = copy.deepcopy(base)
-        model_modules(model, graph)
-        apply_plain(model, graph, plan)
-        torch.manual_seed(3)
-        measured = saved_bytes(model, x, y, backward=True).bytes
-        model.zero_grad(set_to_none=True)
-        if t.saved_activation_bytes != measured:
-            problems.append(f"{where}: predicted {t.saved_activation_bytes} B, measured {measured} B")
-        torch.manual_seed(3)
-        fwd, bwd = measured_flops(model, x, y)
-        if (t.forward_flops, t.backward_grad_input_flops + t.backward_grad_weight_flops) != (fwd, bwd):
-            problems.append(
-                f"{where}: FLOPs predicted {t.forward_flops} / "
-                f"{t.backward_grad_input_flops + t.backward_grad_weight_flops}, measured {fwd} / {bwd}"
-            )
-        model = copy.deepcopy(base)
-        model_modules(model, graph)
-        r = check(model, graph, plan)
-        if not r.agrees or r.observed != measured:
-            problems.append(f"{where}: --check {r.predicted} vs {r.observed}, measured {measured}: {r.differing[:2]}")
+        r = corpus.check_pair(
+            base, graph, shape, method, entry.name, raise_errors=True, apply_checks=apply, flops=measured_flops
+        )
+        problems += pair_problems(r, f"{entry.name}@{resolution}/{method}")
+        if results is not None:
+            results.append(r)
     return problems
 
 
@@ -188,6 +211,20 @@ def test_check_fails_when_a_rule_is_wrong(monkeypatch):
     row = result.differing[0]
     assert any("scaled_dot_product_attention" in i for i in row.predicted_items)
     assert any("(2, 2, 5) float32 80 B" in i for i in row.observed_items)
+
+
+def test_apply_check_fails_when_the_applied_rule_is_wrong(monkeypatch):
+    """The apply stage can fail: with the ``applied`` conv rule made to forget that FrozenConv keeps
+    nothing (it predicts what PyTorch's conv keeps), DeiT bias-only reports the patch embedding's
+    input image (2 x 3 x 32 x 32 float32) as predicted but not measured."""
+    import memplan.modes.applied as ap
+    import memplan.modes.pytorch as pt
+
+    monkeypatch.setitem(ap.applied.rules._items, "conv", pt.pytorch.rules["conv"])
+    problems = check_model(tc.BY_NAME["deit"], 32, ("bias",))
+    assert len(problems) == 1 and ": apply: applied mode predicts" in problems[0]
+    predicted, measured = (int(w) for w in problems[0].split() if w.isdigit())
+    assert predicted - measured == 2 * 3 * 32 * 32 * 4
 
 
 # ----------------------------------------------------------------------------- history-independent capture

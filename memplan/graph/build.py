@@ -148,6 +148,8 @@ class GraphBuilder:
         outs = tuple(
             self.info(t, is_param=(fxn.op == "get_attr")) for t in flatten(value) if isinstance(t, torch.Tensor)
         )
+        if kind == "unknown" and not outs and fxn.op in ("call_function", "call_method"):
+            kind = "meta"  # Python values only (shape arithmetic: c // heads): nothing autograd could keep
         ops = self.operands(fxn, value)
         layer = self.layer_of(fxn, kind, mod, ops)
         if kind == "pad":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import operator
 import os
 import traceback
 from collections.abc import Iterable
@@ -28,6 +29,30 @@ from .layout import flatten
 from .leafcalls import opaque_calls
 
 
+class InPlaceProxy(fx.Proxy):
+    """A Proxy that records ``x += y`` (``-=``, ``*=``, ``/=``) as the in-place ``operator.iadd`` (...)
+    node, which fx generates code for as ``x += y``. fx's own Proxy has no ``__iadd__``: Python
+    falls back to ``x = x + y``, a new tensor where eager PyTorch writes into ``x``'s storage
+    (GhostNet's ``x += shortcut`` on a channel slice of a larger tensor then keeps that whole
+    tensor alive, not a new one of the slice's size)."""
+
+
+def _in_place(op: Any):
+    def method(self: fx.Proxy, other: Any) -> fx.Proxy:
+        return self.tracer.create_proxy("call_function", op, (self, other), {})
+
+    return method
+
+
+for _name, _op in (
+    ("__iadd__", operator.iadd),
+    ("__isub__", operator.isub),
+    ("__imul__", operator.imul),
+    ("__itruediv__", operator.itruediv),
+):
+    setattr(InPlaceProxy, _name, _in_place(_op))
+
+
 class LeafTracer(fx.Tracer):
     """fx tracer that keeps known layers, scripted modules and user-named modules as single
     nodes, and custom autograd Functions / script functions as single call nodes.
@@ -40,6 +65,9 @@ class LeafTracer(fx.Tracer):
         self.leaf_names = {x for x in leaf_modules if isinstance(x, str)}
         self.leaf_types = tuple(x for x in leaf_modules if isinstance(x, type))
         self.stack: list[tuple[str, str]] = []
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return InPlaceProxy(node, self)
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if module_kind(m) is not None or isinstance(m, self.leaf_types + (torch.jit.ScriptModule,)):

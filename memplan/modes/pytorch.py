@@ -283,6 +283,7 @@ def getitem(op: OpView):
                 yield tensor(op, t, "index")
 
 
-@rule("add", "sub", "cat", "interpolate", "mean", "view", "identity", "meta", "param", "input", "output")
+@rule("add", "sub", "cat", "fold", "interpolate", "mean", "view", "identity", "meta", "param", "input", "output")
 def saves_nothing(op: OpView):
+    # fold: F.unfold (im2col) / F.fold (col2im), each the other's backward, which needs only shapes
     return ()

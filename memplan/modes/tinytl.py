@@ -153,6 +153,7 @@ def se_multiply(op: OpView):
     "sub",
     "div",
     "cat",
+    "fold",
     "avgpool",
     "adaptive_avgpool",
     "maxpool",
