@@ -67,6 +67,7 @@ from memplan.contrib.data import Data
 from memplan.contrib.protocol import Protocol
 from memplan.contrib.runner import Context, Worker, first_trained, linear_probe
 from memplan.contrib.setup import Setup, build_setup
+from memplan.errors import MemplanError
 from memplan.graph import LayerGraph, conv_layers
 from memplan.io import write_text
 from memplan.optim import OPTIMIZERS
@@ -378,6 +379,7 @@ def plot(rows: list[dict], front: list[str], path: Path, title: str, xlabel: str
 
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, with the lists parsed (``lrs``, ``seeds``, ``shard``); bad input exits 2 with one line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="efficientnet-lite0")
     ap.add_argument("--weights", default="zoo", help="zoo | a state_dict file | none (as built)")
@@ -403,16 +405,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--report", action="store_true", help="only assemble the outputs from the checkpoint")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-progress", action="store_true")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    try:
+        a.lrs = [float(x) for x in a.lrs.split(",")]
+        a.seeds = [int(x) for x in a.seeds.split(",")]
+        a.shard = tuple(int(x) for x in a.shard.split("/"))
+    except ValueError as exc:
+        ap.error(f"cannot read --lrs / --seeds / --shard: {exc}")
+    if len(a.shard) != 2 or not 0 <= a.shard[0] < a.shard[1]:
+        ap.error(f"--shard must be i/n with 0 <= i < n, got {'/'.join(map(str, a.shard))}")
+    if any(not (lr > 0 and math.isfinite(lr)) for lr in a.lrs) or len(set(a.seeds)) != len(a.seeds):
+        ap.error("--lrs must be positive and --seeds distinct")
+    if a.profile is not None and not Path(a.profile).is_file():
+        ap.error(f"--profile {a.profile}: no such file")
+    return a
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
     t_start = time.perf_counter()
-    lrs = [float(x) for x in a.lrs.split(",")]
-    seeds = [int(s) for s in a.seeds.split(",")]
-    shard_i, shard_n = (int(x) for x in a.shard.split("/"))
+    lrs, seeds, (shard_i, shard_n) = a.lrs, a.seeds, a.shard
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     protocol = Protocol(
@@ -456,10 +469,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cap = capture(setup.name, resolution=res, classes=setup.task.classes)
     methods = baselines(cap)
     profile = Path(a.profile) if a.profile else None
-    if profile is not None and profile.is_file():
+    if profile is not None:
         methods += searched(cap, profile, a.budgets.split(","), a.objectives.split(","), a.mode, a.optimizer)
     if a.methods:
         keep = set(a.methods.split(","))
+        unknown = keep - {m.name for m in methods} - {m.family for m in methods}
+        if unknown:
+            raise MemplanError(
+                f"unknown method {sorted(unknown)[0]!r}", f"choose among: {', '.join(m.name for m in methods)}"
+            )
         methods = [m for m in methods if m.name in keep or m.family in keep]
     caps = {
         m.arch: capture(setup.name, resolution=res, classes=setup.task.classes, method=m.arch)
@@ -554,4 +572,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except MemplanError as exc:
+        print(f"transfer: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

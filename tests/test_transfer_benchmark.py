@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from memplan.contrib.analysis import run_contrib
+from memplan.errors import MemplanError
 
 from .test_real import TINY_GRID, make_npz
 
@@ -78,3 +79,23 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     monkeypatch.setattr(transfer.Bench, "run", lambda *a, **k: pytest.fail("trained again"))
     again = transfer.main(argv)
     assert again["rows"] == result["rows"]
+    bad = list(argv)
+    bad[bad.index("--methods") + 1] = "magic"
+    with pytest.raises(MemplanError, match="unknown method 'magic'"):
+        transfer.main(bad)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--shard", "2/2"],
+        ["--shard", "x"],
+        ["--lrs", "0.01,-1"],
+        ["--seeds", "0,0"],
+        ["--profile", "/nonexistent.json"],
+    ],
+)
+def test_bad_options_exit_2_before_any_work(transfer, argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        transfer.parse_args(argv)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err
