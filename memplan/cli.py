@@ -239,7 +239,7 @@ def search(  # typer command: one parameter per CLI option
         None,
         "--objective",
         help="mean | lcb | shrink: the profile's Δacc entries as measured, minus one standard error, or "
-        "shrunk toward 0 by their standard errors (default: shrink; mean for a profile without standard errors)",
+        "shrunk toward 0 by their standard errors (default: lcb; mean for a profile without standard errors)",
     ),
     mode_option: list[str] | None = ModeOptionOpt,
     method: str | None = typer.Option(

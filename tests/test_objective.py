@@ -74,4 +74,4 @@ def test_default_objective_is_noise_aware_and_says_so_when_it_cannot_be():
     ses = {k: 0.1 for k in profile.bias}, {n: {q: 0.1 for q in row} for n, row in profile.weight.items()}
     profile = profile.model_copy(update={"bias_se": ses[0], "weight_se": ses[1]})
     r = run_search("mcunet-5fps", "100KB", profile=profile, resolution=128)
-    assert r.objective == "shrink" and not any("standard errors" in w for w in r.warnings)
+    assert r.objective == "lcb" and not any("standard errors" in w for w in r.warnings)

@@ -45,7 +45,7 @@ class SearchResult:
     seconds: dict[str, float] = field(default_factory=dict)
     out: str | None = None
     warnings: list[str] = field(default_factory=list)
-    objective: str = "shrink"  # what the search maximised (memplan.search.objective)
+    objective: str = "lcb"  # what the search maximised (memplan.search.objective)
     objective_value: float | None = None  # the scheme's summed gains under that objective (points)
 
     def to_dict(self) -> dict[str, Any]:
