@@ -28,14 +28,16 @@ from .check import CHECK_BATCH, check as self_check
 from .costs.engine import compute
 from .costs.extras import strategy_extras
 from .costs.records import Profile
-from .errors import BadOption
+from .errors import BadOption, SchemeError
 from .graph import LayerGraph
 from .graph.capture import capture_graph
+from .io import read_json
 from .models import resolve, sample_shape, zoo
 from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
 from .nn.transforms import swap_norm
 from .optim import OPTIMIZERS
+from .plan import Scheme
 from .strategies import DEFAULT_K, changes_architecture, make_plan, transform_model
 
 
@@ -143,12 +145,21 @@ def capture(  # public keyword API: one keyword per capture option of profile / 
     return Captured(graph, name or built.name, built.resolution, graph.classes, net)
 
 
+def _scheme_optimizer(scheme: Any) -> str | None:
+    """The optimizer a scheme (a path or a :class:`~memplan.plan.Scheme`) records, if any."""
+    if scheme is None or isinstance(scheme, Scheme):
+        return None if scheme is None else scheme.optimizer
+    data = scheme if isinstance(scheme, dict) else read_json(scheme, "scheme file", SchemeError)
+    value = data.get("optimizer")  # memplan's scheme JSON; tiny-training's backward_config has none
+    return value if isinstance(value, str) else None
+
+
 def profile_captured(  # public keyword API: the accounting options of profile
     cap: Captured,
     method: str = "full",
     *,
     mode: str = "pytorch",
-    optimizer: str = "sgd",
+    optimizer: str | None = None,
     frozen_bits: int = 32,
     check: bool = False,
     schedule: str | None = None,
@@ -161,7 +172,9 @@ def profile_captured(  # public keyword API: the accounting options of profile
     batch under saved_tensors_hooks
     (:mod:`memplan.check`). ``schedule`` / ``calibration``: the simulated peak's training step
     and kernel workspaces (:func:`memplan.costs.engine.compute`). ``mode_options``: options of
-    the mode (``Mode.configure``)."""
+    the mode (``Mode.configure``). ``optimizer``: whose state is counted (default: the one a given
+    ``scheme`` records, else ``sgd``)."""
+    optimizer = optimizer or _scheme_optimizer(options.get("scheme")) or "sgd"
     OPTIMIZERS.choose(optimizer)
     if frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
@@ -192,7 +205,7 @@ def profile(  # public keyword API: one keyword per option of memplan profile
     resolution: int | None = None,
     classes: int | None = None,
     input_shape: Sequence[int] | None = None,
-    optimizer: str = "sgd",
+    optimizer: str | None = None,
     frozen_bits: int = 32,
     leaf_modules: Iterable[str | type] = (),
     block_names: Sequence[str] | None = None,

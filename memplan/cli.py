@@ -96,7 +96,9 @@ def profile(  # typer command: one parameter per CLI option
     resolution: int | None = ResOpt,
     classes: int | None = ClassesOpt,
     mode: str = ModeOpt,
-    optimizer: str = OptimOpt,
+    optimizer: str | None = typer.Option(
+        None, "--optimizer", help="sgd | sgd-momentum | adam whose state is counted (default: the scheme's, else sgd)"
+    ),
     frozen_bits: int = BitsOpt,
     mode_option: list[str] | None = ModeOptionOpt,
     per_layer: bool = typer.Option(

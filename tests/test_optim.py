@@ -66,3 +66,16 @@ def test_profiles_written_with_momentum_load_as_the_optimizer_they_meant(tmp_pat
     assert raw["protocol"]["momentum"] == 0.0 and "optimizer" not in raw["protocol"]
     # the search counts the state of the optimizer the profile's runs trained with
     assert contributions_of(load_profile(prof_path)).optimizer == "sgd"
+
+
+def test_a_scheme_brings_its_optimizer_to_the_accounting(tmp_path):
+    """A scheme searched for Adam is costed with Adam's two state buffers unless told otherwise."""
+    scheme = memplan.load_scheme(memplan.shipped_scheme("mcunet-5fps-100KB"))
+    adam = tmp_path / "adam.json"
+    scheme.model_copy(update={"optimizer": "adam"}).save(adam)
+    kw = dict(method="sparse", mode="pytorch", classes=10, resolution=32)
+    own = memplan.profile("mcunet-5fps", scheme=str(adam), **kw).totals
+    told = memplan.profile("mcunet-5fps", scheme=str(adam), optimizer="sgd", **kw).totals
+    assert own.gradient_bytes > 0 and own.optimizer_bytes == states("adam") * own.gradient_bytes
+    assert told.optimizer_bytes == 0
+    assert memplan.profile("mcunet-5fps", scheme=scheme, **kw).totals.optimizer_bytes == 0  # recorded none: sgd
