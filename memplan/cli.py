@@ -33,6 +33,7 @@ from .cli_common import (
     OptimOpt,
     OptionOpt,
     OutputOpt,
+    OwnOptimOpt,
     ResOpt,
     SamplesOpt,
     SchemeOpt,
@@ -96,9 +97,7 @@ def profile(  # typer command: one parameter per CLI option
     resolution: int | None = ResOpt,
     classes: int | None = ClassesOpt,
     mode: str = ModeOpt,
-    optimizer: str | None = typer.Option(
-        None, "--optimizer", help="sgd | sgd-momentum | adam whose state is counted (default: the scheme's, else sgd)"
-    ),
+    optimizer: str | None = OwnOptimOpt,
     frozen_bits: int = BitsOpt,
     mode_option: list[str] | None = ModeOptionOpt,
     per_layer: bool = typer.Option(
@@ -234,9 +233,7 @@ def search(  # typer command: one parameter per CLI option
     mode: str | None = typer.Option(
         None, "--mode", help="accounting mode of the budget (default: tinytraining, or the target's mode)"
     ),
-    optimizer: str | None = typer.Option(
-        None, "--optimizer", help="sgd | sgd-momentum | adam whose state is counted (default: the profile's own)"
-    ),
+    optimizer: str | None = OwnOptimOpt,
     objective: str | None = typer.Option(
         None,
         "--objective",

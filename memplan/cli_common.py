@@ -31,6 +31,12 @@ ResOpt = typer.Option(None, "--resolution", "-r", help="input side in px (defaul
 ClassesOpt = typer.Option(None, "--classes", "-c", help="classifier outputs (default: the model's)")
 ModeOpt = typer.Option("pytorch", "--mode", help="accounting convention: pytorch (eager autograd, byte-exact) or ideal")
 OptimOpt = typer.Option("sgd", "--optimizer", help="sgd | sgd-momentum | adam (state counted per trainable weight)")
+#: --optimizer where the input records one (a scheme's, a contribution profile's)
+OwnOptimOpt = typer.Option(
+    None,
+    "--optimizer",
+    help="sgd | sgd-momentum | adam whose state is counted (default: the scheme's / profile's, else sgd)",
+)
 BitsOpt = typer.Option(32, "--frozen-bits", help="storage bits of frozen weights (8 = int8)")
 LeafOpt = typer.Option(None, "--leaf", help="module class or qualname to treat as one op (repeatable)")
 BlocksNamesOpt = typer.Option(
