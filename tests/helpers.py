@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import torch
 
 from memplan.apply import apply_plain
@@ -33,3 +38,14 @@ def predicted_and_measured(model, shape, method, opts, mode="pytorch", classes=1
     x = torch.randn(shape, generator=g)
     y = torch.randint(0, classes, (shape[0],), generator=g)
     return prof, saved_bytes(model, x, y)
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module (registered in ``sys.modules``: dataclasses resolve
+    their module by name)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

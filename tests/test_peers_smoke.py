@@ -1,22 +1,14 @@
 """Smoke test of benchmarks/peers.py's core on one tiny depthwise model, with whichever peer
 profilers are installed. FLOPs are checked against a hand count written out here."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
+from .helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def peers():
-    spec = importlib.util.spec_from_file_location("peers_benchmark", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("peers")
 
 
 # DepthwiseNet(width=8), batch 2, 16 px -> 8 x 8 after the stride-2 stem. MACs per layer:

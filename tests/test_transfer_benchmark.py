@@ -3,11 +3,8 @@ scheme among them), two seeds. It checks that the pipeline, the checkpoint, the 
 plot are produced and that a rerun resumes; it asserts no accuracy (those depend on the CPU).
 The statistics it reports (Student-t CI, Pareto front) are checked against hand computations."""
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,19 +12,15 @@ import torch
 from memplan.contrib.analysis import run_contrib
 from memplan.errors import MemplanError
 
+from .helpers import load_benchmark
 from .test_real import TINY_GRID, make_npz
 
 torch.set_num_threads(1)
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer.py"
 
 
 @pytest.fixture(scope="module")
 def transfer():
-    spec = importlib.util.spec_from_file_location("transfer_benchmark", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("transfer")
 
 
 def test_mean_ci_is_the_student_t_interval(transfer):
