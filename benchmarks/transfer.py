@@ -421,56 +421,71 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    a = parse_args(argv)
-    torch.set_num_threads(a.threads)
-    t_start = time.perf_counter()
-    lrs, seeds, (shard_i, shard_n) = a.lrs, a.seeds, a.shard
+@dataclass
+class Run:
+    """One invocation: its options, the setup with the probe head, the checkpoint and the methods."""
+
+    a: argparse.Namespace
+    setup: Setup
+    protocol: Protocol
+    ckpt: Checkpoint
+    done: dict[str, dict]
+    probe: float
+    methods: list[Method] = field(default_factory=list)
+    memory: dict[str, int] = field(default_factory=dict)
+    profile: Path | None = None
+
+
+def start(a: argparse.Namespace) -> Run:
+    """The setup, the checkpoint (its finished runs) and the linear-probe head (trained once, then
+    loaded: every method of every shard starts from the same head)."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     protocol = Protocol(
-        seeds=tuple(seeds),
+        seeds=tuple(a.seeds),
         epochs=a.epochs,
         batch_size=a.batch_size,
         optimizer=a.optimizer,
         probe_epochs=a.probe_epochs,
         probe_lr=a.probe_lr,
     )
-    weights = None if a.weights == "none" else a.weights
     setup = build_setup(
         a.model,
-        weights,
+        None if a.weights == "none" else a.weights,
         a.data,
         resolution=a.resolution,
         train_per_class=a.train_per_class,
         validation=a.validation,
         test_per_class=a.test_per_class,
     )
-    identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json"), "lrs": lrs}
+    identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json"), "lrs": a.lrs}
     ckpt = Checkpoint(out / "transfer.runs.jsonl", identity)
     previous = ckpt.finished()  # None: no checkpoint yet
-    done = previous or {}
     head_path = out / "transfer.head.pt"
     head = setup.net.get_submodule(setup.head)
     if head_path.is_file() and previous is not None:
         stored = torch.load(head_path, map_location="cpu", weights_only=True)
         head.load_state_dict(stored["head"])
         probe = float(stored["accuracy"])
-    elif not a.report:
+    elif a.report:
+        raise MemplanError(f"nothing measured yet in {out}", "run without --report first")
+    else:
         probe = linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
         tmp = head_path.with_suffix(".tmp")
         torch.save({"head": head.state_dict(), "accuracy": torch.tensor(probe)}, tmp)
         os.replace(tmp, head_path)
         ckpt.start()
-    else:
-        raise SystemExit(f"transfer: nothing measured yet in {out}")
+    return Run(a, setup, protocol, ckpt, previous or {}, probe)
 
-    res = a.resolution
-    cap = capture(setup.name, resolution=res, classes=setup.task.classes)
+
+def choose_methods(run: Run) -> None:
+    """The baselines and the searched schemes (``--methods`` keeps some), with their memory."""
+    a, setup = run.a, run.setup
+    cap = capture(setup.name, resolution=a.resolution, classes=setup.task.classes)
     methods = baselines(cap)
-    profile = Path(a.profile) if a.profile else None
-    if profile is not None:
-        methods += searched(cap, profile, a.budgets.split(","), a.objectives.split(","), a.mode, a.optimizer)
+    run.profile = Path(a.profile) if a.profile else None
+    if run.profile is not None:
+        methods += searched(cap, run.profile, a.budgets.split(","), a.objectives.split(","), a.mode, a.optimizer)
     if a.methods:
         keep = set(a.methods.split(","))
         unknown = keep - {m.name for m in methods} - {m.family for m in methods}
@@ -480,50 +495,56 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
         methods = [m for m in methods if m.name in keep or m.family in keep]
     caps = {
-        m.arch: capture(setup.name, resolution=res, classes=setup.task.classes, method=m.arch)
+        m.arch: capture(setup.name, resolution=a.resolution, classes=setup.task.classes, method=m.arch)
         for m in methods
         if m.arch
     }
-    memory = {m.name: memory_of(cap, caps, m, a.mode, a.optimizer) for m in methods}
+    run.methods = methods
+    run.memory = {m.name: memory_of(cap, caps, m, a.mode, a.optimizer) for m in methods}
 
-    if not a.report:
-        bench = Bench(setup, protocol, a.threads)
-        mine = [m for i, m in enumerate(methods) if i % shard_n == shard_i]
-        total = len(mine) * (len(lrs) + len(seeds))
-        progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            disable=a.no_progress,
-        )
-        with progress:
-            bar = progress.add_task("transfer", total=total)
-            for m in mine:
-                progress.update(bar, description=m.name)
-                for lr in lrs:
-                    rid = run_id("grid", m.name, lr, 0)
-                    if rid not in done:
-                        done[rid] = {"id": rid, **bench.run(m, lr, 0, "validation")}
-                        ckpt.append(done[rid])
-                    progress.advance(bar)
-                best = choose_lr(m.name, lrs, done)
-                if best is None:
-                    print(f"{m.name}: every learning rate of the grid diverged; widen --lrs", file=sys.stderr)
-                    progress.advance(bar, len(seeds))
-                    continue
-                for s in seeds:
-                    rid = run_id("final", m.name, best, s)
-                    if rid not in done:
-                        done[rid] = {"id": rid, **bench.run(m, best, s, "test")}
-                        ckpt.append(done[rid])
-                    progress.advance(bar)
-        done = ckpt.finished() or done  # other shards' runs too
 
-    rows = assemble(methods, memory, lrs, seeds, done)
+def train(run: Run, t_start: float) -> None:
+    """This shard's methods: the learning-rate grid on validation, then the seeds on test; every
+    run checkpointed, the report rewritten after each method."""
+    a, done, ckpt = run.a, run.done, run.ckpt
+    bench = Bench(run.setup, run.protocol, a.threads)
+    mine = [m for i, m in enumerate(run.methods) if i % a.shard[1] == a.shard[0]]
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=a.no_progress
+    )
+    with progress:
+        bar = progress.add_task("transfer", total=len(mine) * (len(a.lrs) + len(a.seeds)))
+        for m in mine:
+            progress.update(bar, description=m.name)
+            for lr in a.lrs:
+                rid = run_id("grid", m.name, lr, 0)
+                if rid not in done:
+                    done[rid] = {"id": rid, **bench.run(m, lr, 0, "validation")}
+                    ckpt.append(done[rid])
+                progress.advance(bar)
+            best = choose_lr(m.name, a.lrs, done)
+            if best is None:
+                print(f"{m.name}: every learning rate of the grid diverged; widen --lrs", file=sys.stderr)
+                progress.advance(bar, len(a.seeds))
+                continue
+            for seed in a.seeds:
+                rid = run_id("final", m.name, best, seed)
+                if rid not in done:
+                    done[rid] = {"id": rid, **bench.run(m, best, seed, "test")}
+                    ckpt.append(done[rid])
+                progress.advance(bar)
+            report(run, t_start, echo=False)
+
+
+def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
+    """Write transfer.json / .md / .png from every finished run in the checkpoint (other shards'
+    too); returns the JSON."""
+    a, setup, task = run.a, run.setup, run.setup.task
+    out, res = Path(a.out), a.resolution
+    run.done.update(run.ckpt.finished() or {})
+    rows = assemble(run.methods, run.memory, a.lrs, a.seeds, run.done)
     front = pareto_front(rows)
     lines = verdicts(rows)
-    task = setup.task
     header = {
         "model": setup.name,
         "data": task.name,
@@ -531,7 +552,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{setup.name} ({setup.weights.get('source')}) -> {task.name} at {res} px: "
             f"{task.x_train.shape[0]} training images, {task.x_val.shape[0]} validation images carved from the "
             f"training data, {task.x_test.shape[0]} test images (final numbers only). Linear probe first "
-            f"({a.probe_epochs} epochs, lr {a.probe_lr}; validation accuracy {probe:.2f}%), then every method: "
+            f"({a.probe_epochs} epochs, lr {a.probe_lr}; validation accuracy {run.probe:.2f}%), then every method: "
             f"{a.optimizer} ({OPTIMIZERS[a.optimizer].description}), one learning rate for every trained "
             f"tensor, {a.epochs} epochs of batch {a.batch_size}, cosine decay, no augmentation."
         ),
@@ -539,36 +560,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "input": f"3x{res}x{res}",
         "optimizer": a.optimizer,
         "optimizer_state": f"{OPTIMIZERS[a.optimizer].states} fp32 state buffer(s) per trainable element counted",
-        "seeds": seeds,
-        "lrs": lrs,
+        "seeds": a.seeds,
+        "lrs": a.lrs,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} torch thread(s) per process, "
         f"torch {torch.__version__}, CPU only (no GPU lent)",
     }
     result = {
         **header,
-        "probe_validation_accuracy": probe,
-        "profile": str(profile) if profile else None,
+        "probe_validation_accuracy": run.probe,
+        "profile": str(run.profile) if run.profile else None,
         "rows": rows,
         "pareto_front": front,
         "verdicts": lines,
-        "missing": [m.name for m in methods if m.name not in {r["name"] for r in rows}],
+        "missing": [m.name for m in run.methods if m.name not in {r["name"] for r in rows}],
         "report_wall_s": round(time.perf_counter() - t_start, 1),
         "total_run_wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }
     write_text(out / "transfer.json", json.dumps(result, indent=1) + "\n")
     write_text(out / "transfer.md", markdown(rows, header, front, lines))
     if rows:
-        plot(
-            rows,
-            front,
-            out / "transfer.png",
-            f"{setup.name} -> {task.name} ({res} px): accuracy vs training memory",
-            f"training memory, bytes (memplan {a.mode}, {a.optimizer} state counted; log)",
-        )
-    print(markdown(rows, header, front, lines))
-    if result["missing"]:
-        print(f"not finished yet: {', '.join(result['missing'])}")
+        title = f"{setup.name} -> {task.name} ({res} px): accuracy vs training memory"
+        xlabel = f"training memory, bytes (memplan {a.mode}, {a.optimizer} state counted; log)"
+        plot(rows, front, out / "transfer.png", title, xlabel)
+    if echo:
+        print(markdown(rows, header, front, lines))
+        if result["missing"]:
+            print(f"not finished yet: {', '.join(result['missing'])}")
     return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run (or with ``--report`` only assemble) the benchmark; returns transfer.json's content."""
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads)
+    t_start = time.perf_counter()
+    run = start(a)
+    choose_methods(run)
+    if not a.report:
+        train(run, t_start)
+    return report(run, t_start)
 
 
 if __name__ == "__main__":
