@@ -25,7 +25,7 @@ from memplan.cli import main
 from memplan.contrib import load_profile, run_contrib
 from memplan.contrib.data import BadData, RawTask, load_data, prepare, read_idx
 from memplan.contrib.data.sources import FASHION_MNIST_FILES, fashion_mnist_dir
-from memplan.errors import MemplanError
+from memplan.errors import BadOption, MemplanError
 from memplan.modes import get_mode
 from memplan.plan import Scheme, WeightUpdate, fingerprint
 from memplan.search.validate import correlations
@@ -339,3 +339,14 @@ def test_validate_resumes_from_its_checkpoint_and_correlates_every_objective(tmp
     monkeypatch.setattr(Evaluator, "scheme", lambda *a, **k: pytest.fail("trained again"))
     again = validate_profile(tmp_path / "p.json", ["2KB", "8KB"], per_budget=2, bootstrap=50, checkpoint=ckpt)
     assert [p.accuracy for p in again.points] == [p.accuracy for p in first.points]
+
+
+def test_validate_refuses_too_few_schemes_before_training(tmp_path, monkeypatch):
+    from memplan.contrib.final import Evaluator
+    from memplan.search.validate import validate_profile
+
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    run_contrib("minilearn-cifar10", data=str(npz), out=tmp_path / "p.json", validation=4, **TINY_GRID)
+    monkeypatch.setattr(Evaluator, "__init__", lambda *a, **k: pytest.fail("trained before refusing"))
+    with pytest.raises(BadOption, match="a correlation needs at least 3"):
+        validate_profile(tmp_path / "p.json", ["8KB"], per_budget=1, searched=False)

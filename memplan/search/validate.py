@@ -184,6 +184,11 @@ def validate_profile(  # public keyword API: one keyword per option of memplan c
             cand = draw(space, memory.measure, b, rng)
             if cand is not None:
                 picks.append(("random", b, cand))
+    if len(picks) < 3:  # before any training: a correlation needs three schemes
+        raise BadOption(
+            f"{len(picks)} scheme(s) fit the budgets; a correlation needs at least 3",
+            "raise --per-budget or give more budgets",
+        )
     spaces = _objective_spaces(cap.graph, contributions)
     evaluator = Evaluator(prof, seeds=seeds, threads=threads, device=device)
     say = progress or (lambda text: None)
