@@ -340,6 +340,9 @@ def summary(check: AdditivityCheck) -> list[str]:
     ]
     for name, c in check.by_objective.items():
         p, sp = c["pearson_ci"], c["spearman_ci"]
+        if math.isnan(c["pearson"]):
+            lines.append(f"  objective {name}: undefined (every scheme sums to the same value under it)")
+            continue
         lines.append(
             f"  objective {name}: Pearson {c['pearson']:+.3f} (CI {p[0]:+.3f} .. {p[1]:+.3f}), "
             f"Spearman {c['spearman']:+.3f} (CI {sp[0]:+.3f} .. {sp[1]:+.3f})"
