@@ -391,7 +391,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--optimizer", default="adam", choices=list(OPTIMIZERS))
-    ap.add_argument("--lrs", default="0.0001,0.0005,0.0025", help="the learning-rate grid of every method")
+    ap.add_argument("--lrs", default="0.0001,0.0005,0.0025,0.0125", help="the learning-rate grid of every method")
     ap.add_argument("--seeds", default="0,1,2,3,4", help="seeds of the final (test) runs")
     ap.add_argument("--probe-epochs", type=int, default=20)
     ap.add_argument("--probe-lr", type=float, default=0.01)
@@ -458,7 +458,9 @@ def start(a: argparse.Namespace) -> Run:
         validation=a.validation,
         test_per_class=a.test_per_class,
     )
-    identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json"), "lrs": a.lrs}
+    # the grid and the seeds are not part of the identity: every run's id names its lr and seed, so
+    # widening --lrs or adding --seeds keeps the finished runs
+    identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json", exclude={"seeds"})}
     ckpt = Checkpoint(out / "transfer.runs.jsonl", identity)
     previous = ckpt.finished()  # None: no checkpoint yet
     head_path = out / "transfer.head.pt"

@@ -72,6 +72,22 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     monkeypatch.setattr(transfer.Bench, "run", lambda *a, **k: pytest.fail("trained again"))
     again = transfer.main(argv)
     assert again["rows"] == result["rows"]
+    # widening the grid keeps every finished run: only the new rate's grid runs (and the seeds of a
+    # method whose best rate changed) train
+    calls = []
+    monkeypatch.setattr(
+        transfer.Bench,
+        "run",
+        lambda self, m, lr, seed, split: (
+            calls.append((lr, split))
+            or dict(accuracy=0.0, diverged=True, train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
+        ),
+    )
+    wider = list(argv)
+    wider[wider.index("--lrs") + 1] = "0.001,0.01,0.1"
+    key = lambda rows: [(r["name"], r["lr"], r["accuracy"]) for r in rows]  # noqa: E731
+    assert key(transfer.main(wider)["rows"]) == key(result["rows"])  # the new rate diverged: same choices
+    assert calls == [(0.1, "validation")] * len(names)
     bad = list(argv)
     bad[bad.index("--methods") + 1] = "magic"
     with pytest.raises(MemplanError, match="unknown method 'magic'"):
