@@ -52,12 +52,17 @@ def paired_deltas(run: dict[str, Any], reference: dict[str, Any]) -> list[float]
     return [a - ref[s] for s, a in zip(run["seeds"], run["accuracy"], strict=True) if s in ref]
 
 
+def standard_error(deltas: list[float] | None) -> float | None:
+    """Standard error of the mean of paired deltas (sample std / sqrt(n), points); None below 2 seeds."""
+    if deltas is None or len(deltas) < 2:
+        return None
+    return statistics.stdev(deltas) / math.sqrt(len(deltas))
+
+
 def unresolved(deltas: list[float], z: float) -> bool:
     """Whether an entry is still inside its noise: fewer than 2 paired seeds, or ``|mean| < z x SE``."""
-    if len(deltas) < 2:
-        return True
-    se = statistics.stdev(deltas) / math.sqrt(len(deltas))
-    return abs(statistics.fmean(deltas)) < z * se
+    se = standard_error(deltas)
+    return se is None or abs(statistics.fmean(deltas)) < z * se
 
 
 def next_round(specs: Iterable[RunSpec], records: dict[str, dict[str, Any]], protocol: Protocol) -> list[RunSpec]:

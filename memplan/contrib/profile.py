@@ -12,7 +12,6 @@ weight shape, groups, bias carrier).
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 from pathlib import Path
@@ -23,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..errors import MemplanError
 from ..graph import ConvLayer
 from ..io import write_text
-from .adaptive import paired_deltas
+from .adaptive import paired_deltas, standard_error
 from .protocol import Protocol, RunSpec
 
 #: 2: the standard error of every Δacc entry (``bias_se`` / ``weight_se``) and the protocol's optimizer
@@ -160,13 +159,6 @@ def load_profile(path: str | os.PathLike) -> ContribProfile:
     except (json.JSONDecodeError, ValidationError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise MemplanError(f"{path} is not a memplan contribution profile: {first}") from None
-
-
-def standard_error(deltas: list[float] | None) -> float | None:
-    """Standard error of the mean of paired deltas (sample std / sqrt(n), points); None below 2 seeds."""
-    if deltas is None or len(deltas) < 2:
-        return None
-    return statistics.stdev(deltas) / math.sqrt(len(deltas))
 
 
 def _std(xs: list[float]) -> float:
