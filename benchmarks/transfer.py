@@ -18,8 +18,9 @@ Protocol, the same for every method:
   augmentation, norms in eval mode unless the method trains them with batch statistics (full
   fine-tuning, TinyTL's and MobileTL's own rules);
 * learning rate: each method trains once per ``--lrs`` value (seed 0) and keeps the one with the
-  best **validation** accuracy (a run whose loss is not finite is recorded as diverged and can
-  never be chosen); then ``--seeds`` runs at that learning rate are measured on the **test** split.
+  best **validation** accuracy (a run whose last loss is not finite, or whose accuracy is at
+  chance, is recorded as diverged and can never be chosen); then ``--seeds`` runs at that
+  learning rate are measured on the **test** split.
   A chosen rate at the edge of the grid is flagged in the table;
 * memory: memplan's ``--mode`` (default ``tinytraining``: the 256KB paper's analytic training
   memory, batch 1, at the benchmark's resolution) with the optimizer's state counted (two fp32
