@@ -109,6 +109,15 @@ def measure(  # typer command: one parameter per CLI option
     plot: str | None = typer.Option(
         None, "--plot", help="draw Figure 5 (bias curve, per-layer Δacc per ratio) to PATH"
     ),
+    estimator: str = typer.Option(
+        "grid",
+        "--estimator",
+        help="grid (fine-tuning runs, Δacc) | probe (one short epoch per entry) | fisher (empirical Fisher) | "
+        "rgn (relative gradient norm); the profile records which, with its units",
+    ),
+    batches: int = typer.Option(
+        8, "--batches", help="mini-batches of the fisher / rgn gradients (and of the probe's one epoch)"
+    ),
 ) -> None:
     """Measure a contribution profile: real fine-tuning runs measuring Δacc per bias depth and per
     layer x channel ratio on a validation split. Resumable: rerun to continue."""
@@ -118,6 +127,7 @@ def measure(  # typer command: one parameter per CLI option
 
     out_console = console()
     positive_int("workers", workers)
+    positive_int("batches", batches)
     val = _validation(validation) if validation is not None else DEFAULT_VALIDATION
     prof = run_contrib(
         model,
@@ -150,10 +160,12 @@ def measure(  # typer command: one parameter per CLI option
         test_per_class=test_per_class,
         device=device,
         progress=sys.stderr.isatty(),
+        estimator=estimator,
+        batches=batches,
     )
     out_console.print(
-        f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured on the {prof.evaluated_on} "
-        f"split" + (f"; wrote {out}" if out else "")
+        f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured by {prof.estimator} on the "
+        f"{prof.evaluated_on} split in {prof.timing['estimator_wall_s']:.1f} s" + (f"; wrote {out}" if out else "")
     )
     if plot:
         out_console.print(f"wrote {plot_contrib(prof, plot)}")

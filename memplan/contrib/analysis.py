@@ -35,8 +35,9 @@ from ..units import ratio_label
 from .adaptive import merge, next_round
 from .checkpoint import Checkpoint
 from .data import DEFAULT_VALIDATION, Data, Validation
+from .estimators import ESTIMATORS, Env, Estimator, probe_protocol
 from .executors import EXECUTORS, default_threads, execute, num_threads
-from .profile import ContribProfile, Resolution, assemble
+from .profile import ContribProfile, Resolution
 from .protocol import Protocol, RunSpec, grid
 from .runner import Context, linear_probe, resolve_device
 from .setup import Setup, build_setup
@@ -54,8 +55,28 @@ def _protocol(opts: ContribOptions) -> Protocol:
         raise BadOption(f"bad contribution option {'protocol' if where == '(top level)' else where}: {msg}") from None
 
 
-def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_layers: int, cache: bool) -> str:
-    p = protocol
+def describe(
+    name: str,
+    shape: Sequence[int],
+    data: Data,
+    protocol: Protocol,
+    n_layers: int,
+    cache: bool,
+    est: Estimator,
+    batches: int,
+) -> str:
+    """The profile's ``description``: how its entries were measured, in words."""
+    if est.name in ("fisher", "rgn"):
+        return (
+            f"Contribution estimate ({est.name}: {est.description}) of {name} (L = {n_layers} convs) at input "
+            f"{'x'.join(map(str, shape))} on {data.name} ({data.x_train.shape[0]} train images, {data.classes} "
+            f"classes). Linear probe first: classifier from zero, {protocol.probe_epochs} epochs {protocol.optimizer} "
+            f"lr {protocol.probe_lr}, cosine decay; then the gradients of {batches} mini-batches of "
+            f"{protocol.batch_size} training images (model in eval mode, norms frozen). Entries: {est.units}; "
+            f"SE over batches. Bias depth k: the bias carriers of the last k convs; weight (i, r): the channels "
+            f"a ratio-r update of conv i trains (select {protocol.select})."
+        )
+    p = protocol if est.name == "grid" else probe_protocol(protocol)
     ks = "all k = 1..L" if p.bias_ks is None else f"k in {list(p.bias_ks)} and those the weight runs need"
     wl = "every conv" if p.weight_layers is None else f"the last {p.weight_layers} convs"
     ratios = ", ".join(ratio_label(r) for r in p.ratios)
@@ -87,6 +108,7 @@ def describe(name: str, shape: Sequence[int], data: Data, protocol: Protocol, n_
         f"lr classifier {p.lr_classifier} / biases {p.lr_bias} / analysed weight {p.lr_weight}, no augmentation, "
         f"seeds {list(p.seeds)} (data order){adaptive}. Δacc in accuracy points, paired by seed: bias k vs classifier "
         f"only, weight (i, r) vs bias k = L - i; mean and std over seeds. {cache_text}."
+        + ("" if est.name == "grid" else f" Estimator {est.name}: {est.description} ({batches} batches).")
     )
 
 
@@ -148,6 +170,8 @@ class ContribOptions:
     threads: int | None = None
     device: str = "cpu"
     progress: bool = False
+    estimator: str = "grid"
+    batches: int = 8
 
 
 def run_contrib(
@@ -174,13 +198,18 @@ def run_contrib(
     the feature cache of the frozen prefix. ``threads``: intra-op threads per worker (default:
     the available cores / workers, or ``$MEMPLAN_NUM_THREADS``). ``device``: torch device of the
     probe and the runs (``cpu``, ``cuda``, ``auto``); not part of the checkpoint's identity.
-    ``progress``: a progress bar.
+    ``progress``: a progress bar. ``estimator``: what measures the entries
+    (:data:`memplan.contrib.estimators.ESTIMATORS`: grid, probe, fisher, rgn); ``batches``: the
+    gradient estimators' mini-batches (the probe's steps).
     """
     opts = ContribOptions(**options)
     if opts.threads is not None and (not isinstance(opts.threads, int) or opts.threads < 1):
         raise BadOption(f"threads must be a positive integer, got {opts.threads!r}")
     device = resolve_device(opts.device)
-    EXECUTORS.choose(opts.executor)  # an unknown executor fails before any work
+    EXECUTORS.choose(opts.executor)  # an unknown executor or estimator fails before any work
+    ESTIMATORS.choose(opts.estimator)
+    if isinstance(opts.batches, bool) or not isinstance(opts.batches, int) or opts.batches < 1:
+        raise BadOption(f"batches must be a positive integer, got {opts.batches!r}")
     protocol = _protocol(opts)
     if opts.costing_resolution is not None and (
         not isinstance(opts.costing_resolution, int) or opts.costing_resolution < 1
@@ -207,16 +236,37 @@ def _measure(
     layers = conv_table(setup.graph)
     specs = grid(layers, protocol)
     identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json")}
+    if opts.estimator != "grid":  # a grid checkpoint's identity is what it was before estimators
+        identity["estimator"] = {"name": opts.estimator, "batches": opts.batches}
     ckpt, head_path, finished = _resume(out, identity)
     probe_acc = _probe(setup, seen, protocol, opts.device, ckpt, head_path, bool(finished))
-    ctx = Context(setup.name, setup.net, seen, protocol, opts.cache, opts.threads, opts.device)
-    t_grid = time.perf_counter()
-    executed = _run_rounds(ctx, specs, opts, identity["backbone"] + identity["data"]["digest"], finished, ckpt)
+    est = ESTIMATORS.choose(opts.estimator)
+    key = identity["backbone"] + identity["data"]["digest"]
+    executed = 0
+
+    def run_grid(ctx: Context, todo: list) -> dict[str, dict[str, Any]]:
+        nonlocal executed
+        executed += _run_rounds(ctx, todo, opts, key, finished, ckpt)
+        return merge(finished)
+
+    env = Env(
+        name=setup.name,
+        net=setup.net,
+        head=setup.head,
+        seen=seen,
+        layers=layers,
+        specs=specs,
+        protocol=protocol,
+        batches=opts.batches,
+        context=lambda d, p: Context(setup.name, setup.net, d, p, opts.cache, opts.threads, opts.device),
+        run_grid=run_grid,
+    )
+    t_est = time.perf_counter()
+    estimate = est.fn(env)
     resumed = len(finished) - executed
-    finished = merge(finished)
     timing = {
         "wall_s": round(time.perf_counter() - t_start, 2),
-        "grid_wall_s": round(time.perf_counter() - t_grid, 2),
+        "estimator_wall_s": round(time.perf_counter() - t_est, 2),
         "runs_executed": executed,
         "runs_resumed": resumed,
         "workers": opts.workers,
@@ -228,10 +278,11 @@ def _measure(
         "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2),
     }
     runs_res = setup.shape[-1]
-    profile = assemble(
-        specs,
-        finished,
-        layers,
+    profile = ContribProfile(
+        layers=list(layers),
+        **vars(estimate),
+        estimator=est.name,
+        units=est.units,
         model=setup.name,
         fingerprint=fingerprint(setup.graph),
         input_shape=list(setup.shape),
@@ -240,7 +291,7 @@ def _measure(
         protocol=protocol,
         resolution=Resolution(runs=runs_res, costing=opts.costing_resolution or runs_res),
         evaluated_on="validation" if setup.task.x_val is not None else "test",
-        description=describe(setup.name, setup.shape, setup.task, protocol, len(layers), opts.cache),
+        description=describe(setup.name, setup.shape, setup.task, protocol, len(layers), opts.cache, est, opts.batches),
         probe_accuracy=probe_acc,
         timing=timing,
     )

@@ -25,8 +25,12 @@ from ..io import write_text
 from .adaptive import paired_deltas, standard_error
 from .protocol import Protocol, RunSpec
 
-#: 2: the standard error of every Δacc entry (``bias_se`` / ``weight_se``) and the protocol's optimizer
-SCHEMA_VERSION = 2
+#: 2: the standard error of every Δacc entry (``bias_se`` / ``weight_se``) and the protocol's optimizer;
+#: 3: the estimator that measured the entries, their units, per-channel importance
+SCHEMA_VERSION = 3
+
+#: the units of a grid profile's entries (every profile before schema 3)
+DELTA_ACC_UNITS = "Δacc, accuracy points (mean over seeds of paired differences)"
 
 
 class RunRecord(BaseModel):
@@ -80,7 +84,7 @@ class Resolution(BaseModel):
 class ContribProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1, 2] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
     model: str
     fingerprint: str = Field(description="memplan.plan.fingerprint of the traced layer table")
     input_shape: list[int] = Field(description="per-sample input shape")
@@ -93,9 +97,9 @@ class ContribProfile(BaseModel):
     )
     layers: list[ConvLayer]
     bias: dict[int, float] = Field(description="k -> Δacc_b[:k], mean over seeds")
-    bias_std: dict[int, float]
+    bias_std: dict[int, float] = Field(default_factory=dict, description="k -> std over seeds (run-based estimators)")
     weight: dict[str, dict[float, float]] = Field(description="layer -> ratio -> Δacc_W, mean over seeds")
-    weight_std: dict[str, dict[float, float]]
+    weight_std: dict[str, dict[float, float]] = Field(default_factory=dict)
     bias_se: dict[int, float | None] = Field(
         default_factory=dict,
         description="k -> standard error of Δacc_b[:k]: std of the paired deltas / sqrt(seeds), points; None with "
@@ -104,8 +108,17 @@ class ContribProfile(BaseModel):
     weight_se: dict[str, dict[float, float | None]] = Field(
         default_factory=dict, description="layer -> ratio -> standard error of Δacc_W, points (as bias_se)"
     )
-    noise: Noise
-    runs: list[RunRecord]
+    noise: Noise | None = Field(None, description="seed noise of the runs (None: no runs, a gradient estimator)")
+    runs: list[RunRecord] = Field(default_factory=list)
+    estimator: str = Field(
+        "grid", description="memplan.contrib.estimators name that measured the entries (grid, probe, fisher, rgn)"
+    )
+    units: str = Field(DELTA_ACC_UNITS, description="what one entry measures, in words with its unit")
+    channel_importance: dict[str, list[float]] = Field(
+        default_factory=dict,
+        description="conv -> importance per input channel (per channel of a depthwise conv) on the target data, "
+        "in the estimator's units; what --select importance ranks (gradient estimators only)",
+    )
     timing: dict[str, Any] = Field(description="wall seconds and how the runs were executed")
     resolution: Resolution | None = Field(
         None, description="run and costing resolution (None: profiles before issue 13; the runs used input_shape)"
@@ -193,10 +206,9 @@ def run_record(raw: dict[str, Any], reference: dict[str, Any] | None) -> RunReco
     )
 
 
-def assemble(
-    specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[ConvLayer], **fields: Any
-) -> ContribProfile:
-    """The profile of a finished grid: ``raw`` maps run ids to worker records."""
+def from_runs(specs: list[RunSpec], raw: dict[str, dict[str, Any]], layers: list[ConvLayer]) -> dict[str, Any]:
+    """The entry fields of a profile (``bias``, ``weight``, their std and SE, ``noise``, ``runs``)
+    from a finished grid: ``raw`` maps run ids to worker records."""
     runs = [run_record(raw[s.id], None if s.reference is None else raw[s.reference]) for s in specs]
     runs.sort(key=lambda r: (r.kind != "classifier", r.kind == "weight", -r.k, r.ratio or 0))
     bias = {r.k: r for r in runs if r.kind == "bias"}
@@ -211,8 +223,7 @@ def assemble(
         delta_std=statistics.fmean(deltas) if deltas else 0.0,
         seeds=len(runs[0].seeds),
     )
-    return ContribProfile(
-        layers=list(layers),
+    return dict(
         bias={k: bias[k].delta_mean for k in sorted(bias)},
         bias_std={k: bias[k].delta_std for k in sorted(bias)},
         weight={name: {r: weight[name][r].delta_mean for r in sorted(weight[name])} for name in by_conv},
@@ -221,5 +232,4 @@ def assemble(
         weight_se={name: {r: standard_error(weight[name][r].delta) for r in sorted(weight[name])} for name in by_conv},
         noise=noise,
         runs=runs,
-        **fields,
     )
