@@ -9,7 +9,8 @@ flags set per plan (as :func:`apply_plain` does), then the memory-lean modules o
 Conventions:
 
 * the whole model is put in train mode (dropout active), norms outside ``plan.norm_train``
-  in eval mode; the sub-channel selection uses ``Train.select`` (seed 0 for ``random``);
+  in eval mode; the sub-channel selection uses ``Train.select`` (seed 0 for ``random``), or
+  exactly ``Train.channels`` for ``importance``;
 * a sub-channel layer trains ``SubChannelConv.weight_sel`` (a new Parameter); its shared
   ``weight`` stays frozen and stale until :func:`write_back`;
 * the graph passed in must be traced from ``model`` itself; after the swap it describes the
@@ -82,7 +83,7 @@ def _capture(model: nn.Module, input_shape: Sequence[int], **options: Any) -> Ca
 
 def _build(cls: type[nn.Module], m: nn.Module, train: Train) -> nn.Module:
     if cls is SubChannelConv:
-        return SubChannelConv.from_module(m, train.weight, train.select)
+        return SubChannelConv.from_module(m, train.weight, train.select, channels=train.channels)
     return cls.from_module(m)
 
 
