@@ -17,6 +17,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 import memplan
 from memplan.apply import apply_plan, apply_scheme, write_back
+from memplan.contrib.protocol import Protocol
 from memplan.costs.engine import compute
 from memplan.errors import BadOption
 from memplan.graph import SELECT_RULES, conv_layers
@@ -244,6 +245,8 @@ def test_backward_config_refuses_explicit_channels():
     assert "conv 1 (c1)" in text
     # a magnitude+ scheme of the same shape exports; importance is no weight_select_criteria
     assert importance_scheme(graph, select="magnitude+").to_backward_config()["weight_select_criteria"] == "magnitude+"
+    with pytest.raises(ValueError, match="select must be one of"):  # a contribution protocol cannot list channels
+        Protocol(select="importance")
     bc = {"n_bias_update": 3, "manual_weight_idx": [1], "weight_update_ratio": [0.5]}
     one_line_error(
         Scheme.from_backward_config,

@@ -36,7 +36,9 @@ def sub_channels(channels: int, ratio: float) -> int:
     return max(1, int(channels * ratio))
 
 
-def channel_index_problem(channels: Sequence[int], in_channels: int | None = None, ratio: float | None = None) -> str | None:
+def channel_index_problem(
+    channels: Sequence[int], in_channels: int | None = None, ratio: float | None = None
+) -> str | None:
     """What is wrong with explicit channel indices of a sub-channel update, in words (None: nothing).
 
     Always: the indices are sorted, unique and non-negative. With ``in_channels``: each is below it

@@ -33,7 +33,9 @@ class Train:
 
     def __post_init__(self) -> None:
         if (self.select == EXPLICIT_SELECT) != (self.channels is not None):
-            raise BadOption(f"Train: explicit channels go with select {EXPLICIT_SELECT!r} only (select {self.select!r})")
+            raise BadOption(
+                f"Train: explicit channels go with select {EXPLICIT_SELECT!r} only (select {self.select!r})"
+            )
         if self.channels is not None:
             object.__setattr__(self, "channels", tuple(self.channels))
             problem = channel_index_problem(self.channels)

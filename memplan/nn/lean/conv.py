@@ -187,7 +187,9 @@ def top_channels(importance: Tensor, ratio: float) -> list[int]:
     if not 0.0 < ratio <= 1.0:
         raise BadOption(f"sub-channel ratio {ratio} is not in (0, 1]")
     if importance.dim() != 1 or importance.numel() == 0:
-        raise BadOption(f"importance must be a non-empty vector (one entry per channel), got shape {tuple(importance.shape)}")
+        raise BadOption(
+            f"importance must be a non-empty vector (one entry per channel), got shape {tuple(importance.shape)}"
+        )
     scores = importance.detach().double().cpu()
     if not bool(torch.isfinite(scores).all()):
         raise BadOption("importance has NaN or infinite entries", "rank finite scores")
