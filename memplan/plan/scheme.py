@@ -4,11 +4,12 @@ A scheme names what trains (``bias_update``: the biases of the last n convs; ``w
 conv weights at channel ratios; norm modes, activation approximations) for one backbone,
 identified by the fingerprint of its traced layer table.
 
+Conventions and the mapping to a plan are in :mod:`memplan.plan.convert`; tiny-training's
+``backward_config`` in :mod:`memplan.plan.tinytraining`.
+
 Versions: 2 adds the ``importance`` channel selection (a weight update that lists its
 ``channels`` and, optionally, their ``importance_source``). A version 1 document is a valid
-version 2 one and means the same; it loads as it is and is written back as version 2. Conventions and the mapping to a
-plan are in :mod:`memplan.plan.convert`; tiny-training's ``backward_config`` in
-:mod:`memplan.plan.tinytraining`.
+version 2 one and means the same; it loads as it is and is written back as version 2.
 """
 
 from __future__ import annotations
