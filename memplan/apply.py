@@ -9,7 +9,8 @@ flags set per plan (as :func:`apply_plain` does), then the memory-lean modules o
 Conventions:
 
 * the whole model is put in train mode (dropout active), norms outside ``plan.norm_train``
-  in eval mode; the sub-channel selection uses ``Train.select`` (seed 0 for ``random``);
+  in eval mode; the sub-channel selection uses ``Train.select`` (seed 0 for ``random``), or
+  exactly ``Train.channels`` for ``importance``;
 * a sub-channel layer trains ``SubChannelConv.weight_sel`` (a new Parameter); its shared
   ``weight`` stays frozen and stale until :func:`write_back`;
 * the graph passed in must be traced from ``model`` itself; after the swap it describes the
@@ -29,7 +30,7 @@ import torch.nn as nn
 
 from .api import Captured, capture
 from .errors import BadOption
-from .graph import LayerGraph, role
+from .graph import LayerGraph, channel_index_problem, role
 from .graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
 from .nn.choice import lean_class
 from .nn.lean import LEAN_MODULES, SubChannelConv
@@ -82,7 +83,7 @@ def _capture(model: nn.Module, input_shape: Sequence[int], **options: Any) -> Ca
 
 def _build(cls: type[nn.Module], m: nn.Module, train: Train) -> nn.Module:
     if cls is SubChannelConv:
-        return SubChannelConv.from_module(m, train.weight, train.select)
+        return SubChannelConv.from_module(m, train.weight, train.select, channels=train.channels)
     return cls.from_module(m)
 
 
@@ -121,6 +122,11 @@ def _check_plan(graph: LayerGraph, plan: Plan) -> None:
                 "(its module computes the conv in its own forward)",
                 "update that conv whole (ratio 1) or not at all",
             )
+        if node.kind == "conv" and 0 < t.weight < 1 and t.channels is not None and "weight" in node.params:
+            c_in = node.params["weight"].shape[1] * int(node.attrs.get("groups", 1))
+            problem = channel_index_problem(t.channels, c_in, t.weight)
+            if problem is not None:
+                raise BadOption(f"plan trains listed channels of conv {node.name!r}: {problem}")
         if node.name in plan.approx and node.kind not in MASK_ACTIVATIONS | {"hardswish"}:
             raise BadOption(
                 f"no sign-approximated backward for {node.kind} layer {node.name!r}",

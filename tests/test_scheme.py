@@ -1,4 +1,4 @@
-"""Scheme format v1: JSON round trip, tiny-training backward_config import / export, the scheme ->
+"""Scheme format (v2, reading v1): JSON round trip, tiny-training backward_config import / export, the scheme ->
 plan mapping on a hand-checked model, and one-line errors for bad schemes."""
 
 from __future__ import annotations
@@ -135,7 +135,8 @@ def test_json_round_trip(tmp_path):
     path = tmp_path / "s.json"
     s.save(path)
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 1 and data["weight_updates"][1]["select"] == "magnitude+"
+    assert data["schema_version"] == 2 and data["weight_updates"][1]["select"] == "magnitude+"
+    assert "channels" not in data["weight_updates"][1]  # only an importance update lists channels
     assert set(data["provenance"]) == {"memplan_version", "command", "date", "profile_hash", "objective"}
     assert load_scheme(path) == s
 
@@ -143,7 +144,7 @@ def test_json_round_trip(tmp_path):
 def test_schema_copy_in_repo_is_current():
     assert SCHEMA_COPY.read_text() == schema_json()
     schema = json.loads(schema_json())
-    assert schema["properties"]["schema_version"]["const"] == 1
+    assert schema["properties"]["schema_version"]["enum"] == [1, 2]
     assert {"model", "fingerprint", "bias_update", "input_shape"} <= set(schema["required"])
 
 
@@ -232,7 +233,7 @@ def test_file_errors(tmp_path):
     one_line_error(load_scheme, write(tmp_path, "[1, 2]"), match="holds a JSON list")
     one_line_error(load_scheme, write(tmp_path, '{"model": "x"}'), match="no schema_version")
     text = one_line_error(load_scheme, write(tmp_path, '{"schema_version": 7}'), match="schema_version 7")
-    assert "reads version 1" in text
+    assert "reads versions 1, 2" in text
 
 
 def test_validation_errors_name_the_field(tmp_path):

@@ -61,6 +61,32 @@ def test_verify_sparse_scheme_option_and_module_input_left_untouched():
     assert all(p.requires_grad for p in model.parameters())
 
 
+def test_verify_importance_scheme_file(tmp_path):
+    """A scheme whose sub-channel updates list their channels (schema 2, ``importance``) verifies
+    byte-exact, and the applied setup keeps what the same ratios by weight norm keep."""
+    from memplan.graph.capture import capture_graph
+    from memplan.nn.lean import top_channels
+    from memplan.plan import Scheme
+
+    model = real_model("mbv2-w0.35")
+    graph = capture_graph(model, (2, 3, 32, 32))
+    config = {"n_bias_update": 6, "n_weight_update": 2, "weight_update_ratio": [0.5, 0.25]}
+    base = Scheme.from_backward_config(config, graph)
+    gen = torch.Generator().manual_seed(4)
+    updates = []
+    for w in base.weight_updates:
+        weight = model.get_submodule(w.layer).weight
+        c_in = weight.shape[1] * model.get_submodule(w.layer).groups
+        chosen = top_channels(torch.rand(c_in, generator=gen), w.ratio)
+        updates.append(w.model_copy(update={"select": "importance", "channels": chosen, "importance_source": "rand"}))
+    path = tmp_path / "importance.json"
+    base.model_copy(update={"weight_updates": updates}).save(path)
+    report = verify(model, "sparse", batch=2, resolution=32, scheme=str(path), steps=1)
+    assert report.ok and report.applied.measured_saved == report.applied.predicted_saved > 0
+    plain = verify(model, "sparse", batch=2, resolution=32, scheme=config, steps=1)
+    assert report.applied.measured_saved == plain.applied.measured_saved
+
+
 def test_verify_bad_input():
     with pytest.raises(BadOption):
         verify("mcunet-5fps", "bias", device="tpu")

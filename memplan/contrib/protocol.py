@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import BadOption
-from ..graph import SELECT_RULES, ConvLayer, LayerGraph
+from ..graph import COMPUTED_SELECT_RULES, ConvLayer, LayerGraph
 from ..optim import MOMENTUM, OPTIMIZERS
 from ..plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..units import ratio_label
@@ -97,8 +97,8 @@ class Protocol(BaseModel):
     @field_validator("select")
     @classmethod
     def _select(cls, v: str) -> str:
-        if v not in SELECT_RULES:
-            raise ValueError(f"select must be one of {', '.join(SELECT_RULES)}")
+        if v not in COMPUTED_SELECT_RULES:  # importance names channels per layer, which a protocol cannot
+            raise ValueError(f"select must be one of {', '.join(COMPUTED_SELECT_RULES)}")
         return v
 
     def lr(self, role: str) -> float:

@@ -18,7 +18,19 @@ one public way to capture is ``memplan.capture`` (``memplan.api``), whose last s
 from .blocks import find_blocks
 from .build import select_output
 from .capture import train_mode
-from .conv import SELECT_RULES, ConvLayer, bias_carrier, conv_layers, conv_padding, conv_table, is_pw1, sub_channels
+from .conv import (
+    COMPUTED_SELECT_RULES,
+    EXPLICIT_SELECT,
+    SELECT_RULES,
+    ConvLayer,
+    bias_carrier,
+    channel_index_problem,
+    conv_layers,
+    conv_padding,
+    conv_table,
+    is_pw1,
+    sub_channels,
+)
 from .kinds import module_kind, node_kind
 from .layout import flatten
 from .model import LayerGraph, Node, Param, TensorInfo, role
@@ -39,6 +51,9 @@ __all__ = [
     "node_kind",
     "ConvLayer",
     "SELECT_RULES",
+    "COMPUTED_SELECT_RULES",
+    "EXPLICIT_SELECT",
+    "channel_index_problem",
     "bias_carrier",
     "conv_layers",
     "conv_padding",

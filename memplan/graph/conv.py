@@ -7,7 +7,9 @@
 * padding: ``(before, after)`` elements per spatial dim for integer, "valid" and "same"
   padding (:func:`conv_padding`);
 * a sub-channel update at ratio r keeps ``max(1, int(C * r))`` channels
-  (:func:`sub_channels`), chosen by one of :data:`SELECT_RULES`.
+  (:func:`sub_channels`), chosen by one of :data:`SELECT_RULES`: computed from the weight
+  (:data:`COMPUTED_SELECT_RULES`) or given as explicit indices (:data:`EXPLICIT_SELECT`,
+  checked by :func:`channel_index_problem`).
 """
 
 from __future__ import annotations
@@ -18,14 +20,43 @@ from dataclasses import dataclass
 from .kinds import NORM_KINDS
 from .model import LayerGraph, Node
 
-#: channel selection of a sub-channel update (tiny-training's ``weight_select_criteria``):
-#: largest / smallest weight norm first, or a seeded random subset
-SELECT_RULES = ("magnitude+", "magnitude-", "random")
+#: channel selections computed from the weight when a sub-channel update is applied
+#: (tiny-training's ``weight_select_criteria``): largest / smallest weight norm first, or a
+#: seeded random subset
+COMPUTED_SELECT_RULES = ("magnitude+", "magnitude-", "random")
+#: the selection that names its channels explicitly: the indices ranked highest by an
+#: estimator's per-channel importance on the target data (``memplan.nn.lean.top_channels``)
+EXPLICIT_SELECT = "importance"
+#: every channel selection rule of a sub-channel update
+SELECT_RULES = (*COMPUTED_SELECT_RULES, EXPLICIT_SELECT)
 
 
 def sub_channels(channels: int, ratio: float) -> int:
     """Channels a sub-channel update at ``ratio`` keeps: ``int(channels * ratio)``, at least one."""
     return max(1, int(channels * ratio))
+
+
+def channel_index_problem(
+    channels: Sequence[int], in_channels: int | None = None, ratio: float | None = None
+) -> str | None:
+    """What is wrong with explicit channel indices of a sub-channel update, in words (None: nothing).
+
+    Always: the indices are sorted, unique and non-negative. With ``in_channels``: each is below it
+    (input channels of a plain conv, the channels / groups of a depthwise one). With ``ratio``
+    too: there are exactly ``sub_channels(in_channels, ratio)`` of them."""
+    channels = list(channels)
+    if any(isinstance(c, bool) or c != int(c) or c < 0 for c in channels):
+        return f"channel indices {channels} are not all non-negative integers"
+    if any(b <= a for a, b in zip(channels, channels[1:])):
+        return f"channel indices {channels} are not sorted and unique"
+    if in_channels is None:
+        return None
+    if channels and channels[-1] >= in_channels:
+        return f"channel index {channels[-1]} is out of range for {in_channels} channels"
+    if ratio is not None and len(channels) != sub_channels(in_channels, ratio):
+        n = sub_channels(in_channels, ratio)
+        return f"{len(channels)} channel indices given; ratio {ratio:g} of {in_channels} channels keeps {n}"
+    return None
 
 
 def conv_padding(

@@ -7,6 +7,8 @@ bias carriers):
   has no bias and the BN shift right after it plays that role: it trains (shift only) with the
   norm in eval mode (frozen statistics, frozen scale);
 * every weight update lies within the bias-update range (tiny-training asserts the same);
+* an ``importance`` weight update lists exactly ``sub_channels(C_in, ratio)`` channel indices
+  below ``C_in`` (a depthwise conv: its channels / groups); the plan's ``Train.channels`` carries them;
 * the classifier always trains (weight and bias);
 * the fingerprint hashes the layer table without the classifier, so a scheme transfers across
   head sizes but not across backbones.
@@ -22,7 +24,7 @@ import json
 from typing import Any
 
 from ..errors import SchemeError
-from ..graph import LayerGraph, Node, bias_carrier, conv_layers
+from ..graph import LayerGraph, Node, bias_carrier, channel_index_problem, conv_layers
 from ..graph.kinds import ACTIVATIONS, NORM_KINDS
 from .plan import Plan, Train
 
@@ -82,7 +84,14 @@ def scheme_to_plan(graph: LayerGraph, scheme: Any, method: str = "sparse") -> Pl
                 f"weight update of conv {w.conv_index} ({w.layer}) lies outside the bias-update range",
                 f"bias_update {scheme.bias_update} covers convs {first} to {len(convs) - 1}",
             )
-        train[conv.name] = Train(w.ratio, "bias" in conv.params, w.select)
+        channels = getattr(w, "channels", None)
+        if channels is not None:
+            shape, groups = conv.params["weight"].shape, int(conv.attrs.get("groups", 1))
+            problem = channel_index_problem(channels, shape[1] * groups, w.ratio)
+            if problem is not None:
+                raise SchemeError(f"weight update of conv {w.conv_index} ({w.layer}): {problem}")
+            channels = tuple(channels)
+        train[conv.name] = Train(w.ratio, "bias" in conv.params, w.select, channels)
     norm_train: set[str] = set()
     for name, mode in scheme.norm_modes.items():
         node = _layer(graph, name, NORM_KINDS, "norm_modes")

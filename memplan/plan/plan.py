@@ -7,10 +7,11 @@ inputs need a gradient; cost rules then see one :class:`OpView` per node.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..graph import LayerGraph, Node, TensorInfo, role, sub_channels
+from ..errors import BadOption
+from ..graph import EXPLICIT_SELECT, LayerGraph, Node, TensorInfo, channel_index_problem, role, sub_channels
 from ..graph.kinds import NORM_KINDS
 
 
@@ -20,12 +21,26 @@ class Train:
 
     ``weight`` is the fraction of the weight updated: 0 frozen, 1 full, r in (0, 1) a
     sub-channel update of ``max(1, int(C_in * r))`` input channels (output channels for
-    depthwise), chosen by ``select`` (one of ``memplan.graph.SELECT_RULES``).
+    depthwise), chosen by ``select`` (one of ``memplan.graph.SELECT_RULES``). ``channels``: the
+    sorted, unique indices of those channels, given with (and only with) ``select ==
+    "importance"``; memory and FLOP costs depend on the count only, never on which channels.
     """
 
     weight: float = 0.0
     bias: bool = False
     select: str = "magnitude+"
+    channels: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.select == EXPLICIT_SELECT) != (self.channels is not None):
+            raise BadOption(
+                f"Train: explicit channels go with select {EXPLICIT_SELECT!r} only (select {self.select!r})"
+            )
+        if self.channels is not None:
+            object.__setattr__(self, "channels", tuple(self.channels))
+            problem = channel_index_problem(self.channels)
+            if problem is not None:
+                raise BadOption(f"Train: {problem}")
 
     @property
     def any(self) -> bool:
@@ -120,9 +135,9 @@ def grad_flow(graph: LayerGraph, plan: Plan) -> list[OpView]:
         if t.any and not roles:
             raise ValueError(f"plan trains {n.name!r}, which has no parameters")
         if t.weight and "weight" not in roles:
-            t = Train(0.0, t.bias, t.select)
+            t = replace(t, weight=0.0)
         if t.bias and "bias" not in roles:
-            t = Train(t.weight, False, t.select)
+            t = replace(t, bias=False)
         req_in = tuple(req[i] for i in n.inputs)
         req[n.index] = any(req_in) or t.any
         if "param_of" in n.attrs:  # a parameter read by a functional op: requires grad if it trains

@@ -1,10 +1,15 @@
-"""memplan's sparse-update scheme format: versioned JSON (schema version 1).
+"""memplan's sparse-update scheme format: versioned JSON (schema version 2).
 
 A scheme names what trains (``bias_update``: the biases of the last n convs; ``weight_updates``:
 conv weights at channel ratios; norm modes, activation approximations) for one backbone,
-identified by the fingerprint of its traced layer table. Conventions and the mapping to a
-plan are in :mod:`memplan.plan.convert`; tiny-training's ``backward_config`` in
-:mod:`memplan.plan.tinytraining`.
+identified by the fingerprint of its traced layer table.
+
+Conventions and the mapping to a plan are in :mod:`memplan.plan.convert`; tiny-training's
+``backward_config`` in :mod:`memplan.plan.tinytraining`.
+
+Versions: 2 adds the ``importance`` channel selection (a weight update that lists its
+``channels`` and, optionally, their ``importance_source``). A version 1 document is a valid
+version 2 one and means the same; it loads as it is and is written back as version 2.
 """
 
 from __future__ import annotations
@@ -15,31 +20,67 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from ..errors import SchemeError
-from ..graph import SELECT_RULES, LayerGraph
+from ..graph import EXPLICIT_SELECT, SELECT_RULES, LayerGraph, channel_index_problem
 from ..io import read_json, shipped, validated, write_text
 from ..version import __version__
 from .convert import NORM_MODES, fingerprint, scheme_to_plan
 from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
 
-SCHEMA_VERSION = 1
+#: 2: the ``importance`` selection with explicit ``channels`` (version 1 files load unchanged)
+SCHEMA_VERSION = 2
+#: the schema versions this memplan reads
+SCHEMA_VERSIONS = (1, 2)
 
 Select = Literal[SELECT_RULES]
 NormMode = Literal[tuple(NORM_MODES)]
 
 
 class WeightUpdate(BaseModel):
-    """One conv whose weight trains: ``int(C_in * ratio)`` input channels (output channels for a
-    depthwise conv), chosen by ``select``."""
+    """One conv whose weight trains: ``max(1, int(C_in * ratio))`` input channels (the channels /
+    groups of a depthwise conv), chosen by ``select``; with ``select == "importance"`` they are
+    ``channels`` (sorted, unique; their count is checked against the conv where the scheme is
+    mapped to a plan). ``channels`` and ``importance_source`` are left out of the JSON when None."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     layer: str = Field(description="conv layer name (module qualname)")
     conv_index: int = Field(ge=0, description="forward-order index among convs, stem = 0, classifier not counted")
     ratio: float = Field(gt=0, le=1, description="fraction of input channels updated, in (0, 1]")
-    select: Select = Field("magnitude+", description="channel selection: largest / smallest weight norm, random")
+    select: Select = Field(
+        "magnitude+",
+        description="channel selection: largest / smallest weight norm, random, or importance (explicit channels)",
+    )
+    channels: list[int] | None = Field(
+        None,
+        description="select importance only: the sorted, unique input-channel indices that train (depthwise: "
+        "channel / group indices), max(1, int(C_in * ratio)) of them",
+    )
+    importance_source: str | None = Field(
+        None, description="select importance only: what ranked the channels, e.g. fisher:MODEL-DATA"
+    )
+
+    @model_validator(mode="after")
+    def _explicit_channels(self) -> WeightUpdate:
+        if self.select == EXPLICIT_SELECT:
+            if self.channels is None:
+                raise ValueError(f"select {EXPLICIT_SELECT!r} needs its channels")
+            problem = channel_index_problem(self.channels)
+            if problem is not None:
+                raise ValueError(problem)
+        elif self.channels is not None or self.importance_source is not None:
+            raise ValueError(f"channels and importance_source go with select {EXPLICIT_SELECT!r} only")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for key in ("channels", "importance_source"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 class Provenance(BaseModel):
@@ -64,11 +105,12 @@ def new_provenance(
 
 
 class Scheme(BaseModel):
-    """A sparse-update scheme (JSON schema version 1). Byte sizes are integers in bytes."""
+    """A sparse-update scheme (JSON schema version 2; version 1 documents load and mean the same).
+    Byte sizes are integers in bytes."""
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     model: str = Field(description="zoo name or import path (package.module:attr, file.py:attr)")
     fingerprint: str = Field(description="memplan.plan.fingerprint of the traced layer table")
     input_shape: list[int] = Field(description="per-sample input shape, e.g. [3, 128, 128]")
@@ -101,11 +143,15 @@ class Scheme(BaseModel):
             if w.conv_index in seen:
                 raise ValueError(f"conv index {w.conv_index} has two weight updates")
             seen.add(w.conv_index)
+        if self.schema_version == 1 and any(w.select == EXPLICIT_SELECT for w in self.weight_updates):
+            raise ValueError(f"schema_version 1 has no {EXPLICIT_SELECT!r} selection; it needs schema_version 2")
         return self
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the scheme as JSON, atomically."""
-        write_text(path, self.model_dump_json(indent=2) + "\n")
+        """Write the scheme as JSON (schema version :data:`SCHEMA_VERSION`, also for one read from
+        a version 1 file), atomically."""
+        current = self.model_copy(update={"schema_version": SCHEMA_VERSION})
+        write_text(path, current.model_dump_json(indent=2) + "\n")
 
     def to_backward_config(self) -> dict[str, Any]:
         """tiny-training's ``backward_config`` dict (:func:`memplan.plan.tinytraining.to_backward_config`)."""
@@ -138,9 +184,10 @@ def scheme_from_dict(data: dict[str, Any], source: str = "scheme") -> Scheme:
     if version is None:
         hint = "it looks like a tiny-training backward_config" if "n_bias_update" in data else None
         raise SchemeError(f"{source} has no schema_version", hint or "is it a memplan scheme?")
-    if version != SCHEMA_VERSION:
+    if version not in SCHEMA_VERSIONS or isinstance(version, bool):
         raise SchemeError(
-            f"{source} has schema_version {version!r}; this memplan reads version {SCHEMA_VERSION}",
+            f"{source} has schema_version {version!r}; this memplan reads versions "
+            f"{', '.join(map(str, SCHEMA_VERSIONS))}",
             "upgrade memplan or re-export the scheme",
         )
     return validated(lambda: Scheme.model_validate(data), source, SchemeError)

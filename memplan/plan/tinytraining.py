@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import SchemeError
-from ..graph import SELECT_RULES, LayerGraph, conv_layers, is_pw1
+from ..graph import COMPUTED_SELECT_RULES, EXPLICIT_SELECT, LayerGraph, conv_layers, is_pw1
 
 #: backward_config keys memplan reads; ``freeze_fc`` is accepted and ignored, as tiny-training does
 BACKWARD_CONFIG_KEYS = (
@@ -86,8 +86,10 @@ def backward_config_fields(config: dict[str, Any], graph: LayerGraph) -> dict[st
             "give one ratio per index",
         )
     select = config.get("weight_select_criteria", "magnitude+")
-    if select not in SELECT_RULES:
-        raise SchemeError(f"unknown weight_select_criteria {select!r}", f"use one of {', '.join(SELECT_RULES)}")
+    if select not in COMPUTED_SELECT_RULES:
+        raise SchemeError(
+            f"unknown weight_select_criteria {select!r}", f"use one of {', '.join(COMPUTED_SELECT_RULES)}"
+        )
     updates = []
     for i, r in zip(idx, ratios):
         if not 0 <= i < len(convs):
@@ -102,13 +104,22 @@ def to_backward_config(scheme: Any) -> dict[str, Any]:
     CLI's dash-joined strings).
 
     Refuses what that format cannot hold: norm overrides, activation approximations, added
-    modules, or weight updates with different channel selection rules."""
+    modules, weight updates with different channel selection rules, or explicit channel indices
+    (``importance`` selection: tiny-training selects channels itself, by weight norm or at
+    random, so exporting the ratio alone would train other channels)."""
     for field in ("norm_modes", "activation_approx", "added_modules"):
         if getattr(scheme, field):
             raise SchemeError(
                 f"scheme has {field}, which tiny-training's backward_config cannot hold",
                 "export it as memplan scheme JSON",
             )
+    explicit = [w for w in scheme.weight_updates if w.select == EXPLICIT_SELECT]
+    if explicit:
+        raise SchemeError(
+            f"weight update of conv {explicit[0].conv_index} ({explicit[0].layer}) lists its channels "
+            f"({EXPLICIT_SELECT} selection); tiny-training's backward_config has no explicit channel indices",
+            "export it as memplan scheme JSON",
+        )
     selects = {w.select for w in scheme.weight_updates}
     if len(selects) > 1:
         raise SchemeError(

@@ -40,7 +40,7 @@ modules traces to the same kinds as the plain one, whatever has been imported.
 
 from .activations import MaskedHardtanh, MaskedLeakyReLU, MaskedReLU, MaskedReLU6, SignHardswish
 from .bits import packbits, unpackbits
-from .conv import FrozenConv, FrozenLinear, SubChannelConv, select_channels
+from .conv import FrozenConv, FrozenLinear, SubChannelConv, select_channels, top_channels
 from .norm import ShiftOnlyNorm
 from .pool import LeanAvgPool2d, MaskedDropout
 
@@ -63,6 +63,7 @@ __all__ = [
     "packbits",
     "unpackbits",
     "select_channels",
+    "top_channels",
     "FrozenConv",
     "FrozenLinear",
     "SubChannelConv",

@@ -1,8 +1,11 @@
 """Lean convs and linears: ``FrozenConv`` / ``FrozenLinear`` keep nothing for backward,
-``SubChannelConv`` keeps only the selected input channels (the 256KB paper's sub-channel update)."""
+``SubChannelConv`` keeps only the selected input channels (the 256KB paper's sub-channel update),
+chosen by :func:`select_channels` from the weight or given explicitly (:func:`top_channels` of an
+importance estimate)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -12,7 +15,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ...errors import BadOption
-from ...graph import SELECT_RULES, conv_padding, sub_channels
+from ...graph import EXPLICIT_SELECT, SELECT_RULES, channel_index_problem, conv_padding, sub_channels
 from .checks import check_frozen, check_versions, share_frozen, versions
 
 
@@ -177,6 +180,24 @@ class FrozenLinear(nn.Module):
 
 
 # ----------------------------------------------------------------------------- SubChannelConv
+def top_channels(importance: Tensor, ratio: float) -> list[int]:
+    """The ``n = max(1, int(C * ratio))`` channels of largest ``importance`` (a vector of length C,
+    one entry per input channel; per channel / group of a depthwise conv), ties to the lower
+    index, sorted ascending: the ``channels`` of an ``importance`` weight update."""
+    if not 0.0 < ratio <= 1.0:
+        raise BadOption(f"sub-channel ratio {ratio} is not in (0, 1]")
+    if importance.dim() != 1 or importance.numel() == 0:
+        raise BadOption(
+            f"importance must be a non-empty vector (one entry per channel), got shape {tuple(importance.shape)}"
+        )
+    scores = importance.detach().double().cpu()
+    if not bool(torch.isfinite(scores).all()):
+        raise BadOption("importance has NaN or infinite entries", "rank finite scores")
+    n = sub_channels(scores.numel(), ratio)
+    chosen = torch.argsort(scores, descending=True, stable=True)[:n]
+    return sorted(int(c) for c in chosen)
+
+
 def select_channels(weight: Tensor, groups: int, ratio: float, rule: str = "magnitude+", seed: int = 0) -> Tensor:
     """Sorted int64 indices of the ``n = max(1, int(C_in * ratio))`` channels to update.
 
@@ -184,12 +205,16 @@ def select_channels(weight: Tensor, groups: int, ratio: float, rule: str = "magn
     ``weight[:, c]`` over (out, *kernel). For a depthwise conv (groups == C_in) they are the
     channels/groups, ranked by the norm of the filters of that group. Rules (tiny-training's
     ``weight_select_criteria``): ``magnitude+`` largest norms, ``magnitude-`` smallest,
-    ``random`` a seeded random subset. Ties go to the lower index.
+    ``random`` a seeded random subset. Ties go to the lower index. ``importance`` names its
+    channels explicitly (:func:`top_channels`; ``SubChannelConv(..., channels=...)``), so it is
+    refused here.
     """
     if not 0.0 < ratio <= 1.0:
         raise BadOption(f"sub-channel ratio {ratio} is not in (0, 1]")
     if rule not in SELECT_RULES:
         raise BadOption(f"unknown channel selection rule {rule!r}", f"use one of {', '.join(SELECT_RULES)}")
+    if rule == EXPLICIT_SELECT:
+        raise BadOption(f"channel selection {rule!r} takes explicit channel indices", "pass channels=[...]")
     c_in = weight.shape[1] * groups
     if groups == 1:
         per_channel = weight.detach().transpose(0, 1).reshape(c_in, -1)
@@ -251,7 +276,9 @@ class _SubChannelConvFn(torch.autograd.Function):
 class SubChannelConv(_ConvGeometry):
     """Sub-channel weight update of the 256KB paper (Lin et al., NeurIPS 2022).
 
-    Only ``n = max(1, int(C_in * ratio))`` input channels of the weight train:
+    Only ``n = max(1, int(C_in * ratio))`` input channels of the weight train, chosen by
+    :func:`select_channels` under ``rule``, or with ``rule="importance"`` the sorted, unique
+    ``channels`` given (exactly n of them, e.g. :func:`top_channels` of an importance estimate):
     ``weight_sel = W[:, idx]`` (shape ``C_out x n x k...``) for a plain conv; for a depthwise
     conv (groups == C_in) the n selected channels' filters, ``weight_sel = W[rows]`` with
     ``rows`` = the output channels of the selected groups (the paper's n x k^2 copy).
@@ -265,14 +292,25 @@ class SubChannelConv(_ConvGeometry):
 
     memplan_kind = "conv"
 
-    def __init__(self, m: nn.Module, ratio: float, rule: str = "magnitude+", seed: int = 0):
+    def __init__(
+        self, m: nn.Module, ratio: float, rule: str = "magnitude+", seed: int = 0, channels: Sequence[int] | None = None
+    ):
         super().__init__()
         self._init_geometry(m)
         if self.groups not in (1, self.in_channels):
             raise NotImplementedError("sub-channel update supports groups == 1 or depthwise convs")
         self.ratio, self.rule = ratio, rule
+        if (rule == EXPLICIT_SELECT) != (channels is not None):
+            raise BadOption(f"explicit channels go with channel selection {EXPLICIT_SELECT!r} only (rule {rule!r})")
+        if channels is None:
+            idx = select_channels(m.weight, self.groups, ratio, rule, seed)
+        else:
+            listed = channels.tolist() if isinstance(channels, Tensor) else list(channels)
+            problem = channel_index_problem(listed, self.in_channels, ratio)
+            if problem is not None:
+                raise BadOption(f"sub-channel update of a {self.in_channels}-channel conv: {problem}")
+            idx = torch.tensor(listed, dtype=torch.int64, device=m.weight.device)
         share_frozen(self, m)
-        idx = select_channels(m.weight, self.groups, ratio, rule, seed)
         self.register_buffer("idx", idx)
         self.all_selected: bool = idx.numel() == self.in_channels
         with torch.no_grad():
@@ -280,9 +318,11 @@ class SubChannelConv(_ConvGeometry):
         self.weight_sel = nn.Parameter(sel)
 
     @classmethod
-    def from_module(cls, m: nn.Module, ratio: float, rule: str = "magnitude+", seed: int = 0) -> SubChannelConv:
+    def from_module(
+        cls, m: nn.Module, ratio: float, rule: str = "magnitude+", seed: int = 0, channels: Sequence[int] | None = None
+    ) -> SubChannelConv:
         """Wrap ``m``: shares its weight (frozen) and bias; ``weight_sel`` is a new Parameter."""
-        return cls(m, ratio, rule, seed)
+        return cls(m, ratio, rule, seed, channels)
 
     @property
     def rows(self) -> Tensor:
