@@ -120,6 +120,30 @@ class Method:
     cost: str | Scheme
     arch: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    runs_as: str | None = None  # an earlier method that trains exactly the same: its runs are this one's
+
+    @property
+    def key(self) -> str:
+        """The name its runs are recorded under."""
+        return self.runs_as or self.name
+
+
+def what_trains(method: Method, graph: LayerGraph) -> tuple:
+    """Everything that decides a run: the architecture transform and the plan's trained tensors
+    (with their channels), norms in train mode and approximated activations."""
+    plan = method.plan(graph)
+    train = sorted((name, repr(t)) for name, t in plan.train.items() if t.any)
+    return method.arch, tuple(train), tuple(sorted(plan.norm_train)), tuple(sorted(plan.approx))
+
+
+def share_runs(methods: list[Method], graph: LayerGraph) -> None:
+    """A method that trains exactly what an earlier one trains (a searched scheme that is the
+    classifier only, the same scheme under two objectives) records and reads that one's runs."""
+    first: dict[tuple, str] = {}
+    for m in methods:
+        m.runs_as = first.setdefault(what_trains(m, graph), m.name)
+        if m.runs_as == m.name:
+            m.runs_as = None
 
 
 def last_k_scheme(cap, k: int) -> Scheme:
@@ -259,9 +283,9 @@ def assemble(
 ) -> list[dict]:
     rows = []
     for m in methods:
-        lr = choose_lr(m.name, lrs, done)
-        grid = {f"{x:g}": done.get(run_id("grid", m.name, x, 0)) for x in lrs}
-        finals = [done.get(run_id("final", m.name, lr, s)) for s in seeds] if lr is not None else []
+        lr = choose_lr(m.key, lrs, done)
+        grid = {f"{x:g}": done.get(run_id("grid", m.key, x, 0)) for x in lrs}
+        finals = [done.get(run_id("final", m.key, lr, s)) for s in seeds] if lr is not None else []
         if lr is None or any(f is None for f in finals):
             continue
         accs = [f["accuracy"] for f in finals]
@@ -284,6 +308,7 @@ def assemble(
                 "trainable_params": finals[0]["trainable_params"],
                 "wall_s": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in runs), 1),
                 "cpu_s": round(sum(r["cpu_s"] for r in runs), 1),
+                "same_runs_as": m.runs_as,
                 **m.detail,
             }
         )
@@ -302,6 +327,10 @@ def verdicts(rows: list[dict]) -> list[str]:
             lines.append(f"{r['name']}: no baseline uses as little memory ({r['memory_bytes']:,} B)")
             continue
         best = max(below, key=lambda b: b["accuracy_mean"])
+        same = r.get("same_runs_as")
+        if same is not None and not same.startswith("searched"):
+            lines.append(f"{r['name']}: trains exactly what {same} trains (the search found nothing better)")
+            continue
         lo, hi = r["accuracy_mean"] - r["accuracy_ci"], best["accuracy_mean"] + best["accuracy_ci"]
         word = (
             "BEATS (CIs apart)"
@@ -343,8 +372,10 @@ def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: 
     ]
     state = f"{header['optimizer']}, {OPTIMIZERS[header['optimizer']].states} x 32 bit"
     for r in sorted(rows, key=lambda r: r["memory_bytes"]):
+        alias = f" (= {r['same_runs_as']})" if r.get("same_runs_as") else ""
         out.append(
-            f"| {r['name']} | {r['memory_bytes']:,} | {state} | {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f} | "
+            f"| {r['name']}{alias} | {r['memory_bytes']:,} | {state} | "
+            f"{r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f} | "
             f"{len(r['accuracy'])} | {r['lr']:g}{'*' if r['lr_at_grid_edge'] else ''} | {r['trainable_params']:,} | "
             f"{r['wall_s']:.0f} | {'P' if r['name'] in front else ''} |"
         )
@@ -392,7 +423,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--optimizer", default="adam", choices=list(OPTIMIZERS))
-    ap.add_argument("--lrs", default="0.0001,0.0005,0.0025,0.0125", help="the learning-rate grid of every method")
+    ap.add_argument(
+        "--lrs", default="0.0001,0.0005,0.0025,0.0125,0.0625", help="the learning-rate grid of every method"
+    )
     ap.add_argument("--seeds", default="0,1,2,3,4", help="seeds of the final (test) runs")
     ap.add_argument("--probe-epochs", type=int, default=20)
     ap.add_argument("--probe-lr", type=float, default=0.01)
@@ -502,6 +535,7 @@ def choose_methods(run: Run) -> None:
         for m in methods
         if m.arch
     }
+    share_runs(methods, cap.graph)
     run.methods = methods
     run.memory = {m.name: memory_of(cap, caps, m, a.mode, a.optimizer) for m in methods}
 
@@ -519,19 +553,20 @@ def train(run: Run, t_start: float) -> None:
         bar = progress.add_task("transfer", total=len(mine) * (len(a.lrs) + len(a.seeds)))
         for m in mine:
             progress.update(bar, description=m.name)
+            done.update(ckpt.finished() or {})  # what other processes finished meanwhile
             for lr in a.lrs:
-                rid = run_id("grid", m.name, lr, 0)
+                rid = run_id("grid", m.key, lr, 0)
                 if rid not in done:
                     done[rid] = {"id": rid, **bench.run(m, lr, 0, "validation")}
                     ckpt.append(done[rid])
                 progress.advance(bar)
-            best = choose_lr(m.name, a.lrs, done)
+            best = choose_lr(m.key, a.lrs, done)
             if best is None:
                 print(f"{m.name}: every learning rate of the grid diverged; widen --lrs", file=sys.stderr)
                 progress.advance(bar, len(a.seeds))
                 continue
             for seed in a.seeds:
-                rid = run_id("final", m.name, best, seed)
+                rid = run_id("final", m.key, best, seed)
                 if rid not in done:
                     done[rid] = {"id": rid, **bench.run(m, best, seed, "test")}
                     ckpt.append(done[rid])

@@ -96,4 +96,4 @@ def test_a_tiny_grid_samples_adaptively_and_resumes(tmp_path):
     # resuming runs nothing again
     again = run_contrib("minilearn-cifar10", data=str(npz), out=out, validation=10, **grid)
     assert again.timing["runs_executed"] == 0
-    assert again.bias == prof.bias and load_profile(out).schema_version == 2
+    assert again.bias == prof.bias and load_profile(out).schema_version == 3

@@ -132,6 +132,8 @@ def cases(f):
             "nonexistent",
         ),
         (["contrib", "minilearn-cifar10", "--data", "digits", "--executor", "slurm", "--out", out], "slurm"),
+        (["contrib", "minilearn-cifar10", "--data", "digits", "--estimator", "nope", "--out", out], "estimator"),
+        (["contrib", "minilearn-cifar10", "--data", "digits", "--batches", "0", "--out", out], "batches"),
         (["profile", "mcunet-5fps", "--json", "/nonexistent/dir/p.json"], "does not exist"),
         (["verify", "mcunet-5fps", "--steps", "0"], "--steps"),
         (["compare", "mcunet-5fps", "--methods", "full,lastk:x"], "lastk:x"),

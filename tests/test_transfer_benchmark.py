@@ -64,6 +64,10 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     searched = next(r for r in result["rows"] if r["name"].startswith("searched"))
     assert searched["memory_bytes"] <= 4000 and searched["objective"] == "shrink"
     assert any("searched 4KB (shrink)" in v for v in result["verdicts"])
+    rows = {r["name"]: r for r in result["rows"]}
+    for r in result["rows"]:
+        if r["same_runs_as"] is not None:
+            assert r["accuracy"] == rows[r["same_runs_as"]]["accuracy"]
     table = (out / "transfer.md").read_text()
     assert "| method | memory (B) |" in table and "adam" in table
     assert (out / "transfer.png").stat().st_size > 10_000
@@ -87,7 +91,8 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     wider[wider.index("--lrs") + 1] = "0.001,0.01,0.1"
     key = lambda rows: [(r["name"], r["lr"], r["accuracy"]) for r in rows]  # noqa: E731
     assert key(transfer.main(wider)["rows"]) == key(result["rows"])  # the new rate diverged: same choices
-    assert calls == [(0.1, "validation")] * len(names)
+    distinct = [r for r in result["rows"] if r["same_runs_as"] is None]  # a method that trains what another does
+    assert calls == [(0.1, "validation")] * len(distinct)  # shares its runs
     bad = list(argv)
     bad[bad.index("--methods") + 1] = "magic"
     with pytest.raises(MemplanError, match="unknown method 'magic'"):
