@@ -220,6 +220,14 @@ def search(  # typer command: one parameter per CLI option
     budget: str | None = typer.Option(
         None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes'
     ),
+    flops_budget: str | None = typer.Option(
+        None,
+        "--flops-budget",
+        help='also bound the backward FLOPs of one training step: "5MFLOPs", "2.5e6", "1G" (k, M, G, T '
+        "1000-based; a bare number is FLOPs). FLOPs = 2 x MACs of the backward of conv / linear / matmul "
+        "(grad-input, grad-weight of the updated fraction as the mode counts it; grad-bias 1 per output "
+        "element); norm / activation / pooling / loss backward is not counted (default: memory only)",
+    ),
     profile: str | None = typer.Option(
         None, "--profile", help="contribution profile JSON (default: the shipped one matching the model)"
     ),
@@ -255,7 +263,8 @@ def search(  # typer command: one parameter per CLI option
     classes: int | None = ClassesOpt,
     resolution: int | None = ResOpt,
 ) -> None:
-    """Search the sparse-update scheme with the largest summed (noise-aware) Δacc under a memory budget."""
+    """Search the sparse-update scheme with the largest summed (noise-aware) Δacc under a memory budget
+    (and, with --flops-budget, a bound on the backward FLOPs of one training step)."""
     from .render.figures import plot_search
     from .render.reports import print_search
     from .search.run import run_search
@@ -284,6 +293,7 @@ def search(  # typer command: one parameter per CLI option
         optimizer=optimizer,
         objective=objective,
         mode_options=key_values(mode_option, "--mode-option"),
+        flops_budget=flops_budget,
         **extra,
     )
     out_console = console()

@@ -15,7 +15,7 @@ from rich.table import Table
 from ..reproduce import Reproduction
 from ..search.exact import relative_gap
 from ..search.result import SearchResult
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_flops
 from ..verify import SETUPS, VerifyReport
 
 
@@ -127,9 +127,20 @@ def print_search(result: SearchResult, console: Console) -> None:
         f"{r.space_size['bias_depths']} bias depths, {r.space_size['weight_options']} weight options "
         f"on {r.space_size['weight_layers']} layers"
     )
+    if r.flops_budget is not None:
+        console.print(
+            f"FLOPs budget {r.flops_budget:,} FLOPs = {fmt_flops(r.flops_budget)} (2 x MACs; backward of "
+            f"conv / linear / matmul per training step) · read as 1000-based from {r.flops_budget_text!r}"
+        )
     add = "additive" if r.additive else "NOT additive"
+    what = f"memory is {add}"
+    if r.additivity.flops is not None:
+        what = (
+            f"memory is {'additive' if r.additivity.additive else 'NOT additive'}, backward FLOPs are "
+            f"{'additive' if r.additivity.flops.additive else 'NOT additive'}"
+        )
     console.print(
-        f"memory is {add} in this mode (checked on {r.additivity.checked} candidates against compute())"
+        f"{what} in this mode (checked on {r.additivity.checked} candidates against compute())"
         + ("; exact solver certified" if r.additive else "; evolutionary search with compute()")
     )
     s = r.scheme
@@ -144,6 +155,11 @@ def print_search(result: SearchResult, console: Console) -> None:
         f"{objective}summed Δacc (measured means) {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = "
         f"{fmt_bytes(r.memory_bytes)} ({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)"
     )
+    if r.flops_budget is not None and r.backward_flops is not None:
+        console.print(
+            f"backward FLOPs (2 x MACs) {r.backward_flops:,} = {fmt_flops(r.backward_flops)} "
+            f"({100 * r.backward_flops / r.flops_budget:.1f}% of the FLOPs budget)"
+        )
     runs_value = f"summed {r.objective}"
     table = Table("component", "bytes", "size")
     for k, v in r.breakdown.items():

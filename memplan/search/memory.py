@@ -140,6 +140,7 @@ class Additivity:
     additive: bool
     checked: int
     mismatches: list[tuple[str, int, int]] = field(default_factory=list)  # (candidate, estimate, computed)
+    flops: Additivity | None = None  # the same check of the backward-FLOPs table (with a FLOPs budget)
 
     def record(self, cand: Candidate, estimate: int, computed: int) -> None:
         self.checked += 1

@@ -14,6 +14,11 @@ registry):
 The returned scheme is re-profiled with ``compute()``: its memory must fit the budget, and, when
 the table was used, equal the table's estimate (else the mode is declared non-additive for this
 run and the search is redone with ``compute()`` as the memory function).
+
+An optional FLOPs budget (``flops_budget``) bounds the backward FLOPs of one training step
+(``memplan.search.memory.FLOPS_FIGURE``: conv / linear / matmul backward, FLOPs = 2 x MACs)
+besides the memory: a FLOPs table is built and checked the same way, every method keeps both
+budgets, and the result is re-profiled for both. Without one, nothing changes.
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ from ..contrib.profile import ContribProfile
 from ..errors import BadOption, MemplanError
 from ..io import read_json
 from ..plan import fingerprint, new_provenance
-from ..units import fmt_bytes, parse_bytes
+from ..units import fmt_bytes, fmt_flops, parse_bytes, parse_flops
 from .devices import PROFILES_DIR, Device, load_device
 from .exact import relative_gap
-from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
+from .memory import Additivity, CostTable, MemoryModel, build_table, check_additivity, probe_candidates
 from .methods import METHODS, Prepared, run_methods
 from .objective import default_objective
 from .result import SearchResult, space_size
@@ -119,6 +124,7 @@ class SearchOptions:
     frozen_bits: int = 32
     command: str | None = None
     mode_options: dict[str, Any] | None = None
+    flops_budget: str | int | float | None = None
 
 
 @dataclass
@@ -131,6 +137,8 @@ class _Search:
     budget_text: str
     convention: str
     device: Device | None
+    flops_budget: int | None = None  # backward FLOPs per training step (memory.FLOPS_FIGURE)
+    flops_text: str | None = None  # as given
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -156,7 +164,11 @@ def run_search(
     ``memplan.render.figures.plot_search``). ``optimizer`` / ``mode_options``: the optimizer whose
     state the mode counts (default: the one the profile's runs trained with) and the mode's
     options (``Mode.configure``, e.g. ``{"grad_accumulation": True}`` for ``tinytraining``).
-    ``objective``: what is maximised (``memplan.search.objective``). With neither ``resolution``
+    ``objective``: what is maximised (``memplan.search.objective``). ``flops_budget``: also bound
+    the backward FLOPs of one training step ("5MFLOPs", "2.5e6", "1G": 1000-based; FLOPs = 2 x
+    MACs of the backward of conv / linear / matmul: grad-input, grad-weight of the updated
+    fraction as the mode counts it, grad-bias; norm / activation backward not counted:
+    ``memplan.search.memory.FLOPS_FIGURE``); None: memory only. With neither ``resolution``
     nor ``input_shape``, a model is costed at its profile's costing resolution; a warning is
     recorded when the costing input differs from the one the profile's runs used.
     """
@@ -180,7 +192,10 @@ def _start(opts: SearchOptions, budget: str | int | float | None) -> _Search:
     mode = opts.mode
     if mode is None:
         mode = load_device(opts.device).mode if opts.device is not None and budget is None else "tinytraining"
-    return _Search(opts, mode, *_budget(budget, opts.device, mode))
+    search = _Search(opts, mode, *_budget(budget, opts.device, mode))
+    if opts.flops_budget is not None:
+        search.flops_budget, search.flops_text = parse_flops(opts.flops_budget), str(opts.flops_budget)
+    return search
 
 
 def _capture(model: str | nn.Module | None, opts: SearchOptions) -> tuple[Captured, Contributions, Any]:
@@ -230,7 +245,8 @@ def _resolution_warnings(cap: Captured, contributions: Contributions) -> list[st
 
 def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tuple[Prepared, Additivity]:
     """The space, the memory model, the cost table (refusing a budget below the classifier-only
-    memory) and the additivity check on probe candidates."""
+    memory) and the additivity check on probe candidates; with a FLOPs budget the FLOPs table
+    and its check too (``Prepared.flops_table``, ``Additivity.flops``)."""
     opts, seconds = search.opts, search.seconds
     if opts.objective is None:
         search.opts = opts = replace(opts, objective=default_objective(contributions.bias_se, contributions.weight_se))
@@ -269,12 +285,45 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
             "raise the budget",
         )
     t0 = time.perf_counter()
-    additivity = check_additivity(memory, table, probe_candidates(space, seed=opts.seed))
+    probes = probe_candidates(space, seed=opts.seed)
+    additivity = check_additivity(memory, table, probes)
     seconds["additivity"] = time.perf_counter() - t0
+    flops_table = _flops_table(search, memory, probes, additivity, cap.name) if search.flops_budget else None
     prepared = Prepared(
-        space, memory, table, additivity.additive, search.budget_bytes, opts.seed, opts.generations, opts.population
+        space,
+        memory,
+        table,
+        _additive(additivity),
+        search.budget_bytes,
+        opts.seed,
+        opts.generations,
+        opts.population,
+        flops_table=flops_table,
+        flops_budget=search.flops_budget,
     )
     return prepared, additivity
+
+
+def _additive(additivity: Additivity) -> bool:
+    """Memory, and backward FLOPs where a FLOPs budget is given, are their tables' sums."""
+    return additivity.additive and (additivity.flops is None or additivity.flops.additive)
+
+
+def _flops_table(search: _Search, memory: MemoryModel, probes: list, additivity: Additivity, model: str) -> CostTable:
+    """The backward-FLOPs table (refusing a FLOPs budget below the classifier-only backward FLOPs),
+    its additivity check recorded in ``additivity.flops``."""
+    t0 = time.perf_counter()
+    table = build_table(memory, memory.flops)
+    floor = table.base[0]
+    if search.flops_budget < floor:
+        raise BudgetError(
+            f"FLOPs budget {search.flops_text} = {search.flops_budget} FLOPs is below the classifier-only "
+            f"backward FLOPs {floor} ({fmt_flops(floor)}, 2 x MACs) of {model} under mode {search.mode}",
+            "raise the FLOPs budget",
+        )
+    additivity.flops = check_additivity(memory, table, probes, memory.flops)
+    search.seconds["flops_table"] = time.perf_counter() - t0
+    return table
 
 
 def _wanted(method: str, additive: bool, curves: bool) -> set[str]:
@@ -285,28 +334,37 @@ def _wanted(method: str, additive: bool, curves: bool) -> set[str]:
 
 def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[str, dict[str, Any], int]:
     """(method, results by method, measured memory of the best candidate in bytes). The table's
-    estimate of the best is checked against ``compute()``; where they differ the mode is declared
-    non-additive for this run and the search redone with ``compute()`` as the memory function."""
+    estimate of the best is checked against ``compute()`` (and the FLOPs table's, with a FLOPs
+    budget); where they differ the mode is declared non-additive for this run and the search
+    redone with ``compute()`` as the memory (and FLOPs) function."""
     opts = search.opts
-    method = opts.method or ("exact" if additivity.additive else "evolution")
-    if METHODS[method].additive_only and not additivity.additive:
+    method = opts.method or ("exact" if prepared.additive else "evolution")
+    if METHODS[method].additive_only and not prepared.additive:
+        what = "memory is" if not additivity.additive else "backward FLOPs are"
         raise BadOption(
-            f"memory is not additive under mode {search.mode} ({opts.metric}): the exact solver does not apply",
+            f"{what} not additive under mode {search.mode} ({opts.metric}): the exact solver does not apply",
             "use method evolution or random",
         )
-    runs = run_methods(prepared, _wanted(method, additivity.additive, opts.curves), search.seconds)
+    runs = run_methods(prepared, _wanted(method, prepared.additive, opts.curves), search.seconds)
     cand = runs[method].candidate
     measured = prepared.memory.measure(cand)
-    if additivity.additive:
+    if prepared.additive:
         additivity.record(cand, prepared.table.estimate(cand), measured)
-        if not additivity.additive:  # the table misled: search again with compute() itself
-            method = "evolution"
+        if additivity.flops is not None:
+            additivity.flops.record(cand, prepared.flops_table.estimate(cand), prepared.memory.flops(cand))
+        if not _additive(additivity):
+            method = "evolution"  # the table misled: search again with compute() itself
             prepared = replace(prepared, additive=False, runs={}, _toolbox=None)
             runs = run_methods(prepared, _wanted(method, False, opts.curves), search.seconds)
             cand = runs[method].candidate
             measured = prepared.memory.measure(cand)
     if measured > search.budget_bytes:  # repair guarantees feasibility; this is a bug, never a user error
         raise RuntimeError(f"search returned {cand.describe()} using {measured} B > budget {search.budget_bytes} B")
+    if search.flops_budget is not None and prepared.memory.flops(cand) > search.flops_budget:
+        raise RuntimeError(
+            f"search returned {cand.describe()} using {prepared.memory.flops(cand)} backward FLOPs "
+            f"> FLOPs budget {search.flops_budget}"
+        )
     return method, runs, measured
 
 
@@ -327,11 +385,14 @@ def _result(  # the steps' products, each used once here
     value = space.value(cand)
     summed = space.summed_delta_acc(cand)
     breakdown = memory.breakdown(cand)
+    flops = memory.flops(cand)  # compute() of the scheme, never the table
+    bounded = {} if search.flops_budget is None else {"flops_budget": search.flops_budget}
     scheme = space.to_scheme(
         cand,
         mode=search.mode,
         budget_bytes=search.budget_bytes,
-        predicted={**breakdown, "memory_bytes": measured},
+        predicted={**breakdown, "memory_bytes": measured, **({"backward_flops": flops} if bounded else {})},
+        **bounded,
         summed_delta_acc=summed,
         optimizer=opts.optimizer,
         provenance=new_provenance(opts.command, contributions.sha256, opts.objective),
@@ -353,12 +414,12 @@ def _result(  # the steps' products, each used once here
         summed_delta_acc=summed,
         memory_bytes=measured,
         breakdown=breakdown,
-        additive=additivity.additive,
+        additive=_additive(additivity),
         additivity=additivity,
         space_size=space_size(space),
         table=prepared.table,
         exact=exact,
-        gap_to_exact=relative_gap(value, exact.value) if exact is not None and additivity.additive else None,
+        gap_to_exact=relative_gap(value, exact.value) if exact is not None and _additive(additivity) else None,
         evolution=runs.get("evolution"),
         random=runs.get("random"),
         compute_calls=memory.calls,
@@ -366,6 +427,10 @@ def _result(  # the steps' products, each used once here
         warnings=search.warnings,
         objective=opts.objective,
         objective_value=value,
+        backward_flops=flops,
+        flops_budget=search.flops_budget,
+        flops_budget_text=search.flops_text,
+        flops_table=prepared.flops_table,
     )
     if opts.out is not None:
         scheme.save(opts.out)
