@@ -20,8 +20,10 @@ from .cli_common import (
     BitsOpt,
     BlocksNamesOpt,
     BlocksOpt,
+    BudgetOpt,
     ClassesOpt,
     EpochsOpt,
+    FlopsBudgetOpt,
     LayersOpt,
     LeafOpt,
     MethodOpt,
@@ -217,17 +219,8 @@ def search(  # typer command: one parameter per CLI option
     model: str | None = typer.Argument(
         None, help="model (default: efficientnet-lite0, ImageNet weights, with its shipped Fashion-MNIST profile)"
     ),
-    budget: str | None = typer.Option(
-        None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes'
-    ),
-    flops_budget: str | None = typer.Option(
-        None,
-        "--flops-budget",
-        help='also bound the backward FLOPs of one training step: "5MFLOPs", "2.5e6", "1G" (k, M, G, T '
-        "1000-based; a bare number is FLOPs). FLOPs = 2 x MACs of the backward of conv / linear / matmul "
-        "(grad-input, grad-weight of the updated fraction as the mode counts it; grad-bias 1 per output "
-        "element); norm / activation / pooling / loss backward is not counted (default: memory only)",
-    ),
+    budget: str | None = BudgetOpt,
+    flops_budget: str | None = FlopsBudgetOpt,
     profile: str | None = typer.Option(
         None, "--profile", help="contribution profile JSON (default: the shipped one matching the model)"
     ),
@@ -263,8 +256,7 @@ def search(  # typer command: one parameter per CLI option
     classes: int | None = ClassesOpt,
     resolution: int | None = ResOpt,
 ) -> None:
-    """Search the sparse-update scheme with the largest summed (noise-aware) Δacc under a memory budget
-    (and, with --flops-budget, a bound on the backward FLOPs of one training step)."""
+    """Search the sparse-update scheme of largest summed (noise-aware) Δacc under a memory (and FLOPs) budget."""
     from .render.figures import plot_search
     from .render.reports import print_search
     from .search.run import run_search

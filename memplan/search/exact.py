@@ -70,7 +70,7 @@ def _empty() -> _Stair:
     return _Stair(e, np.empty(0), e, e, e)
 
 
-def solve_exact(
+def solve_exact(  # long: the one-capacity DP, unchanged since the FLOPs budget came (dispatches to _solve_two)
     space: SearchSpace,
     table: CostTable,
     budget: int,

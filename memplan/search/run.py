@@ -24,7 +24,6 @@ budgets, and the result is re-profiled for both. Without one, nothing changes.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,10 +37,11 @@ from ..contrib.profile import ContribProfile
 from ..errors import BadOption, MemplanError
 from ..io import read_json
 from ..plan import fingerprint, new_provenance
-from ..units import fmt_bytes, fmt_flops, parse_bytes, parse_flops
+from ..units import fmt_bytes, parse_flops
+from .budgets import BudgetError, all_additive, flops_table, memory_budget
 from .devices import PROFILES_DIR, Device, load_device
 from .exact import relative_gap
-from .memory import Additivity, CostTable, MemoryModel, build_table, check_additivity, probe_candidates
+from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
 from .methods import METHODS, Prepared, run_methods
 from .objective import default_objective
 from .result import SearchResult, space_size
@@ -60,18 +60,6 @@ from .space import (
 DEFAULT_MODEL = "efficientnet-lite0"
 
 
-class BudgetError(MemplanError):
-    """No scheme fits the budget."""
-
-
-def budget_convention(text: str | int | float) -> str:
-    """How ``memplan.units.parse_bytes`` reads the unit of ``text``."""
-    unit = re.search(r"([A-Za-z]*)\s*$", str(text)).group(1).lower() if isinstance(text, str) else ""
-    if unit in ("", "b"):
-        return "bytes"
-    return "1024-based (KiB, MiB, GiB)" if unit.endswith("ib") else "1000-based (kB, MB, GB; KB read as kB)"
-
-
 def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES_DIR) -> Path:
     """The shipped contribution profile (``profiles/*.json``) measured on this layer table."""
     for path in sorted(Path(directory).glob("*.json")):
@@ -85,17 +73,6 @@ def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES
         f"no shipped contribution profile in {directory} matches this model (fingerprint {graph_fingerprint})",
         "measure one with memplan contrib and pass it as profile",
     )
-
-
-def _budget(
-    budget: str | int | float | None, device: str | os.PathLike | None, mode: str
-) -> tuple[int, str, str, Device | None]:
-    if (budget is None) == (device is None):
-        raise BadOption("give either a budget or a device", 'e.g. budget="100KB" or device="stm32f746"')
-    if device is not None:
-        dev = load_device(device)
-        return dev.budget_for(mode), f"device {dev.name}", dev.budget_text(mode), dev
-    return parse_bytes(budget), str(budget), budget_convention(budget), None
 
 
 @dataclass
@@ -192,7 +169,7 @@ def _start(opts: SearchOptions, budget: str | int | float | None) -> _Search:
     mode = opts.mode
     if mode is None:
         mode = load_device(opts.device).mode if opts.device is not None and budget is None else "tinytraining"
-    search = _Search(opts, mode, *_budget(budget, opts.device, mode))
+    search = _Search(opts, mode, *memory_budget(budget, opts.device, mode))
     if opts.flops_budget is not None:
         search.flops_budget, search.flops_text = parse_flops(opts.flops_budget), str(opts.flops_budget)
     return search
@@ -287,43 +264,21 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
     t0 = time.perf_counter()
     probes = probe_candidates(space, seed=opts.seed)
     additivity = check_additivity(memory, table, probes)
-    seconds["additivity"] = time.perf_counter() - t0
-    flops_table = _flops_table(search, memory, probes, additivity, cap.name) if search.flops_budget else None
+    ftable = flops_table(memory, search.flops_budget, search.flops_text, probes, additivity)  # None: no budget
+    seconds["additivity"] = time.perf_counter() - t0  # with a FLOPs budget: its table and check too
     prepared = Prepared(
         space,
         memory,
         table,
-        _additive(additivity),
+        all_additive(additivity),
         search.budget_bytes,
         opts.seed,
         opts.generations,
         opts.population,
-        flops_table=flops_table,
+        flops_table=ftable,
         flops_budget=search.flops_budget,
     )
     return prepared, additivity
-
-
-def _additive(additivity: Additivity) -> bool:
-    """Memory, and backward FLOPs where a FLOPs budget is given, are their tables' sums."""
-    return additivity.additive and (additivity.flops is None or additivity.flops.additive)
-
-
-def _flops_table(search: _Search, memory: MemoryModel, probes: list, additivity: Additivity, model: str) -> CostTable:
-    """The backward-FLOPs table (refusing a FLOPs budget below the classifier-only backward FLOPs),
-    its additivity check recorded in ``additivity.flops``."""
-    t0 = time.perf_counter()
-    table = build_table(memory, memory.flops)
-    floor = table.base[0]
-    if search.flops_budget < floor:
-        raise BudgetError(
-            f"FLOPs budget {search.flops_text} = {search.flops_budget} FLOPs is below the classifier-only "
-            f"backward FLOPs {floor} ({fmt_flops(floor)}, 2 x MACs) of {model} under mode {search.mode}",
-            "raise the FLOPs budget",
-        )
-    additivity.flops = check_additivity(memory, table, probes, memory.flops)
-    search.seconds["flops_table"] = time.perf_counter() - t0
-    return table
 
 
 def _wanted(method: str, additive: bool, curves: bool) -> set[str]:
@@ -352,7 +307,7 @@ def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[s
         additivity.record(cand, prepared.table.estimate(cand), measured)
         if additivity.flops is not None:
             additivity.flops.record(cand, prepared.flops_table.estimate(cand), prepared.memory.flops(cand))
-        if not _additive(additivity):
+        if not all_additive(additivity):
             method = "evolution"  # the table misled: search again with compute() itself
             prepared = replace(prepared, additive=False, runs={}, _toolbox=None)
             runs = run_methods(prepared, _wanted(method, False, opts.curves), search.seconds)
@@ -414,12 +369,12 @@ def _result(  # the steps' products, each used once here
         summed_delta_acc=summed,
         memory_bytes=measured,
         breakdown=breakdown,
-        additive=_additive(additivity),
+        additive=all_additive(additivity),
         additivity=additivity,
         space_size=space_size(space),
         table=prepared.table,
         exact=exact,
-        gap_to_exact=relative_gap(value, exact.value) if exact is not None and _additive(additivity) else None,
+        gap_to_exact=relative_gap(value, exact.value) if exact is not None and all_additive(additivity) else None,
         evolution=runs.get("evolution"),
         random=runs.get("random"),
         compute_calls=memory.calls,
