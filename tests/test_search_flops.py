@@ -313,6 +313,9 @@ def test_flops_budget_below_the_minimum_is_refused(mcunet):
         run_search("mcunet-5fps", "100KB", profile=profile, classes=10, flops_budget=floor - 1)
     r = run_search("mcunet-5fps", "100KB", profile=profile, classes=10, flops_budget=floor)
     assert r.scheme.bias_update == 0 and not r.scheme.weight_updates and r.backward_flops == floor
+    data = json.loads(json.dumps(r.to_dict()))
+    assert data["flops_budget"] == floor and data["additivity"]["flops"]["additive"]
+    assert data["flops_table"]["base"]["0"] == floor
 
 
 @pytest.mark.parametrize(
