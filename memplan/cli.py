@@ -20,8 +20,10 @@ from .cli_common import (
     BitsOpt,
     BlocksNamesOpt,
     BlocksOpt,
+    BudgetOpt,
     ClassesOpt,
     EpochsOpt,
+    FlopsBudgetOpt,
     LayersOpt,
     LeafOpt,
     MethodOpt,
@@ -217,9 +219,8 @@ def search(  # typer command: one parameter per CLI option
     model: str | None = typer.Argument(
         None, help="model (default: efficientnet-lite0, ImageNet weights, with its shipped Fashion-MNIST profile)"
     ),
-    budget: str | None = typer.Option(
-        None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes'
-    ),
+    budget: str | None = BudgetOpt,
+    flops_budget: str | None = FlopsBudgetOpt,
     profile: str | None = typer.Option(
         None, "--profile", help="contribution profile JSON (default: the shipped one matching the model)"
     ),
@@ -255,7 +256,7 @@ def search(  # typer command: one parameter per CLI option
     classes: int | None = ClassesOpt,
     resolution: int | None = ResOpt,
 ) -> None:
-    """Search the sparse-update scheme with the largest summed (noise-aware) Δacc under a memory budget."""
+    """Search the sparse-update scheme of largest summed (noise-aware) Δacc under a memory (and FLOPs) budget."""
     from .render.figures import plot_search
     from .render.reports import print_search
     from .search.run import run_search
@@ -284,6 +285,7 @@ def search(  # typer command: one parameter per CLI option
         optimizer=optimizer,
         objective=objective,
         mode_options=key_values(mode_option, "--mode-option"),
+        flops_budget=flops_budget,
         **extra,
     )
     out_console = console()

@@ -7,7 +7,8 @@ commands declare, and the console / output helpers. One rule each:
   given everywhere, so a parsed None would silently drop a choice);
 * a list is comma-separated; a fraction may be written ``1/8``;
 * a size (``--budget``, ``--budgets``: 100KB, 100KiB, 0.1MB, bytes) is read by the workflow with
-  :func:`memplan.units.parse_bytes`, so the Python API takes the same strings;
+  :func:`memplan.units.parse_bytes`, a FLOP count (``--flops-budget``: 5MFLOPs, 2.5e6, 1G) with
+  :func:`memplan.units.parse_flops`, so the Python API takes the same strings;
 * ``--device`` is a torch device (``cpu`` / ``cuda`` / ``auto``); a budget's hardware profile
   (stm32f746, ...) is ``--target``.
 """
@@ -36,6 +37,17 @@ OwnOptimOpt = typer.Option(
     None,
     "--optimizer",
     help="sgd | sgd-momentum | adam whose state is counted (default: the scheme's / profile's, else sgd)",
+)
+BudgetOpt = typer.Option(
+    None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes'
+)
+FlopsBudgetOpt = typer.Option(
+    None,
+    "--flops-budget",
+    help='also bound the backward FLOPs of one training step: "5MFLOPs", "2.5e6", "1G" (k, M, G, T 1000-based; '
+    "a bare number is FLOPs). FLOPs = 2 x MACs of the backward of conv / linear / matmul (grad-input, grad-weight "
+    "of the updated fraction as the mode counts it; grad-bias 1 per output element); norm / activation / pooling "
+    "/ loss backward is not counted (default: memory only)",
 )
 BitsOpt = typer.Option(32, "--frozen-bits", help="storage bits of frozen weights (8 = int8)")
 LeafOpt = typer.Option(None, "--leaf", help="module class or qualname to treat as one op (repeatable)")

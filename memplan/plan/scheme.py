@@ -122,6 +122,7 @@ class Scheme(BaseModel):
         "sgd-momentum, adam); None: not recorded (schemes written before it)",
     )
     budget_bytes: int | None = Field(None, ge=0, description="memory budget of the search, bytes")
+    flops_budget: int | None = Field(None, ge=0, description="backward-FLOPs budget of the search (2 x MACs)")
     bias_update: int = Field(ge=0, description="the biases of the last n convs update")
     weight_updates: list[WeightUpdate] = Field(default_factory=list)
     norm_modes: dict[str, NormMode] = Field(default_factory=dict, description="per-norm overrides")

@@ -15,7 +15,7 @@ from rich.table import Table
 from ..reproduce import Reproduction
 from ..search.exact import relative_gap
 from ..search.result import SearchResult
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_flops
 from ..verify import SETUPS, VerifyReport
 
 
@@ -111,6 +111,27 @@ def print_verify(report: VerifyReport, console: Console) -> None:
             )
 
 
+def _flops_lines(r: SearchResult) -> tuple[str | None, str | None, str]:
+    """(the FLOPs budget, the scheme's backward FLOPs against it; None without a FLOPs budget) and
+    what is additive, as printed."""
+    add = "additive" if r.additive else "NOT additive"
+    if r.flops_budget is None or r.additivity.flops is None:
+        return None, None, f"memory is {add}"
+    budget = (
+        f"FLOPs budget {r.flops_budget:,} FLOPs = {fmt_flops(r.flops_budget)} (2 x MACs; backward of "
+        f"conv / linear / matmul per training step) · read as 1000-based from {r.flops_budget_text!r}"
+    )
+    used = (
+        f"backward FLOPs (2 x MACs) {r.backward_flops:,} = {fmt_flops(r.backward_flops)} "
+        f"({100 * r.backward_flops / r.flops_budget:.1f}% of the FLOPs budget)"
+    )
+    additive = (
+        f"memory is {'additive' if r.additivity.additive else 'NOT additive'}, backward FLOPs are "
+        f"{'additive' if r.additivity.flops.additive else 'NOT additive'}"
+    )
+    return budget, used, additive
+
+
 def print_search(result: SearchResult, console: Console) -> None:
     """Render a search result: budget, scheme, memory breakdown, methods compared."""
     r = result
@@ -127,9 +148,11 @@ def print_search(result: SearchResult, console: Console) -> None:
         f"{r.space_size['bias_depths']} bias depths, {r.space_size['weight_options']} weight options "
         f"on {r.space_size['weight_layers']} layers"
     )
-    add = "additive" if r.additive else "NOT additive"
+    budget_line, used_line, additive = _flops_lines(r)
+    if budget_line:
+        console.print(budget_line)
     console.print(
-        f"memory is {add} in this mode (checked on {r.additivity.checked} candidates against compute())"
+        f"{additive} in this mode (checked on {r.additivity.checked} candidates against compute())"
         + ("; exact solver certified" if r.additive else "; evolutionary search with compute()")
     )
     s = r.scheme
@@ -144,6 +167,8 @@ def print_search(result: SearchResult, console: Console) -> None:
         f"{objective}summed Δacc (measured means) {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = "
         f"{fmt_bytes(r.memory_bytes)} ({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)"
     )
+    if used_line:
+        console.print(used_line)
     runs_value = f"summed {r.objective}"
     table = Table("component", "bytes", "size")
     for k, v in r.breakdown.items():

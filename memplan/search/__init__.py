@@ -3,13 +3,15 @@
 ``run_search`` is the entry point (plain-data :class:`SearchResult`; ``memplan.render`` prints
 and draws it). Pieces: ``space`` (candidates, scheme / plan mapping), ``memory`` (costs via
 ``memplan.costs.engine.compute``, additivity check), ``exact`` (certified optimum), ``toolbox``
-/ ``evolution`` / ``random_search`` (DEAP), ``devices`` (device budgets), ``methods`` (the search methods, a registry).
+/ ``evolution`` / ``random_search`` (DEAP), ``devices`` (device budgets), ``budgets`` (reading the
+memory and FLOPs budgets), ``methods`` (the search methods, a registry).
 """
 
+from .budgets import BudgetError, budget_convention
 from .devices import Device, device_names, load_device
 from .methods import METHODS
 from .result import SearchResult
-from .run import DEFAULT_MODEL, BudgetError, SearchOptions, budget_convention, run_search
+from .run import DEFAULT_MODEL, SearchOptions, run_search
 from .space import DEFAULT_RATIOS, Candidate, Contributions, ProfileError, load_contributions
 
 __all__ = [

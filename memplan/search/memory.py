@@ -7,6 +7,9 @@ ratio r adds, measured at the smallest depth that covers conv i. When memory is 
 chosen mode and metric, ``base[k] + Σ extra`` equals ``compute()`` on every candidate, and the
 exact solver and a fast table evaluation apply. Additivity is not assumed: it is checked on
 probe candidates (:func:`check_additivity`) and on every result.
+
+A FLOPs budget bounds :data:`FLOPS_FIGURE` (``MemoryModel.flops``); its per-option table is
+built and checked the same way (``build_table(memory, memory.flops)``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ METRICS.add(
     ),
 )
 METRICS.add("peak", (lambda p: p.totals.peak_bytes, "Totals.peak_bytes (the mode's peak of one training step)"))
+
+#: what a FLOPs budget bounds: the backward FLOPs of one training step, FLOPs = 2 x MACs
+FLOPS_FIGURE = (
+    "Totals.backward_flops: backward of conv / linear / matmul (grad-input + grad-weight, 2 x MACs each, "
+    "grad-weight of the updated fraction as the mode counts it; grad-bias 1 per output element); "
+    "norm / activation / pooling / loss backward (Totals.backward_other_flops) is not counted"
+)
 
 #: ``Totals`` fields written into a scheme's ``predicted`` breakdown
 BREAKDOWN = ("saved_activation_bytes", "weight_bytes", "gradient_bytes", "optimizer_bytes", "total_bytes", "peak_bytes")
@@ -88,6 +98,10 @@ class MemoryModel:
                 return quick
         return METRICS[self.metric][0](self.profile(cand))
 
+    def flops(self, cand: Candidate) -> int:
+        """Backward FLOPs of one training step of ``cand`` (:data:`FLOPS_FIGURE`)."""
+        return self.profile(cand).totals.backward_flops
+
     def breakdown(self, cand: Candidate) -> dict[str, int]:
         totals = self.profile(cand).totals
         return {name: getattr(totals, name) for name in BREAKDOWN}
@@ -95,24 +109,27 @@ class MemoryModel:
 
 @dataclass
 class CostTable:
-    """Per-option memory derived from ``compute()`` (bytes of the chosen metric)."""
+    """Per-option memory derived from ``compute()`` (bytes of the chosen metric; or backward FLOPs
+    for a FLOPs table)."""
 
-    base: dict[int, int]  # k -> memory of (k, no weights)
-    extra: dict[tuple[int, float], int]  # (conv index, ratio) -> memory added at the smallest covering k
+    base: dict[int, int]  # k -> memory (FLOPs) of (k, no weights)
+    extra: dict[tuple[int, float], int]  # (conv index, ratio) -> memory (FLOPs) added at the smallest covering k
 
     def estimate(self, cand: Candidate) -> int:
         return self.base[cand.k] + sum(self.extra[w] for w in cand.weights)
 
 
-def build_table(memory: MemoryModel) -> CostTable:
-    """One ``compute()`` per allowed depth and per (conv, ratio) option."""
+def build_table(memory: MemoryModel, measure: Callable[[Candidate], int] | None = None) -> CostTable:
+    """One ``compute()`` per allowed depth and per (conv, ratio) option, of ``measure`` (default:
+    ``memory.measure``, the bounded memory metric; ``memory.flops`` for a FLOPs table)."""
     space = memory.space
-    base = {k: memory.measure(Candidate(k)) for k in space.ks}
+    measure = measure or memory.measure
+    base = {k: measure(Candidate(k)) for k in space.ks}
     extra = {}
     for c in space.layers:
         k = space.min_k(c.conv_index)
         for r in c.ratios:
-            extra[(c.conv_index, r)] = memory.measure(Candidate(k, ((c.conv_index, r),))) - base[k]
+            extra[(c.conv_index, r)] = measure(Candidate(k, ((c.conv_index, r),))) - base[k]
     return CostTable(base, extra)
 
 
@@ -123,6 +140,7 @@ class Additivity:
     additive: bool
     checked: int
     mismatches: list[tuple[str, int, int]] = field(default_factory=list)  # (candidate, estimate, computed)
+    flops: Additivity | None = None  # the same check of the backward-FLOPs table (with a FLOPs budget)
 
     def record(self, cand: Candidate, estimate: int, computed: int) -> None:
         self.checked += 1
@@ -155,8 +173,15 @@ def probe_candidates(space: SearchSpace, n_random: int = 16, seed: int = 0) -> l
     return probes
 
 
-def check_additivity(memory: MemoryModel, table: CostTable, candidates: list[Candidate]) -> Additivity:
+def check_additivity(
+    memory: MemoryModel,
+    table: CostTable,
+    candidates: list[Candidate],
+    measure: Callable[[Candidate], int] | None = None,
+) -> Additivity:
+    """Compare ``table.estimate`` with ``measure`` (default ``memory.measure``) on ``candidates``."""
+    measure = measure or memory.measure
     result = Additivity(True, 0)
     for cand in candidates:
-        result.record(cand, table.estimate(cand), memory.measure(cand))
+        result.record(cand, table.estimate(cand), measure(cand))
     return result

@@ -3,7 +3,7 @@ search (space, cost table, budget) and returning its result (``ExactResult`` or 
 naming their best candidate ``.candidate``).
 
 * ``exact``: the certified optimum of the cost table (``memplan.search.exact``); only where
-  memory is additive;
+  memory (and, with a FLOPs budget, backward FLOPs) is additive;
 * ``evolution``: DEAP evolution (``memplan.search.evolution``), repaired to the budget;
 * ``random``: as many random candidates as evolution evaluated (``memplan.search.random_search``).
 
@@ -31,24 +31,39 @@ from .toolbox import Problem, make_toolbox
 @dataclass
 class Prepared:
     """One search ready to run: the space, memory model and cost table, the budget (bytes), the
-    DEAP settings, and the results of the methods run so far (by name)."""
+    DEAP settings, the results of the methods run so far (by name), and with a FLOPs budget the
+    backward-FLOPs table and that budget (FLOPs)."""
 
     space: SearchSpace
     memory: MemoryModel
     table: CostTable
-    additive: bool  # memory is the table's sum: the table is the memory function
+    additive: bool  # memory (and FLOPs) is the tables' sum: the tables are the cost functions
     budget: int
     seed: int = 0
     generations: int = 100
     population: int = 100
     runs: dict[str, Any] = field(default_factory=dict)
     _toolbox: tuple[Problem, base.Toolbox] | None = None
+    flops_table: CostTable | None = None
+    flops_budget: int | None = None
 
     def toolbox(self) -> tuple[Problem, base.Toolbox]:
         """The DEAP problem and toolbox (made once, on first use)."""
         if self._toolbox is None:
             memory_of = self.table.estimate if self.additive else self.memory.measure
-            problem = Problem(self.space, self.table, self.budget, memory_of, self.additive)
+            flops_of = None
+            if self.flops_budget is not None:
+                flops_of = self.flops_table.estimate if self.additive else self.memory.flops
+            problem = Problem(
+                self.space,
+                self.table,
+                self.budget,
+                memory_of,
+                self.additive,
+                self.flops_table,
+                self.flops_budget,
+                flops_of,
+            )
             self._toolbox = (problem, make_toolbox(problem))
         return self._toolbox
 
@@ -78,7 +93,9 @@ def method(name: str, *, needs: tuple[str, ...] = (), additive_only: bool = Fals
 
 @method("exact", additive_only=True)
 def exact(s: Prepared) -> Any:
-    return solve_exact(s.space, s.table, s.budget)
+    if s.flops_budget is None:
+        return solve_exact(s.space, s.table, s.budget)
+    return solve_exact(s.space, s.table, s.budget, s.flops_table, s.flops_budget)
 
 
 @method("evolution")

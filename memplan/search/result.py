@@ -33,8 +33,8 @@ class SearchResult:
     summed_delta_acc: float  # measured means of the scheme's entries, summed (points)
     memory_bytes: int  # compute() of the scheme, the bounded metric
     breakdown: dict[str, int]
-    additive: bool
-    additivity: Additivity
+    additive: bool  # memory (and backward FLOPs, with a FLOPs budget) is the tables' sum: exact applies
+    additivity: Additivity  # its ``flops``: the FLOPs table's check, with a FLOPs budget
     space_size: dict[str, Any]
     table: CostTable
     exact: ExactResult | None = None
@@ -47,6 +47,11 @@ class SearchResult:
     warnings: list[str] = field(default_factory=list)
     objective: str = "lcb"  # what the search maximised (memplan.search.objective)
     objective_value: float | None = None  # the scheme's summed gains under that objective (points)
+    # backward FLOPs of one training step of the scheme, compute() (memplan.search.memory.FLOPS_FIGURE)
+    backward_flops: int | None = None
+    flops_budget: int | None = None  # the bound on backward_flops (FLOPs = 2 x MACs); None: memory only
+    flops_budget_text: str | None = None  # as given
+    flops_table: CostTable | None = None  # per-option backward FLOPs (with a FLOPs budget)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the scheme as its JSON object, candidates as text, the cost table as rows."""
@@ -58,6 +63,11 @@ class SearchResult:
             "base": {str(k): v for k, v in self.table.base.items()},
             "extra": [[i, r, v] for (i, r), v in self.table.extra.items()],
         }
+        if self.flops_table is not None:
+            data["flops_table"] = {
+                "base": {str(k): v for k, v in self.flops_table.base.items()},
+                "extra": [[i, r, v] for (i, r), v in self.flops_table.extra.items()],
+            }
         if self.exact is not None:
             data["exact"] = {**asdict(self.exact), "candidate": self.exact.candidate.describe()}
         for name in ("evolution", "random"):

@@ -14,12 +14,16 @@ registry):
 The returned scheme is re-profiled with ``compute()``: its memory must fit the budget, and, when
 the table was used, equal the table's estimate (else the mode is declared non-additive for this
 run and the search is redone with ``compute()`` as the memory function).
+
+An optional FLOPs budget (``flops_budget``) bounds the backward FLOPs of one training step
+(``memplan.search.memory.FLOPS_FIGURE``: conv / linear / matmul backward, FLOPs = 2 x MACs)
+besides the memory: a FLOPs table is built and checked the same way, every method keeps both
+budgets, and the result is re-profiled for both. Without one, nothing changes.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,7 +37,8 @@ from ..contrib.profile import ContribProfile
 from ..errors import BadOption, MemplanError
 from ..io import read_json
 from ..plan import fingerprint, new_provenance
-from ..units import fmt_bytes, parse_bytes
+from ..units import fmt_bytes, parse_flops
+from .budgets import BudgetError, all_additive, flops_table, memory_budget
 from .devices import PROFILES_DIR, Device, load_device
 from .exact import relative_gap
 from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
@@ -55,18 +60,6 @@ from .space import (
 DEFAULT_MODEL = "efficientnet-lite0"
 
 
-class BudgetError(MemplanError):
-    """No scheme fits the budget."""
-
-
-def budget_convention(text: str | int | float) -> str:
-    """How ``memplan.units.parse_bytes`` reads the unit of ``text``."""
-    unit = re.search(r"([A-Za-z]*)\s*$", str(text)).group(1).lower() if isinstance(text, str) else ""
-    if unit in ("", "b"):
-        return "bytes"
-    return "1024-based (KiB, MiB, GiB)" if unit.endswith("ib") else "1000-based (kB, MB, GB; KB read as kB)"
-
-
 def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES_DIR) -> Path:
     """The shipped contribution profile (``profiles/*.json``) measured on this layer table."""
     for path in sorted(Path(directory).glob("*.json")):
@@ -80,17 +73,6 @@ def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES
         f"no shipped contribution profile in {directory} matches this model (fingerprint {graph_fingerprint})",
         "measure one with memplan contrib and pass it as profile",
     )
-
-
-def _budget(
-    budget: str | int | float | None, device: str | os.PathLike | None, mode: str
-) -> tuple[int, str, str, Device | None]:
-    if (budget is None) == (device is None):
-        raise BadOption("give either a budget or a device", 'e.g. budget="100KB" or device="stm32f746"')
-    if device is not None:
-        dev = load_device(device)
-        return dev.budget_for(mode), f"device {dev.name}", dev.budget_text(mode), dev
-    return parse_bytes(budget), str(budget), budget_convention(budget), None
 
 
 @dataclass
@@ -119,6 +101,7 @@ class SearchOptions:
     frozen_bits: int = 32
     command: str | None = None
     mode_options: dict[str, Any] | None = None
+    flops_budget: str | int | float | None = None
 
 
 @dataclass
@@ -131,6 +114,8 @@ class _Search:
     budget_text: str
     convention: str
     device: Device | None
+    flops_budget: int | None = None  # backward FLOPs per training step (memory.FLOPS_FIGURE)
+    flops_text: str | None = None  # as given
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -156,7 +141,11 @@ def run_search(
     ``memplan.render.figures.plot_search``). ``optimizer`` / ``mode_options``: the optimizer whose
     state the mode counts (default: the one the profile's runs trained with) and the mode's
     options (``Mode.configure``, e.g. ``{"grad_accumulation": True}`` for ``tinytraining``).
-    ``objective``: what is maximised (``memplan.search.objective``). With neither ``resolution``
+    ``objective``: what is maximised (``memplan.search.objective``). ``flops_budget``: also bound
+    the backward FLOPs of one training step ("5MFLOPs", "2.5e6", "1G": 1000-based; FLOPs = 2 x
+    MACs of the backward of conv / linear / matmul: grad-input, grad-weight of the updated
+    fraction as the mode counts it, grad-bias; norm / activation backward not counted:
+    ``memplan.search.memory.FLOPS_FIGURE``); None: memory only. With neither ``resolution``
     nor ``input_shape``, a model is costed at its profile's costing resolution; a warning is
     recorded when the costing input differs from the one the profile's runs used.
     """
@@ -180,7 +169,10 @@ def _start(opts: SearchOptions, budget: str | int | float | None) -> _Search:
     mode = opts.mode
     if mode is None:
         mode = load_device(opts.device).mode if opts.device is not None and budget is None else "tinytraining"
-    return _Search(opts, mode, *_budget(budget, opts.device, mode))
+    search = _Search(opts, mode, *memory_budget(budget, opts.device, mode))
+    if opts.flops_budget is not None:
+        search.flops_budget, search.flops_text = parse_flops(opts.flops_budget), str(opts.flops_budget)
+    return search
 
 
 def _capture(model: str | nn.Module | None, opts: SearchOptions) -> tuple[Captured, Contributions, Any]:
@@ -230,7 +222,8 @@ def _resolution_warnings(cap: Captured, contributions: Contributions) -> list[st
 
 def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tuple[Prepared, Additivity]:
     """The space, the memory model, the cost table (refusing a budget below the classifier-only
-    memory) and the additivity check on probe candidates."""
+    memory) and the additivity check on probe candidates; with a FLOPs budget the FLOPs table
+    and its check too (``Prepared.flops_table``, ``Additivity.flops``)."""
     opts, seconds = search.opts, search.seconds
     if opts.objective is None:
         search.opts = opts = replace(opts, objective=default_objective(contributions.bias_se, contributions.weight_se))
@@ -269,10 +262,21 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
             "raise the budget",
         )
     t0 = time.perf_counter()
-    additivity = check_additivity(memory, table, probe_candidates(space, seed=opts.seed))
-    seconds["additivity"] = time.perf_counter() - t0
+    probes = probe_candidates(space, seed=opts.seed)
+    additivity = check_additivity(memory, table, probes)
+    ftable = flops_table(memory, search.flops_budget, search.flops_text, probes, additivity)  # None: no budget
+    seconds["additivity"] = time.perf_counter() - t0  # with a FLOPs budget: its table and check too
     prepared = Prepared(
-        space, memory, table, additivity.additive, search.budget_bytes, opts.seed, opts.generations, opts.population
+        space,
+        memory,
+        table,
+        all_additive(additivity),
+        search.budget_bytes,
+        opts.seed,
+        opts.generations,
+        opts.population,
+        flops_table=ftable,
+        flops_budget=search.flops_budget,
     )
     return prepared, additivity
 
@@ -285,28 +289,37 @@ def _wanted(method: str, additive: bool, curves: bool) -> set[str]:
 
 def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[str, dict[str, Any], int]:
     """(method, results by method, measured memory of the best candidate in bytes). The table's
-    estimate of the best is checked against ``compute()``; where they differ the mode is declared
-    non-additive for this run and the search redone with ``compute()`` as the memory function."""
+    estimate of the best is checked against ``compute()`` (and the FLOPs table's, with a FLOPs
+    budget); where they differ the mode is declared non-additive for this run and the search
+    redone with ``compute()`` as the memory (and FLOPs) function."""
     opts = search.opts
-    method = opts.method or ("exact" if additivity.additive else "evolution")
-    if METHODS[method].additive_only and not additivity.additive:
+    method = opts.method or ("exact" if prepared.additive else "evolution")
+    if METHODS[method].additive_only and not prepared.additive:
+        what = "memory is" if not additivity.additive else "backward FLOPs are"
         raise BadOption(
-            f"memory is not additive under mode {search.mode} ({opts.metric}): the exact solver does not apply",
+            f"{what} not additive under mode {search.mode} ({opts.metric}): the exact solver does not apply",
             "use method evolution or random",
         )
-    runs = run_methods(prepared, _wanted(method, additivity.additive, opts.curves), search.seconds)
+    runs = run_methods(prepared, _wanted(method, prepared.additive, opts.curves), search.seconds)
     cand = runs[method].candidate
     measured = prepared.memory.measure(cand)
-    if additivity.additive:
+    if prepared.additive:
         additivity.record(cand, prepared.table.estimate(cand), measured)
-        if not additivity.additive:  # the table misled: search again with compute() itself
-            method = "evolution"
+        if additivity.flops is not None:
+            additivity.flops.record(cand, prepared.flops_table.estimate(cand), prepared.memory.flops(cand))
+        if not all_additive(additivity):
+            method = "evolution"  # the table misled: search again with compute() itself
             prepared = replace(prepared, additive=False, runs={}, _toolbox=None)
             runs = run_methods(prepared, _wanted(method, False, opts.curves), search.seconds)
             cand = runs[method].candidate
             measured = prepared.memory.measure(cand)
     if measured > search.budget_bytes:  # repair guarantees feasibility; this is a bug, never a user error
         raise RuntimeError(f"search returned {cand.describe()} using {measured} B > budget {search.budget_bytes} B")
+    if search.flops_budget is not None and prepared.memory.flops(cand) > search.flops_budget:
+        raise RuntimeError(
+            f"search returned {cand.describe()} using {prepared.memory.flops(cand)} backward FLOPs "
+            f"> FLOPs budget {search.flops_budget}"
+        )
     return method, runs, measured
 
 
@@ -327,11 +340,14 @@ def _result(  # the steps' products, each used once here
     value = space.value(cand)
     summed = space.summed_delta_acc(cand)
     breakdown = memory.breakdown(cand)
+    flops = memory.flops(cand)  # compute() of the scheme, never the table
+    bounded = {} if search.flops_budget is None else {"flops_budget": search.flops_budget}
     scheme = space.to_scheme(
         cand,
         mode=search.mode,
         budget_bytes=search.budget_bytes,
-        predicted={**breakdown, "memory_bytes": measured},
+        predicted={**breakdown, "memory_bytes": measured, **({"backward_flops": flops} if bounded else {})},
+        **bounded,
         summed_delta_acc=summed,
         optimizer=opts.optimizer,
         provenance=new_provenance(opts.command, contributions.sha256, opts.objective),
@@ -353,12 +369,12 @@ def _result(  # the steps' products, each used once here
         summed_delta_acc=summed,
         memory_bytes=measured,
         breakdown=breakdown,
-        additive=additivity.additive,
+        additive=all_additive(additivity),
         additivity=additivity,
         space_size=space_size(space),
         table=prepared.table,
         exact=exact,
-        gap_to_exact=relative_gap(value, exact.value) if exact is not None and additivity.additive else None,
+        gap_to_exact=relative_gap(value, exact.value) if exact is not None and all_additive(additivity) else None,
         evolution=runs.get("evolution"),
         random=runs.get("random"),
         compute_calls=memory.calls,
@@ -366,6 +382,10 @@ def _result(  # the steps' products, each used once here
         warnings=search.warnings,
         objective=opts.objective,
         objective_value=value,
+        backward_flops=flops,
+        flops_budget=search.flops_budget,
+        flops_budget_text=search.flops_text,
+        flops_table=prepared.flops_table,
     )
     if opts.out is not None:
         scheme.save(opts.out)

@@ -14,7 +14,10 @@ convs outside the bias range are kept but inactive (dormant), so a later deeper 
   (weakest updates dropped first) and the memory fits the budget; then, when memory is additive,
   ``fill`` the slack greedily (most Δacc per byte first). Lamarckian: the genome is changed. Bytes
   per option come from the cost table; feasibility is checked with the problem's memory function
-  (the table sum when additive, ``compute()`` otherwise);
+  (the table sum when additive, ``compute()`` otherwise). With a FLOPs budget too (backward FLOPs,
+  ``flops_table`` / ``flops_of``), "per byte" becomes per share of each violated budget saved
+  (bytes / budget + FLOPs / FLOPs budget; per byte while only memory is over) until both fit, and
+  ``fill`` takes a move only when it fits both slacks (most Δacc per share of both budgets first);
 * ``evaluate``: summed Δacc of the decoded candidate (-inf if it does not fit; repair prevents that).
 
 DEAP's operators use the ``random`` module; :func:`seeded` seeds it for one run and restores the
@@ -53,13 +56,17 @@ class Individual(list):
 
 @dataclass
 class Problem:
-    """Everything the operators read: space, per-option bytes, budget and the feasibility test."""
+    """Everything the operators read: space, per-option bytes, budget and the feasibility test;
+    with a FLOPs budget, per-option backward FLOPs, that budget and its measure too."""
 
     space: SearchSpace
     table: CostTable
     budget: int
     memory_of: Callable[[Candidate], int]  # the metric under the mode (table sum if additive)
-    additive: bool
+    additive: bool  # memory (and backward FLOPs, with a FLOPs budget) is the tables' sum
+    flops_table: CostTable | None = None
+    flops_budget: int | None = None
+    flops_of: Callable[[Candidate], int] | None = None  # backward FLOPs (table sum if additive)
 
     def __post_init__(self) -> None:
         self.convs = [c.conv_index for c in self.space.layers]
@@ -67,7 +74,38 @@ class Problem:
         self.costs = [(0, *(self.table.extra[(c.conv_index, r)] for r in c.ratios)) for c in self.space.layers]
         # fill order: every (gene, level) with a positive gain, most Δacc per byte first
         moves = [(j, t) for j, gains in enumerate(self.gains) for t in range(1, len(gains)) if gains[t] > 0]
-        self.fill_order = sorted(moves, key=lambda m: -_efficiency(self.gains[m[0]][m[1]], self.costs[m[0]][m[1]]))
+        if self.flops_budget is None:
+            self.fcosts = [(0,) * len(c) for c in self.costs]
+            self.fill_order = sorted(moves, key=lambda m: -_efficiency(self.gains[m[0]][m[1]], self.costs[m[0]][m[1]]))
+        else:
+            if self.flops_table is None or self.flops_of is None:
+                raise ValueError("a FLOPs budget needs flops_table and flops_of")
+            ft = self.flops_table
+            self.fcosts = [(0, *(ft.extra[(c.conv_index, r)] for r in c.ratios)) for c in self.space.layers]
+            both = (True, True)
+            self.fill_order = sorted(
+                moves,
+                key=lambda m: (
+                    -_efficiency(
+                        self.gains[m[0]][m[1]], self.share(self.costs[m[0]][m[1]], self.fcosts[m[0]][m[1]], both)
+                    )
+                ),
+            )
+
+    def over(self, memory: int, flops: int) -> tuple[bool, bool]:
+        """(memory over its budget, backward FLOPs over theirs)."""
+        return memory > self.budget, self.flops_budget is not None and flops > self.flops_budget
+
+    def measures(self, cand: Candidate) -> tuple[int, int]:
+        """(memory, backward FLOPs; 0 without a FLOPs budget) of ``cand``."""
+        return self.memory_of(cand), self.flops_of(cand) if self.flops_budget is not None else 0
+
+    def share(self, saved: int, fsaved: int, over: tuple[bool, bool]) -> float:
+        """What a move saves, of the budgets it must bring down: bytes while only memory is over
+        (as without a FLOPs budget), else the summed fractions of each violated budget."""
+        if not over[1]:
+            return saved
+        return (saved / self.budget if over[0] else 0.0) + fsaved / self.flops_budget
 
     def active(self, genome: list[int]) -> list[int]:
         first = self.space.first(self.space.ks[genome[0]])
@@ -127,20 +165,30 @@ def _efficiency(loss: float, saved: int) -> float:
     return loss / saved
 
 
-def _step_down(problem: Problem, ind: Individual, j: int) -> float:
-    """Δacc lost per byte saved by lowering gene j one ratio level."""
+def _step_down(problem: Problem, ind: Individual, j: int, over: tuple[bool, bool] = (True, False)) -> float:
+    """Δacc lost per byte (per share of the violated budgets) saved by lowering gene j one ratio level."""
     t = ind[j + 1]
-    return _efficiency(problem.gains[j][t] - problem.gains[j][t - 1], problem.costs[j][t] - problem.costs[j][t - 1])
+    saved = problem.share(
+        problem.costs[j][t] - problem.costs[j][t - 1], problem.fcosts[j][t] - problem.fcosts[j][t - 1], over
+    )
+    return _efficiency(problem.gains[j][t] - problem.gains[j][t - 1], saved)
 
 
-def _depth_move(problem: Problem, ind: Individual, active: set[int]) -> tuple[float, int, list[int]]:
-    """(Δacc lost per byte saved, bytes saved, genes that fall out of range) of one depth step down."""
+def _depth_move(
+    problem: Problem, ind: Individual, active: set[int], over: tuple[bool, bool] = (True, False)
+) -> tuple[float, int, int, list[int]]:
+    """(Δacc lost per byte (share) saved, bytes saved, FLOPs saved, genes that fall out of range)
+    of one depth step down."""
     space = problem.space
     k, shallower = space.ks[ind[0]], space.ks[ind[0] - 1]
     leaving = [j for j in active if problem.convs[j] < space.first(shallower)]
     loss = space.bias_gain[k] - space.bias_gain[shallower] + sum(problem.gains[j][ind[j + 1]] for j in leaving)
     saved = problem.table.base[k] - problem.table.base[shallower] + sum(problem.costs[j][ind[j + 1]] for j in leaving)
-    return _efficiency(loss, saved), saved, leaving
+    fsaved = 0
+    if problem.flops_table is not None and problem.flops_budget is not None:
+        fbase = problem.flops_table.base
+        fsaved = fbase[k] - fbase[shallower] + sum(problem.fcosts[j][ind[j + 1]] for j in leaving)
+    return _efficiency(loss, problem.share(saved, fsaved, over)), saved, fsaved, leaving
 
 
 def repair(problem: Problem, ind: Individual) -> Individual:
@@ -152,39 +200,50 @@ def repair(problem: Problem, ind: Individual) -> Individual:
         for j in order[: len(active) - cap]:
             ind[j + 1] = 0
             active.discard(j)
-    heap = [(_step_down(problem, ind, j), j) for j in active]
+    mem, flops = problem.measures(problem.decode(ind))
+    over = problem.over(mem, flops)
+    heap = [(_step_down(problem, ind, j, over), j) for j in active]
     heapq.heapify(heap)
-    mem = problem.memory_of(problem.decode(ind))
-    while mem > problem.budget:
-        depth = _depth_move(problem, ind, active) if ind[0] > 0 else (math.inf, 0, [])
+    while any(over):
+        depth = _depth_move(problem, ind, active, over) if ind[0] > 0 else (math.inf, 0, 0, [])
         if heap and (heap[0][0] <= depth[0] or ind[0] == 0):
             _, j = heapq.heappop(heap)
             t = ind[j + 1]
             saved = problem.costs[j][t] - problem.costs[j][t - 1]
+            fsaved = problem.fcosts[j][t] - problem.fcosts[j][t - 1]
             ind[j + 1] = t - 1
             if t > 1:
-                heapq.heappush(heap, (_step_down(problem, ind, j), j))
+                heapq.heappush(heap, (_step_down(problem, ind, j, over), j))
             else:
                 active.discard(j)
         elif ind[0] > 0:
-            _, saved, leaving = depth
+            _, saved, fsaved, leaving = depth
             ind[0] -= 1
             active.difference_update(leaving)
             heap = [(e, j) for e, j in heap if j in active]
             heapq.heapify(heap)
         else:
             break  # k = 0 without weights: the caller's budget check guarantees it fits
-        mem = mem - saved if problem.additive else problem.memory_of(problem.decode(ind))
+        if problem.additive:
+            mem, flops = mem - saved, flops - fsaved
+        else:
+            mem, flops = problem.measures(problem.decode(ind))
+        now = problem.over(mem, flops)
+        if now != over:
+            over = now
+            if any(over):  # another budget to bring down: rank the moves again
+                heap = [(_step_down(problem, ind, j, over), j) for j in active]
+                heapq.heapify(heap)
     if problem.additive:
-        fill(problem, ind, problem.budget - mem)
+        fill(problem, ind, problem.budget - mem, None if problem.flops_budget is None else problem.flops_budget - flops)
     del ind.fitness.values
     return ind
 
 
-def fill(problem: Problem, ind: Individual, slack: int) -> Individual:
+def fill(problem: Problem, ind: Individual, slack: int, flops_slack: int | None = None) -> Individual:
     """Grow into the slack: one pass over the (gene, level) moves, most Δacc per byte first; a move
-    is taken when it raises that gene's gain, its extra bytes fit and the cap allows it. Only with
-    additive memory (the slack is exact there)."""
+    is taken when it raises that gene's gain, its extra bytes (and backward FLOPs, with
+    ``flops_slack``) fit and the cap allows it. Only with additive memory (the slack is exact there)."""
     first = problem.space.first(problem.space.ks[ind[0]])
     cap = problem.space.max_weight_layers
     count = len(problem.active(ind))
@@ -193,20 +252,24 @@ def fill(problem: Problem, ind: Individual, slack: int) -> Individual:
             continue
         now = ind[j + 1]
         extra = problem.costs[j][t] - problem.costs[j][now]
+        fextra = problem.fcosts[j][t] - problem.fcosts[j][now]
         if (
             problem.gains[j][t] <= problem.gains[j][now]
             or extra > slack
+            or (flops_slack is not None and fextra > flops_slack)
             or (now == 0 and cap is not None and count >= cap)
         ):
             continue
         ind[j + 1] = t
         slack -= extra
+        if flops_slack is not None:
+            flops_slack -= fextra
         count += now == 0
     return ind
 
 
 def evaluate(problem: Problem, ind: Individual) -> tuple[float]:
-    if problem.memory_of(problem.decode(ind)) > problem.budget:
+    if any(problem.over(*problem.measures(problem.decode(ind)))):
         return (-math.inf,)
     return (problem.value(ind),)
 
