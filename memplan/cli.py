@@ -253,6 +253,12 @@ def search(  # typer command: one parameter per CLI option
     ratios: str | None = typer.Option(None, "--ratios", help="weight ratios of the space, e.g. 1/8,1/4,1/2,1"),
     pw1_only: bool = typer.Option(False, "--pw1-only", help="update weights of first pointwise convs only"),
     max_weight_layers: int | None = typer.Option(None, "--max-weight-layers", help="cap on weight-updated layers"),
+    select: str = typer.Option(
+        "magnitude+",
+        "--select",
+        help="channels of a weight update: magnitude+ | magnitude- | random, or importance (the top channels of a "
+        "fisher / rgn profile's per-channel importance, listed in the scheme)",
+    ),
     classes: int | None = ClassesOpt,
     resolution: int | None = ResOpt,
 ) -> None:
@@ -286,6 +292,7 @@ def search(  # typer command: one parameter per CLI option
         objective=objective,
         mode_options=key_values(mode_option, "--mode-option"),
         flops_budget=flops_budget,
+        select=select,
         **extra,
     )
     out_console = console()

@@ -169,3 +169,33 @@ def test_fisher_profile_end_to_end_and_searchable(tmp_path: Path):
     assert set(again.channel_importance) == {c.name for c in again.layers}
     assert again.bias == prof.bias and all(v >= 0 for v in again.bias.values())
     assert json.loads(out.read_text())["schema_version"] == 3
+
+
+def test_search_consumes_an_estimate_in_its_own_units_and_ranks_channels_by_it(tmp_path: Path):
+    from memplan.errors import MemplanError
+    from memplan.search import run_search
+    from tests.test_contrib import make_npz, tiny_model
+
+    npz = make_npz(tmp_path / "toy.npz")
+    out = tmp_path / "fisher.json"
+    prof = run_contrib(tiny_model(), data=str(npz), out=out, estimator="fisher", batches=2, validation=2, seeds=(0,))
+    kw = dict(profile_path=out, resolution=8, classes=3, objective="mean")
+    r = run_search(tiny_model(), "1MB", **kw)
+    assert r.summed_delta_acc is None and r.units == prof.units  # never called Δacc
+    s = r.scheme
+    assert s.summed_delta_acc is None and s.summed_estimate == pytest.approx(r.summed)
+    assert s.provenance.estimator == "fisher"
+    assert s.weight_updates, "a 1 MB budget on this model trains some weight"
+    ranked = run_search(tiny_model(), "1MB", select="importance", **kw).scheme
+    assert [(w.conv_index, w.ratio) for w in ranked.weight_updates] == [
+        (w.conv_index, w.ratio) for w in s.weight_updates
+    ]
+    for w in ranked.weight_updates:
+        scores = prof.channel_importance[w.layer]
+        n = len(w.channels)
+        best = sorted(range(len(scores)), key=lambda c: (-scores[c], c))[:n]  # top n, ties to the lower index
+        assert w.select == "importance" and list(w.channels) == sorted(best)
+        assert w.importance_source.startswith("fisher:")
+    grid_like = prof.model_copy(update={"channel_importance": {}})
+    with pytest.raises(MemplanError, match="per-channel importance"):
+        run_search(tiny_model(), "1MB", profile=grid_like, resolution=8, classes=3, select="importance")

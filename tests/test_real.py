@@ -333,7 +333,7 @@ def test_validate_resumes_from_its_checkpoint_and_correlates_every_objective(tmp
     first = validate_profile(tmp_path / "p.json", ["2KB", "8KB"], per_budget=2, bootstrap=50, checkpoint=ckpt)
     # standard errors exist (2 seeds): every objective is correlated, each value its scheme's sum under it
     assert set(first.by_objective) == {"mean", "lcb", "shrink"}
-    assert all(p.objectives["mean"] == pytest.approx(p.summed_delta_acc) for p in first.points)
+    assert all(p.objectives["mean"] == pytest.approx(p.summed) for p in first.points)
     assert all(p.objectives["lcb"] <= p.objectives["mean"] + 1e-9 for p in first.points)
     # a rerun trains nothing: every scheme comes from the checkpoint, with the same accuracies
     monkeypatch.setattr(Evaluator, "scheme", lambda *a, **k: pytest.fail("trained again"))

@@ -137,7 +137,7 @@ def test_json_round_trip(tmp_path):
     data = json.loads(path.read_text())
     assert data["schema_version"] == 2 and data["weight_updates"][1]["select"] == "magnitude+"
     assert "channels" not in data["weight_updates"][1]  # only an importance update lists channels
-    assert set(data["provenance"]) == {"memplan_version", "command", "date", "profile_hash", "objective"}
+    assert set(data["provenance"]) == {"memplan_version", "command", "date", "profile_hash", "objective", "estimator"}
     assert load_scheme(path) == s
 
 

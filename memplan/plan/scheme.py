@@ -93,14 +93,27 @@ class Provenance(BaseModel):
     objective: str | None = Field(
         None, description="what the search maximised (memplan.search.objective: mean, lcb, shrink); None: not recorded"
     )
+    estimator: str | None = Field(
+        None,
+        description="estimator of the profile's entries (memplan.contrib.estimators: grid, probe, fisher, rgn); "
+        "None: not recorded (grid)",
+    )
 
 
 def new_provenance(
-    command: str | None = None, profile_hash: str | None = None, objective: str | None = None
+    command: str | None = None,
+    profile_hash: str | None = None,
+    objective: str | None = None,
+    estimator: str | None = None,
 ) -> Provenance:
     date = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     return Provenance(
-        memplan_version=__version__, command=command, date=date, profile_hash=profile_hash, objective=objective
+        memplan_version=__version__,
+        command=command,
+        date=date,
+        profile_hash=profile_hash,
+        objective=objective,
+        estimator=estimator,
     )
 
 
@@ -133,7 +146,14 @@ class Scheme(BaseModel):
         default_factory=list, description="architecture additions, e.g. lite residual config"
     )
     predicted: dict[str, float] | None = Field(None, description="predicted memory breakdown, bytes")
-    summed_delta_acc: float | None = Field(None, description="sum of contribution-analysis accuracy gains")
+    summed_delta_acc: float | None = Field(
+        None, description="sum of the grid profile's accuracy gains, points (None: the profile is not the grid's)"
+    )
+    summed_estimate: float | None = Field(
+        None,
+        description="sum of the profile's entries in the units of its estimator (provenance.estimator; fisher, rgn, "
+        "probe), when they are not the grid's Δacc",
+    )
     provenance: Provenance = Field(default_factory=new_provenance)
     backward_flags: BackwardFlags = Field(default_factory=BackwardFlags)
 

@@ -161,7 +161,7 @@ def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
             pts = [p for p in check.points if p.budget_bytes == b and p.kind == kind]
             if pts:
                 ax.scatter(
-                    [p.summed_delta_acc for p in pts],
+                    [p.summed for p in pts],
                     [p.gain for p in pts],
                     marker=marker,
                     s=size,
@@ -169,7 +169,7 @@ def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
                     label=f"{b / 1000:g} kB" if kind == "random" else None,
                     zorder=3,
                 )
-    xs = [p.summed_delta_acc for p in check.points]
+    xs = [p.summed for p in check.points]
     ys = [p.gain for p in check.points]
     if len(set(xs)) > 1:
         import numpy as np
@@ -178,7 +178,11 @@ def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
         grid = np.linspace(min(xs), max(xs), 2)
         ax.plot(grid, slope * grid + icpt, color="grey", lw=0.8)
     ax.axhline(0, color="grey", lw=0.5)
-    ax.set_xlabel("summed Δacc of the scheme (contribution profile, points)")
+    ax.set_xlabel(
+        "summed Δacc of the scheme (contribution profile, points)"
+        if check.is_delta_acc
+        else f"the scheme's profile entries summed ({check.units})"
+    )
     ax.set_ylabel("real test-accuracy gain over classifier only (points)")
     ax.set_title(
         f"{check.model}: additivity (Fig. 5c), Pearson {check.pearson:+.2f} "

@@ -132,6 +132,13 @@ def _flops_lines(r: SearchResult) -> tuple[str | None, str | None, str]:
     return budget, used, additive
 
 
+def _summed_text(r: SearchResult) -> str:
+    """The scheme's summed profile entries, named by their units (never called Δacc unless they are)."""
+    if r.summed_delta_acc is not None:
+        return f"summed Δacc (measured means) {r.summed:.4g}"
+    return f"summed estimate {r.summed:.4g} ({r.scheme.provenance.estimator}: {r.units})"
+
+
 def print_search(result: SearchResult, console: Console) -> None:
     """Render a search result: budget, scheme, memory breakdown, methods compared."""
     r = result
@@ -156,7 +163,13 @@ def print_search(result: SearchResult, console: Console) -> None:
         + ("; exact solver certified" if r.additive else "; evolutionary search with compute()")
     )
     s = r.scheme
-    weights = ", ".join(f"{w.conv_index} {w.layer} @{w.ratio:g}" for w in s.weight_updates) or "none"
+    weights = (
+        ", ".join(
+            f"{w.conv_index} {w.layer} @{w.ratio:g}" + (f" channels {list(w.channels)}" if w.channels else "")
+            for w in s.weight_updates
+        )
+        or "none"
+    )
     console.print(f"[bold]scheme[/] ({r.method}): biases of the last {s.bias_update} convs; weights: {weights}")
     objective = (
         f"objective {r.objective} (summed {r.objective_value:.4g}) · "
@@ -164,7 +177,7 @@ def print_search(result: SearchResult, console: Console) -> None:
         else "objective mean · "
     )
     console.print(
-        f"{objective}summed Δacc (measured means) {r.summed_delta_acc:.4g} · memory {r.memory_bytes} B = "
+        f"{objective}{_summed_text(r)} · memory {r.memory_bytes} B = "
         f"{fmt_bytes(r.memory_bytes)} ({100 * r.memory_bytes / r.budget_bytes:.1f}% of budget)"
     )
     if used_line:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..contrib.profile import DELTA_ACC_UNITS
 from ..plan import Scheme
 from .devices import Device
 from .evolution import Trace
@@ -30,7 +31,8 @@ class SearchResult:
     profile_path: str | None
     profile_hash: str
     scheme: Scheme
-    summed_delta_acc: float  # measured means of the scheme's entries, summed (points)
+    summed: float  # the profile's means of the scheme's entries, summed, in ``units``
+    units: str  # what the profile's entries are (Δacc points for a grid profile, else its estimator's units)
     memory_bytes: int  # compute() of the scheme, the bounded metric
     breakdown: dict[str, int]
     additive: bool  # memory (and backward FLOPs, with a FLOPs budget) is the tables' sum: exact applies
@@ -52,6 +54,11 @@ class SearchResult:
     flops_budget: int | None = None  # the bound on backward_flops (FLOPs = 2 x MACs); None: memory only
     flops_budget_text: str | None = None  # as given
     flops_table: CostTable | None = None  # per-option backward FLOPs (with a FLOPs budget)
+
+    @property
+    def summed_delta_acc(self) -> float | None:
+        """:attr:`summed` when the profile's entries are the grid's Δacc (points), else None."""
+        return self.summed if self.units == DELTA_ACC_UNITS else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the scheme as its JSON object, candidates as text, the cost table as rows."""

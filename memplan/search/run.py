@@ -102,6 +102,7 @@ class SearchOptions:
     command: str | None = None
     mode_options: dict[str, Any] | None = None
     flops_budget: str | int | float | None = None
+    select: str = "magnitude+"
 
 
 @dataclass
@@ -141,7 +142,11 @@ def run_search(
     ``memplan.render.figures.plot_search``). ``optimizer`` / ``mode_options``: the optimizer whose
     state the mode counts (default: the one the profile's runs trained with) and the mode's
     options (``Mode.configure``, e.g. ``{"grad_accumulation": True}`` for ``tinytraining``).
-    ``objective``: what is maximised (``memplan.search.objective``). ``flops_budget``: also bound
+    ``objective``: what is maximised (``memplan.search.objective``) over the profile's entries, in
+    its estimator's units (Δacc for the grid; a fisher / rgn profile's importance is added up as a
+    score the same way). ``select``: how the weight updates' channels are chosen
+    (``memplan.graph.SELECT_RULES``; ``importance``: the top channels of the profile's per-channel
+    importance, listed in the scheme). ``flops_budget``: also bound
     the backward FLOPs of one training step ("5MFLOPs", "2.5e6", "1G": 1000-based; FLOPs = 2 x
     MACs of the backward of conv / linear / matmul: grad-input, grad-weight of the updated
     fraction as the mode counts it, grad-bias; norm / activation backward not counted:
@@ -240,6 +245,7 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
         pw1_only=opts.pw1_only,
         max_weight_layers=opts.max_weight_layers,
         objective=opts.objective,
+        select=opts.select,
     )
     optimizer = opts.optimizer or contributions.optimizer  # count the state of the optimizer that trains
     search.opts = opts = replace(opts, optimizer=optimizer)
@@ -338,7 +344,8 @@ def _result(  # the steps' products, each used once here
     opts, space, memory = search.opts, prepared.space, prepared.memory
     cand = runs[method].candidate
     value = space.value(cand)
-    summed = space.summed_delta_acc(cand)
+    summed = space.summed(cand)
+    delta_acc = contributions.is_delta_acc
     breakdown = memory.breakdown(cand)
     flops = memory.flops(cand)  # compute() of the scheme, never the table
     bounded = {} if search.flops_budget is None else {"flops_budget": search.flops_budget}
@@ -348,9 +355,10 @@ def _result(  # the steps' products, each used once here
         budget_bytes=search.budget_bytes,
         predicted={**breakdown, "memory_bytes": measured, **({"backward_flops": flops} if bounded else {})},
         **bounded,
-        summed_delta_acc=summed,
+        summed_delta_acc=summed if delta_acc else None,
+        summed_estimate=None if delta_acc else summed,
         optimizer=opts.optimizer,
-        provenance=new_provenance(opts.command, contributions.sha256, opts.objective),
+        provenance=new_provenance(opts.command, contributions.sha256, opts.objective, contributions.estimator),
     )
     exact = runs.get("exact")
     result = SearchResult(
@@ -366,7 +374,8 @@ def _result(  # the steps' products, each used once here
         profile_path=str(profile_path) if profile_path is not None else None,
         profile_hash=contributions.sha256,
         scheme=scheme,
-        summed_delta_acc=summed,
+        summed=summed,
+        units=contributions.units,
         memory_bytes=measured,
         breakdown=breakdown,
         additive=all_additive(additivity),

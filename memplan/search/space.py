@@ -20,10 +20,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contrib.profile import ContribProfile, load_profile
+import torch
+
+from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, load_profile
 from ..contrib.protocol import LEGACY_MOMENTUM
 from ..errors import BadOption, MemplanError
-from ..graph import ConvLayer, LayerGraph, conv_layers, conv_table, is_pw1
+from ..graph import EXPLICIT_SELECT, SELECT_RULES, ConvLayer, LayerGraph, conv_layers, conv_table, is_pw1
+from ..nn.lean import top_channels
 from ..plan import BackwardFlags, Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..units import ratio_label
 from .objective import apply_objective
@@ -55,10 +58,24 @@ class Contributions:
     optimizer: str = "sgd"  # the optimizer the profile's runs trained with (memplan.optim)
     bias_se: dict[int, float | None] = field(default_factory=dict)  # standard errors, points (None: one seed)
     weight_se: dict[str, dict[float, float | None]] = field(default_factory=dict)
+    estimator: str = "grid"  # what measured the entries (memplan.contrib.estimators)
+    units: str = DELTA_ACC_UNITS  # what an entry is, with its unit
+    channel_importance: dict[str, list[float]] = field(default_factory=dict)  # conv -> per input channel
+
+    @property
+    def is_delta_acc(self) -> bool:
+        """Whether the entries are the grid's Δacc (accuracy points of the profile's protocol)."""
+        return self.units == DELTA_ACC_UNITS
 
 
 #: fields added to the profile later, left out of the hash while they hold the value older profiles imply
-_LATER_FIELDS = {"resolution": None, "evaluated_on": "test"}
+_LATER_FIELDS = {
+    "resolution": None,
+    "evaluated_on": "test",
+    "estimator": "grid",
+    "units": DELTA_ACC_UNITS,
+    "channel_importance": {},
+}
 #: protocol fields added later (adaptive seeding), left out of the hash while they hold their default
 _LATER_PROTOCOL_FIELDS = {"max_seeds": None, "adaptive_z": 2.0}
 
@@ -99,6 +116,9 @@ def contributions_of(profile: ContribProfile, source: str = "contribution profil
         profile.protocol.optimizer,
         dict(profile.bias_se),
         {k: dict(v) for k, v in profile.weight_se.items()},
+        profile.estimator,
+        profile.units,
+        {k: list(v) for k, v in profile.channel_importance.items()},
     )
 
 
@@ -149,6 +169,7 @@ class SearchSpace:
     contributions: Contributions | None = field(default=None, repr=False)
     fingerprint: str = ""  # memplan.plan.fingerprint of the graph
     objective: str = "mean"  # what the gains are (memplan.search.objective)
+    select: str = "magnitude+"  # channel selection rule of the weight updates (SELECT_RULES)
 
     def __post_init__(self) -> None:
         self.fingerprint = self.fingerprint or fingerprint(self.graph)
@@ -175,8 +196,9 @@ class SearchSpace:
             total += c.gains[c.ratios.index(r)]
         return total
 
-    def summed_delta_acc(self, cand: Candidate) -> float:
-        """Summed measured Δacc (means over seeds, points) of ``cand``, whatever the objective."""
+    def summed(self, cand: Candidate) -> float:
+        """The profile's entries of ``cand`` summed (means; Δacc points for a grid profile, else the
+        estimator's units: ``contributions.units``), whatever the objective."""
         c = self.contributions
         if c is None:
             return self.value(cand)
@@ -199,7 +221,7 @@ class SearchSpace:
 
     def to_scheme(self, cand: Candidate, **fields: Any) -> Scheme:
         """The candidate as a scheme (``fields`` fill mode, budget, predicted, provenance ...)."""
-        updates = [WeightUpdate(layer=self.convs[i].name, conv_index=i, ratio=r) for i, r in cand.weights]
+        updates = [self.weight_update(i, r) for i, r in cand.weights]
         base = dict(
             model=self.model,
             fingerprint=self.fingerprint,
@@ -208,6 +230,23 @@ class SearchSpace:
             backward_flags=BackwardFlags(pw1_weight_only=self.pw1_only),
         )
         return Scheme(**{**base, **fields, "bias_update": cand.k, "weight_updates": updates})
+
+    def weight_update(self, i: int, ratio: float) -> WeightUpdate:
+        """The update of conv ``i`` at ``ratio``, its channels chosen by :attr:`select` (``importance``:
+        the top channels of the profile's ``channel_importance``, listed)."""
+        conv = self.convs[i]
+        if self.select != EXPLICIT_SELECT:
+            return WeightUpdate(layer=conv.name, conv_index=i, ratio=ratio, select=self.select)
+        c = self.contributions
+        channels = top_channels(torch.tensor(c.channel_importance[conv.name], dtype=torch.float64), ratio)
+        return WeightUpdate(
+            layer=conv.name,
+            conv_index=i,
+            ratio=ratio,
+            select=EXPLICIT_SELECT,
+            channels=channels,
+            importance_source=f"{c.estimator}:{c.sha256}",
+        )
 
     def to_plan(self, cand: Candidate) -> Plan:
         return scheme_to_plan(self.graph, self.to_scheme(cand), method="sparse")
@@ -231,6 +270,22 @@ def objective_gains(
     return dict(zip(ks, bias, strict=True)), weight
 
 
+def _check_select(select: str, contributions: Contributions, convs: list[str]) -> None:
+    """``select`` is a rule; ``importance`` needs the profile's per-channel importance of every conv."""
+    if select not in SELECT_RULES:
+        raise BadOption(f"unknown channel selection {select!r}", f"use one of: {', '.join(SELECT_RULES)}")
+    if select == EXPLICIT_SELECT and not contributions.channel_importance:
+        raise ProfileError(
+            f"--select {EXPLICIT_SELECT} ranks channels by the profile's per-channel importance; "
+            f"{contributions.source} has none",
+            "measure one with memplan contrib --estimator fisher (or rgn)",
+        )
+    if select == EXPLICIT_SELECT:
+        missing = [n for n in convs if n not in contributions.channel_importance]
+        if missing:
+            raise ProfileError(f"{contributions.source} has no channel importance for conv {missing[0]!r}")
+
+
 def build_space(  # one pass: bias depths, then weight options per conv
     graph: LayerGraph,
     contributions: Contributions,
@@ -240,6 +295,7 @@ def build_space(  # one pass: bias depths, then weight options per conv
     pw1_only: bool = False,
     max_weight_layers: int | None = None,
     objective: str = "mean",
+    select: str = "magnitude+",
 ) -> SearchSpace:
     """The space of ``graph`` under ``contributions``: every bias depth the profile measured (and
     0), and every (conv, ratio) in ``ratios`` that it measured, restricted to first-pointwise convs
@@ -262,6 +318,7 @@ def build_space(  # one pass: bias depths, then weight options per conv
     bad = sorted(k for k in contributions.bias if k > n)
     if bad:
         raise ProfileError(f"{contributions.source} has bias depth {bad[0]}; the model has {n} convs")
+    _check_select(select, contributions, [c.name for c in convs])
     bias_values, weight_values = objective_gains(contributions, objective)
     gains = {0: 0.0, **{k: g for k, g in bias_values.items() if k > 0}}
     ks = tuple(sorted(gains))
@@ -293,4 +350,5 @@ def build_space(  # one pass: bias depths, then weight options per conv
         max_weight_layers,
         contributions,
         objective=objective,
+        select=select,
     )

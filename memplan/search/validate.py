@@ -33,7 +33,7 @@ import numpy as np
 from ..api import capture
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.final import Evaluator, Result
-from ..contrib.profile import ContribProfile, load_profile
+from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, load_profile
 from ..errors import BadOption
 from ..io import write_text
 from ..units import parse_bytes
@@ -55,7 +55,7 @@ class Point:
     bias_update: int
     weights: list[list[float]]  # [conv index, ratio]
     memory_bytes: int
-    summed_delta_acc: float
+    summed: float  # the profile's entries summed (AdditivityCheck.units)
     accuracy: list[float]
     gain: float  # mean test accuracy - classifier-only mean test accuracy, points
     objectives: dict[str, float] = field(default_factory=dict)  # the scheme's summed gains per search objective
@@ -80,8 +80,13 @@ class AdditivityCheck:
     confidence: float = CONFIDENCE
     #: objective -> its correlations with the real gain (pearson, spearman and their CIs), as above
     by_objective: dict[str, dict[str, Any]] = field(default_factory=dict)
+    units: str = DELTA_ACC_UNITS  # what the profile's entries (a point's ``summed``) are
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_delta_acc(self) -> bool:
+        return self.units == DELTA_ACC_UNITS
 
     def to_json(self) -> str:
         import json
@@ -214,10 +219,10 @@ def validate_profile(  # public keyword API: one keyword per option of memplan c
             )
         )
         say(
-            f"{kind} {cand.describe()} ({points[-1].memory_bytes} B <= {b} B): summed Δacc "
-            f"{points[-1].summed_delta_acc:+.2f}, test {r.mean:.2f}% (gain {points[-1].gain:+.2f})"
+            f"{kind} {cand.describe()} ({points[-1].memory_bytes} B <= {b} B): summed "
+            f"{points[-1].summed:+.4g}, test {r.mean:.2f}% (gain {points[-1].gain:+.2f})"
         )
-    stats = correlations([p.summed_delta_acc for p in points], [p.gain for p in points], bootstrap=bootstrap, seed=seed)
+    stats = correlations([p.summed for p in points], [p.gain for p in points], bootstrap=bootstrap, seed=seed)
     by_objective = {
         name: correlations(
             [p.objectives[name] for p in points], [p.gain for p in points], bootstrap=bootstrap, seed=seed
@@ -243,6 +248,7 @@ def validate_profile(  # public keyword API: one keyword per option of memplan c
         stats["spearman_ci"],
         bootstrap,
         by_objective=by_objective,
+        units=prof.units,
         seconds=round(time.perf_counter() - t0, 1),
         notes=notes,
     )
