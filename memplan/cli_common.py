@@ -49,6 +49,12 @@ FlopsBudgetOpt = typer.Option(
     "of the updated fraction as the mode counts it; grad-bias 1 per output element); norm / activation / pooling "
     "/ loss backward is not counted (default: memory only)",
 )
+SelectOpt = typer.Option(
+    "magnitude+",
+    "--select",
+    help="channels of a weight update: magnitude+ | magnitude- | random, or importance (the top channels of a "
+    "fisher / rgn profile's per-channel importance, listed in the scheme)",
+)
 BitsOpt = typer.Option(32, "--frozen-bits", help="storage bits of frozen weights (8 = int8)")
 LeafOpt = typer.Option(None, "--leaf", help="module class or qualname to treat as one op (repeatable)")
 BlocksNamesOpt = typer.Option(

@@ -233,12 +233,11 @@ def _measure(
     split = dict(train_per_class=opts.train_per_class, validation=opts.validation, test_per_class=opts.test_per_class)
     setup = build_setup(model, weights, data, resolution=opts.resolution, cache_dir=opts.cache_dir, **split)
     seen = setup.task.validation_task() if setup.task.x_val is not None else setup.task  # what the runs see
-    layers = conv_table(setup.graph)
-    specs = grid(layers, protocol)
     identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json")}
     if opts.estimator != "grid":  # a grid checkpoint's identity is what it was before estimators
         identity["estimator"] = {"name": opts.estimator, "batches": opts.batches}
     ckpt, head_path, finished = _resume(out, identity)
+    t_probe = time.perf_counter()
     probe_acc = _probe(setup, seen, protocol, opts.device, ckpt, head_path, bool(finished))
     est = ESTIMATORS.choose(opts.estimator)
     key = identity["backbone"] + identity["data"]["digest"]
@@ -249,37 +248,20 @@ def _measure(
         executed += _run_rounds(ctx, todo, opts, key, finished, ckpt)
         return merge(finished)
 
-    env = Env(
-        name=setup.name,
-        net=setup.net,
-        head=setup.head,
-        seen=seen,
-        layers=layers,
-        specs=specs,
-        protocol=protocol,
-        batches=opts.batches,
-        context=lambda d, p: Context(setup.name, setup.net, d, p, opts.cache, opts.threads, opts.device),
-        run_grid=run_grid,
-    )
+    env = _env(setup, seen, protocol, opts, run_grid)
     t_est = time.perf_counter()
     estimate = est.fn(env)
-    resumed = len(finished) - executed
     timing = {
         "wall_s": round(time.perf_counter() - t_start, 2),
+        "probe_wall_s": round(t_est - t_probe, 2),
         "estimator_wall_s": round(time.perf_counter() - t_est, 2),
         "runs_executed": executed,
-        "runs_resumed": resumed,
-        "workers": opts.workers,
-        "threads_per_worker": opts.threads,
-        "executor": opts.executor,
-        "cache": opts.cache,
-        "device": opts.device,
-        "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2),
-        "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2),
+        "runs_resumed": len(finished) - executed,
+        **_execution(opts, finished),
     }
     runs_res = setup.shape[-1]
     profile = ContribProfile(
-        layers=list(layers),
+        layers=list(env.layers),
         **vars(estimate),
         estimator=est.name,
         units=est.units,
@@ -291,13 +273,43 @@ def _measure(
         protocol=protocol,
         resolution=Resolution(runs=runs_res, costing=opts.costing_resolution or runs_res),
         evaluated_on="validation" if setup.task.x_val is not None else "test",
-        description=describe(setup.name, setup.shape, setup.task, protocol, len(layers), opts.cache, est, opts.batches),
+        description=describe(
+            setup.name, setup.shape, setup.task, protocol, len(env.layers), opts.cache, est, opts.batches
+        ),
         probe_accuracy=probe_acc,
         timing=timing,
     )
-    if out is not None:
-        profile.save(out)
-    return profile
+    return profile if out is None else (profile.save(out) and profile)
+
+
+def _env(setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, run_grid: Any) -> Env:
+    """What the estimator reads (:class:`memplan.contrib.estimators.Env`)."""
+    layers = conv_table(setup.graph)
+    return Env(
+        name=setup.name,
+        net=setup.net,
+        head=setup.head,
+        seen=seen,
+        layers=layers,
+        specs=grid(layers, protocol),
+        protocol=protocol,
+        batches=opts.batches,
+        context=lambda d, p: Context(setup.name, setup.net, d, p, opts.cache, opts.threads, opts.device),
+        run_grid=run_grid,
+    )
+
+
+def _execution(opts: ContribOptions, finished: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How the runs were executed and their summed seconds (the profile's ``timing``)."""
+    return {
+        "workers": opts.workers,
+        "threads_per_worker": opts.threads,
+        "executor": opts.executor,
+        "cache": opts.cache,
+        "device": opts.device,
+        "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2),
+        "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2),
+    }
 
 
 def _resume(

@@ -142,17 +142,13 @@ def run_search(
     ``memplan.render.figures.plot_search``). ``optimizer`` / ``mode_options``: the optimizer whose
     state the mode counts (default: the one the profile's runs trained with) and the mode's
     options (``Mode.configure``, e.g. ``{"grad_accumulation": True}`` for ``tinytraining``).
-    ``objective``: what is maximised (``memplan.search.objective``) over the profile's entries, in
-    its estimator's units (Δacc for the grid; a fisher / rgn profile's importance is added up as a
-    score the same way). ``select``: how the weight updates' channels are chosen
-    (``memplan.graph.SELECT_RULES``; ``importance``: the top channels of the profile's per-channel
-    importance, listed in the scheme). ``flops_budget``: also bound
-    the backward FLOPs of one training step ("5MFLOPs", "2.5e6", "1G": 1000-based; FLOPs = 2 x
-    MACs of the backward of conv / linear / matmul: grad-input, grad-weight of the updated
-    fraction as the mode counts it, grad-bias; norm / activation backward not counted:
-    ``memplan.search.memory.FLOPS_FIGURE``); None: memory only. With neither ``resolution``
-    nor ``input_shape``, a model is costed at its profile's costing resolution; a warning is
-    recorded when the costing input differs from the one the profile's runs used.
+    ``objective``: what is maximised (``memplan.search.objective``) over the profile's entries in its
+    estimator's units (grid: Δacc; fisher / rgn: importance, summed alike). ``select``: the rule
+    choosing update channels (``importance``: the profile's top channels, listed in the scheme).
+    ``flops_budget``: also bound the backward FLOPs of one step ("5MFLOPs", "2.5e6", "1G";
+    1000-based; 2 x MACs of conv / linear / matmul backward, ``memory.FLOPS_FIGURE``; None: memory
+    only). With neither ``resolution`` nor ``input_shape``, a model is costed at its profile's
+    costing resolution; a warning is recorded when it differs from the input the runs used.
     """
     search = _start(SearchOptions(**options), budget)
     t0 = time.perf_counter()

@@ -1,0 +1,106 @@
+"""``memplan search``: budget -> searched sparse-update scheme (a thin typer layer over
+:func:`memplan.search.run.run_search`; printing and plots are :mod:`memplan.render` views)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from .cli_common import (
+    BudgetOpt,
+    ClassesOpt,
+    FlopsBudgetOpt,
+    ModeOptionOpt,
+    OldTargetOpt,
+    OwnOptimOpt,
+    ResOpt,
+    SelectOpt,
+    console,
+    floats,
+    key_values,
+    target_option,
+)
+from .errors import MemplanError
+
+
+def search(  # typer command: one parameter per CLI option
+    model: str | None = typer.Argument(
+        None, help="model (default: efficientnet-lite0, ImageNet weights, with its shipped Fashion-MNIST profile)"
+    ),
+    budget: str | None = BudgetOpt,
+    flops_budget: str | None = FlopsBudgetOpt,
+    profile: str | None = typer.Option(
+        None, "--profile", help="contribution profile JSON (default: the shipped one matching the model)"
+    ),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        help="hardware profile, e.g. stm32f746: the budget is its "
+        "memory left to training in the mode (its default mode: mcu, the modelled peak)",
+    ),
+    old_target: str | None = OldTargetOpt,
+    mode: str | None = typer.Option(
+        None, "--mode", help="accounting mode of the budget (default: tinytraining, or the target's mode)"
+    ),
+    optimizer: str | None = OwnOptimOpt,
+    objective: str | None = typer.Option(
+        None,
+        "--objective",
+        help="mean | lcb | shrink: the profile's Δacc entries as measured, minus one standard error, or "
+        "shrunk toward 0 by their standard errors (default: lcb; mean for a profile without standard errors)",
+    ),
+    mode_option: list[str] | None = ModeOptionOpt,
+    method: str | None = typer.Option(
+        None, "--method", help="exact | evolution | random (default: exact when memory is additive in the mode)"
+    ),
+    generations: int = typer.Option(100, "--generations"),
+    population: int = typer.Option(100, "--population"),
+    seed: int = typer.Option(0, "--seed"),
+    out: str | None = typer.Option(None, "--out", help="write the scheme JSON"),
+    plot: str | None = typer.Option(None, "--plot", help="draw Figure 13 (evolution vs random) and 11b to PATH"),
+    ratios: str | None = typer.Option(None, "--ratios", help="weight ratios of the space, e.g. 1/8,1/4,1/2,1"),
+    pw1_only: bool = typer.Option(False, "--pw1-only", help="update weights of first pointwise convs only"),
+    max_weight_layers: int | None = typer.Option(None, "--max-weight-layers", help="cap on weight-updated layers"),
+    select: str = SelectOpt,
+    classes: int | None = ClassesOpt,
+    resolution: int | None = ResOpt,
+) -> None:
+    """Search the sparse-update scheme of largest summed (noise-aware) Δacc under a memory (and FLOPs) budget."""
+    from .render.figures import plot_search
+    from .render.reports import print_search
+    from .search.run import run_search
+
+    target = target_option(target, old_target, "search")
+    if budget is None and target is None:
+        raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
+    extra = {"ratios": floats(ratios, "ratios")} if ratios else {}
+    result = run_search(
+        model,
+        budget,
+        profile_path=profile,
+        device=target,
+        mode=mode,
+        method=method,
+        generations=generations,
+        population=population,
+        seed=seed,
+        out=out,
+        curves=plot is not None,
+        pw1_only=pw1_only,
+        max_weight_layers=max_weight_layers,
+        classes=classes,
+        resolution=resolution,
+        command="memplan " + " ".join(sys.argv[1:]),
+        optimizer=optimizer,
+        objective=objective,
+        mode_options=key_values(mode_option, "--mode-option"),
+        flops_budget=flops_budget,
+        select=select,
+        **extra,
+    )
+    out_console = console()
+    print_search(result, out_console)
+    if plot:
+        plot_search(result, plot)
+        out_console.print(f"plot written to {plot}")
