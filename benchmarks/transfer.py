@@ -72,7 +72,7 @@ from memplan.errors import MemplanError
 from memplan.graph import LayerGraph, conv_layers
 from memplan.io import write_text
 from memplan.optim import OPTIMIZERS
-from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
+from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, load_scheme, scheme_to_plan
 from memplan.search import run_search
 from memplan.strategies import make_plan, transform_model
 
@@ -131,7 +131,12 @@ class Method:
 def what_trains(method: Method, graph: LayerGraph) -> tuple:
     """Everything that decides a run: the architecture transform and the plan's trained tensors
     (with their channels), norms in train mode and approximated activations."""
-    plan = method.plan(graph)
+    if method.arch is not None:  # its plan reads the transformed model: it shares with nothing
+        return method.arch, method.name
+    try:
+        plan = method.plan(graph)
+    except MemplanError:  # not applicable to this model: it fails where it is asked for
+        return "not applicable", method.name
     train = sorted((name, repr(t)) for name, t in plan.train.items() if t.any)
     return method.arch, tuple(train), tuple(sorted(plan.norm_train)), tuple(sorted(plan.approx))
 
@@ -173,7 +178,11 @@ def baselines(cap) -> list[Method]:
         strategy_method("classifier only", "classifier only", "last"),
         strategy_method("bias only", "bias only", "bias"),
         strategy_method("norm + bias", "norm + bias", "norm"),
-        *(scheme_method(f"last-{k} weights+biases", "last-k weights+biases", last_k_scheme(cap, k)) for k in (1, 2, 4)),
+        *(
+            scheme_method(f"last-{k} weights+biases", "last-k weights+biases", last_k_scheme(cap, k))
+            for k in (1, 2, 4)
+            if k <= len(conv_layers(cap.graph))
+        ),
         strategy_method("TinyTL lite-residual + bias", "TinyTL", "tinytl-lb", arch="tinytl-lb"),
         strategy_method("MobileTL", "MobileTL", "mobiletl"),
         strategy_method("full fine-tuning", "full fine-tuning", "full"),
@@ -434,6 +443,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--objectives", default="mean,lcb,shrink")
     ap.add_argument("--mode", default="tinytraining")
     ap.add_argument("--methods", default=None, help="comma-separated method names to run (default: all)")
+    ap.add_argument(
+        "--schemes", default="", help="comma-separated scheme JSON files, each one more method (named by its file stem)"
+    )
+    ap.add_argument(
+        "--name",
+        default="transfer",
+        help="outputs NAME.json / .md / .png (the checkpoint is always transfer.runs.jsonl)",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "transfer_results"))
     ap.add_argument("--shard", default="0/1", help="i/n: run every n-th method, from the i-th")
     ap.add_argument("--report", action="store_true", help="only assemble the outputs from the checkpoint")
@@ -522,6 +539,10 @@ def choose_methods(run: Run) -> None:
     run.profile = Path(a.profile) if a.profile else None
     if run.profile is not None:
         methods += searched(cap, run.profile, a.budgets.split(","), a.objectives.split(","), a.mode, a.optimizer)
+    methods += [
+        scheme_method(Path(f).stem, "scheme", load_scheme(f), file=f) for f in filter(None, a.schemes.split(","))
+    ]
+    share_runs(methods, cap.graph)  # before --methods: a kept method may train what a left-out one trains
     if a.methods:
         keep = set(a.methods.split(","))
         unknown = keep - {m.name for m in methods} - {m.family for m in methods}
@@ -535,7 +556,6 @@ def choose_methods(run: Run) -> None:
         for m in methods
         if m.arch
     }
-    share_runs(methods, cap.graph)
     run.methods = methods
     run.memory = {m.name: memory_of(cap, caps, m, a.mode, a.optimizer) for m in methods}
 
@@ -614,12 +634,12 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "report_wall_s": round(time.perf_counter() - t_start, 1),
         "total_run_wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }
-    write_text(out / "transfer.json", json.dumps(result, indent=1) + "\n")
-    write_text(out / "transfer.md", markdown(rows, header, front, lines))
+    write_text(out / f"{a.name}.json", json.dumps(result, indent=1) + "\n")
+    write_text(out / f"{a.name}.md", markdown(rows, header, front, lines))
     if rows:
         title = f"{setup.name} -> {task.name} ({res} px): accuracy vs training memory"
         xlabel = f"training memory, bytes (memplan {a.mode}, {a.optimizer} state counted; log)"
-        plot(rows, front, out / "transfer.png", title, xlabel)
+        plot(rows, front, out / f"{a.name}.png", title, xlabel)
     if echo:
         print(markdown(rows, header, front, lines))
         if result["missing"]:
