@@ -31,7 +31,10 @@ weights + biases of the last k convs (k = 1, 2, 4); TinyTL lite residual + bias 
 MobileTL; full fine-tuning; and the schemes ``memplan search`` finds in a contribution profile at
 each of ``--budgets`` under each of ``--objectives`` (``mean``: summed Δacc; ``lcb``: summed lower
 confidence bounds; ``shrink``: summed shrunken Δacc; memplan.search.objective). Without a profile,
-the searched rows are left out (rerun once it exists: finished runs are kept).
+the searched rows are left out (rerun once it exists: finished runs are kept). ``--schemes`` adds
+scheme files as methods (``benchmarks/estimators.py`` trains its schemes this way, with ``--name``
+naming the outputs). A method that trains exactly what an earlier one trains (a searched scheme
+that is classifier only, the same scheme under two objectives) shares its runs.
 
 Outputs in ``--out`` (default benchmarks/transfer_results/): ``transfer.runs.jsonl`` (the
 checkpoint: one line per finished run, fsync'ed; rerunning skips them), ``transfer.json``,
