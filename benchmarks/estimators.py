@@ -146,10 +146,10 @@ def rank(grid: ContribProfile, est: ContribProfile) -> dict[str, Any]:
 def sources(a: argparse.Namespace, out: Path, grid_path: Path) -> list[tuple[str, Path, str, str]]:
     """(source name, profile, objective, channel selection) of every scheme family."""
     rows = [("grid", grid_path, "lcb", "magnitude+")]
-    rows += [(e, out / f"{e}.json", "mean", "magnitude+") for e in a.estimators]
-    rows += [
-        (f"{e}+importance channels", out / f"{e}.json", "mean", "importance") for e in a.estimators if e in GRADIENT
-    ]
+    for e in a.estimators:  # each estimator's importance-ranked channels right after its magnitude+ schemes
+        rows.append((e, out / f"{e}.json", "mean", "magnitude+"))
+        if e in GRADIENT:
+            rows.append((f"{e}+importance channels", out / f"{e}.json", "mean", "importance"))
     return rows
 
 
@@ -332,7 +332,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], epilog="other options are passed to benchmarks/transfer.py"
     )
     ap.add_argument("--grid", default=str(GRID), help="the grid profile every estimator is compared with")
-    ap.add_argument("--estimators", default="fisher,rgn,probe")
+    ap.add_argument("--estimators", default="fisher,probe,rgn")
     ap.add_argument("--batches", type=int, default=8, help="mini-batches of fisher / rgn (the probe's steps)")
     ap.add_argument("--budgets", default="20KB,100KB,800KB")
     ap.add_argument("--optimizer", default="adam")
