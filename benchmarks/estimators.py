@@ -282,11 +282,18 @@ def verdicts(result: dict[str, Any]) -> list[str]:
         for e in GRADIENT:
             mag = next((r for r in rows if r["source"] == e), None)
             imp = next((r for r in rows if r["source"] == f"{e}+importance channels"), None)
-            if mag and imp and imp["weights"]:
-                d = imp["accuracy"]["mean"] - mag["accuracy"]["mean"]
-                out.append(
-                    f"{b}: {e} importance-ranked channels vs magnitude+: {d:+.2f} points (same layers and ratios)"
-                )
+            if not (mag and imp and imp["weights"]):
+                continue
+            if all(r == 1.0 for _, r in imp["weights"]):
+                out.append(f"{b}: {e} importance-ranked channels = magnitude+ (every update at ratio 1: all channels)")
+                continue
+            d = imp["accuracy"]["mean"] - mag["accuracy"]["mean"]
+            ci = imp["accuracy"]["ci"] + mag["accuracy"]["ci"]
+            out.append(
+                f"{b}: {e} importance-ranked channels vs magnitude+ (same layers and ratios): {d:+.2f} points "
+                f"({'within' if abs(d) <= ci else 'beyond'} the summed CIs, ±{ci:.2f}; lr {imp['accuracy']['lr']:g} "
+                f"vs {mag['accuracy']['lr']:g}, each chosen on validation)"
+            )
     return out
 
 
