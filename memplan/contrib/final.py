@@ -109,7 +109,7 @@ class Evaluator:
         return (
             f"{self.setup.name} from {self.setup.weights.get('source')} on {t.name}: trained on the "
             f"{t.x_train.shape[0]} training images, tested on the {t.x_test.shape[0]} test images at "
-            f"{'x'.join(map(str, self.setup.shape))}; the profile's protocol ({p.epochs} epochs SGD, batch "
+            f"{'x'.join(map(str, self.setup.shape))}; the profile's protocol ({p.epochs} epochs {p.optimizer}, batch "
             f"{p.batch_size}, lr classifier {p.lr_classifier} / biases {p.lr_bias} / weights {p.lr_weight}), "
             f"seeds {list(p.seeds)}; linear probe {self.probe_validation:.2f}% on validation "
             f"(profile: {self.profile.probe_accuracy:.2f}%)"

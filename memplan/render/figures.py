@@ -185,8 +185,9 @@ def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
     )
     ax.set_ylabel("real test-accuracy gain over classifier only (points)")
     ax.set_title(
-        f"{check.model}: additivity (Fig. 5c), Pearson {check.pearson:+.2f} "
-        f"[{check.pearson_ci[0]:+.2f}, {check.pearson_ci[1]:+.2f}], Spearman {check.spearman:+.2f}",
+        f"{check.model}: additivity (Fig. 5c)\nPearson {check.pearson:+.2f} "
+        f"[{check.pearson_ci[0]:+.2f}, {check.pearson_ci[1]:+.2f}], Spearman {check.spearman:+.2f} "
+        f"[{check.spearman_ci[0]:+.2f}, {check.spearman_ci[1]:+.2f}]",
         fontsize=9,
     )
     ax.legend(title="budget (★ searched)", fontsize=8)
