@@ -145,7 +145,10 @@ class Scheme(BaseModel):
     added_modules: list[dict[str, Any]] = Field(
         default_factory=list, description="architecture additions, e.g. lite residual config"
     )
-    predicted: dict[str, float] | None = Field(None, description="predicted memory breakdown, bytes")
+    predicted: dict[str, float] | None = Field(
+        None,
+        description="predicted memory breakdown, bytes; under a FLOPs budget also backward_flops (FLOPs = 2 x MACs)",
+    )
     summed_delta_acc: float | None = Field(
         None, description="sum of the grid profile's accuracy gains, points (None: the profile is not the grid's)"
     )
