@@ -58,9 +58,7 @@ def setup(seed: int = 0):
     layers = conv_table(graph)
     protocol = Protocol(batch_size=BS, ratios=(0.5, 1.0))
     env = Env(
-        name="toy",
         net=net,
-        head="classifier",
         seen=data,
         layers=layers,
         specs=grid(layers, protocol),

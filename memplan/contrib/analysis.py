@@ -255,11 +255,8 @@ def _measure(
         "wall_s": round(time.perf_counter() - t_start, 2),
         "probe_wall_s": round(t_est - t_probe, 2),
         "estimator_wall_s": round(time.perf_counter() - t_est, 2),
-        "runs_executed": executed,
-        "runs_resumed": len(finished) - executed,
-        **_execution(opts, finished),
+        **_execution(opts, finished, executed),
     }
-    runs_res = setup.shape[-1]
     profile = ContribProfile(
         layers=list(env.layers),
         **vars(estimate),
@@ -271,7 +268,7 @@ def _measure(
         weights=setup.weights,
         dataset=setup.dataset,
         protocol=protocol,
-        resolution=Resolution(runs=runs_res, costing=opts.costing_resolution or runs_res),
+        resolution=Resolution(runs=setup.shape[-1], costing=opts.costing_resolution or setup.shape[-1]),
         evaluated_on="validation" if setup.task.x_val is not None else "test",
         description=describe(
             setup.name, setup.shape, setup.task, protocol, len(env.layers), opts.cache, est, opts.batches
@@ -279,16 +276,16 @@ def _measure(
         probe_accuracy=probe_acc,
         timing=timing,
     )
-    return profile if out is None else (profile.save(out) and profile)
+    if out is not None:
+        profile.save(out)
+    return profile
 
 
 def _env(setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, run_grid: Any) -> Env:
     """What the estimator reads (:class:`memplan.contrib.estimators.Env`)."""
     layers = conv_table(setup.graph)
     return Env(
-        name=setup.name,
         net=setup.net,
-        head=setup.head,
         seen=seen,
         layers=layers,
         specs=grid(layers, protocol),
@@ -299,9 +296,12 @@ def _env(setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, run
     )
 
 
-def _execution(opts: ContribOptions, finished: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """How the runs were executed and their summed seconds (the profile's ``timing``)."""
+def _execution(opts: ContribOptions, finished: dict[str, dict[str, Any]], executed: int) -> dict[str, Any]:
+    """How the runs were executed (``executed`` of them in this call) and their summed seconds (the
+    profile's ``timing``)."""
     return {
+        "runs_executed": executed,
+        "runs_resumed": len(finished) - executed,
         "workers": opts.workers,
         "threads_per_worker": opts.threads,
         "executor": opts.executor,

@@ -59,9 +59,7 @@ class Env:
     (checkpointed, resumable) and returns every finished record by id; ``batches``: mini-batches
     of the gradient estimators (and the probe's optimisation steps per epoch)."""
 
-    name: str
     net: nn.Module  # backbone weights + linear-probed head
-    head: str
     seen: Data
     layers: list[ConvLayer]
     specs: list[RunSpec]
@@ -206,6 +204,14 @@ def chosen(layer: ConvLayer, weight: Tensor, ratio: float, protocol: Protocol) -
     return select_channels(weight, layer.groups, ratio, protocol.select)
 
 
+def squared_gradient(g: dict[str, Tensor], layer: ConvLayer, idx: Tensor | None) -> float:
+    """Sum of the squared gradients ``g`` of one entry: ``layer``'s bias carrier (``idx`` None), or
+    the channels ``idx`` of its weight (float64)."""
+    if idx is None:
+        return float(g[f"{layer.bias}.bias"].double().square().sum())
+    return float(per_channel(g[f"{layer.name}.weight"].double().square(), layer.groups)[idx].sum())
+
+
 def _entries(
     env: Env, grads: list[dict[str, Tensor]], value: Callable[[dict[str, Tensor], ConvLayer, Tensor | None], float]
 ) -> Estimate:
@@ -240,13 +246,7 @@ def _entries(
 )
 def fisher(env: Env) -> Estimate:
     grads = batch_gradients(env)
-
-    def value(g: dict[str, Tensor], layer: ConvLayer, idx: Tensor | None) -> float:
-        if idx is None:
-            return float(g[f"{layer.bias}.bias"].double().square().sum())
-        return float(per_channel(g[f"{layer.name}.weight"].double().square(), layer.groups)[idx].sum())
-
-    est = _entries(env, grads, value)
+    est = _entries(env, grads, squared_gradient)
     est.channel_importance = {
         c.name: per_channel(
             torch.stack([g[f"{c.name}.weight"].double().square() for g in grads]).mean(0), c.groups
@@ -267,12 +267,8 @@ def rgn(env: Env) -> Estimate:
     norms = {n: float(p.detach().double().norm()) for n, p in env.net.named_parameters()}
 
     def value(g: dict[str, Tensor], layer: ConvLayer, idx: Tensor | None) -> float:
-        key = f"{layer.bias}.bias" if idx is None else f"{layer.name}.weight"
-        if idx is None:
-            grad_sq = g[key].double().square().sum()
-        else:
-            grad_sq = per_channel(g[key].double().square(), layer.groups)[idx].sum()
-        return math.sqrt(float(grad_sq)) / norms[key] if norms[key] > 0 else 0.0
+        norm = norms[f"{layer.bias}.bias" if idx is None else f"{layer.name}.weight"]
+        return math.sqrt(squared_gradient(g, layer, idx)) / norm if norm > 0 else 0.0
 
     est = _entries(env, grads, value)
     est.channel_importance = {
