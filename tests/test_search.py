@@ -95,9 +95,10 @@ def mcunet():
     return cap, profile, space, memory, build_table(memory)
 
 
-def milp_optimum(space, table, budget: int) -> float:
+def milp_optimum(space, table, budget: int, *more: tuple) -> float:
     """Eq. 5 as one MILP (k one-hot, binary options, "in range" and budget constraints): an
-    independent formulation of what the DP solves."""
+    independent formulation of what the DP solves. ``more``: further (table, budget) rows, e.g.
+    the backward-FLOPs table and its budget."""
     ks, opts = list(space.ks), [(c.conv_index, r, g) for c in space.layers for r, g in zip(c.ratios, c.gains)]
     nk, no = len(ks), len(opts)
     c = -np.array([space.bias_gain[k] for k in ks] + [g for _, _, g in opts])
@@ -105,9 +106,10 @@ def milp_optimum(space, table, budget: int) -> float:
     rows.append([1] * nk + [0] * no)
     lo.append(1)
     hi.append(1)
-    rows.append([table.base[k] for k in ks] + [table.extra[(i, r)] for i, r, _ in opts])
-    lo.append(-np.inf)
-    hi.append(budget)
+    for tab, cap in ((table, budget), *more):
+        rows.append([tab.base[k] for k in ks] + [tab.extra[(i, r)] for i, r, _ in opts])
+        lo.append(-np.inf)
+        hi.append(cap)
     for layer in space.layers:  # at most one ratio, and only if depth k reaches the layer
         row = [-1 if space.first(k) <= layer.conv_index else 0 for k in ks] + [
             1 if i == layer.conv_index else 0 for i, _, _ in opts

@@ -20,7 +20,6 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from scipy.optimize import Bounds, LinearConstraint, milp
 from torch.utils.flop_counter import FlopCounterMode
 
 import memplan
@@ -40,7 +39,7 @@ from memplan.search.space import Candidate, build_space, contributions_of
 from memplan.search.toolbox import Problem, make_toolbox, seeded
 from memplan.units import parse_flops
 
-from .test_search import synthetic_profile
+from .test_search import milp_optimum, synthetic_profile
 
 torch.set_num_threads(1)
 
@@ -177,41 +176,12 @@ def test_exact_matches_brute_force_with_a_cap(small):
         assert len(ex.candidate.weights) <= 1 and truth[ex.candidate][1] <= fbudget
 
 
-def milp_two_budgets(space, table, ftable, budget: int, fbudget: int) -> float:
-    """Eq. 5 with a second budget row, as one MILP (an independent formulation of the 3-D DP)."""
-    ks, opts = list(space.ks), [(c.conv_index, r, g) for c in space.layers for r, g in zip(c.ratios, c.gains)]
-    nk, no = len(ks), len(opts)
-    c = -np.array([space.bias_gain[k] for k in ks] + [g for _, _, g in opts])
-    rows = [[1] * nk + [0] * no]
-    lo, hi = [1], [1]
-    for tab, cap in ((table, budget), (ftable, fbudget)):
-        rows.append([tab.base[k] for k in ks] + [tab.extra[(i, r)] for i, r, _ in opts])
-        lo.append(-np.inf)
-        hi.append(cap)
-    for layer in space.layers:
-        rows.append(
-            [-1 if space.first(k) <= layer.conv_index else 0 for k in ks]
-            + [1 if i == layer.conv_index else 0 for i, _, _ in opts]
-        )
-        lo.append(-np.inf)
-        hi.append(0)
-    res = milp(
-        c,
-        constraints=LinearConstraint(np.array(rows, dtype=float), lo, hi),
-        integrality=np.ones(nk + no),
-        bounds=Bounds(0, 1),
-        options={"mip_rel_gap": 0},
-    )
-    assert res.status == 0
-    return -res.fun
-
-
 def test_exact_matches_milp_on_mcunet(mcunet):
     cap, _, space, memory, table, ftable = mcunet
     mode = get_mode("tinytraining")
     for budget, fbudget in ((100_000, 5_000_000), (150_000, 12_000_000), (400_000, 30_000_000), (60_000, 10**12)):
         ex = solve_exact(space, table, budget, ftable, fbudget)
-        assert ex.value == pytest.approx(milp_two_budgets(space, table, ftable, budget, fbudget), abs=1e-6)
+        assert ex.value == pytest.approx(milp_optimum(space, table, budget, (ftable, fbudget)), abs=1e-6)
         totals = compute(cap.graph, space.to_plan(ex.candidate), mode).totals
         assert totals.total_bytes <= budget and totals.backward_flops <= fbudget
 
