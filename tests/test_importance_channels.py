@@ -2,7 +2,7 @@
 scheme (schema version 2) through the plan (``Train.channels``) to ``SubChannelConv``.
 
 Truth: rankings and counts recomputed here by hand, the weights an optimizer step really changed,
-``saved_tensors_hooks`` measurements (unique storages) of what autograd keeps."""
+``saved_tensors_hooks`` measurements (unique storages, ``tests.helpers.saved_bytes``) of what autograd keeps."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.autograd.graph import saved_tensors_hooks
 
 import memplan
 from memplan.apply import apply_plan, apply_scheme, write_back
@@ -27,6 +26,7 @@ from memplan.nn.lean import SubChannelConv, select_channels, top_channels
 from memplan.plan import Plan, Scheme, Train, WeightUpdate, fingerprint, load_scheme, scheme_from_dict, scheme_to_plan
 from memplan.plan.scheme import SCHEMA_VERSION
 
+from .helpers import saved_bytes
 from .test_scheme import SmallNet, one_line_error, small_graph
 
 torch.set_num_threads(1)
@@ -56,23 +56,6 @@ def importance_scheme(graph, select: str = "importance", **changes) -> Scheme:
         ],
     )
     return Scheme(**{**fields, **changes})
-
-
-def measured_saved(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd keeps for forward + loss, parameters and buffers excluded."""
-    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in own:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with saved_tensors_hooks(pack, lambda t: t):
-        loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    return sum(seen.values())
 
 
 def data(classes: int = 4):
@@ -304,7 +287,7 @@ def test_saved_bytes_measured_equal_the_prediction_and_magnitude():
     _, model, graph, plan = applied_pair()
     x, y = data()
     predicted = compute(graph, plan, get_mode("applied")).totals.saved_activation_bytes
-    assert measured_saved(model, x, y) == predicted
+    assert saved_bytes(model, x, y, backward=True).bytes == predicted
     # magnitude+ at the same ratios: the same prediction and the same measurement
     torch.manual_seed(0)
     other = SmallNet()
@@ -314,7 +297,7 @@ def test_saved_bytes_measured_equal_the_prediction_and_magnitude():
     apply_scheme(other, magnitude, g2)
     assert other.c1.idx.tolist() != C1  # a different selection ...
     assert compute(g2, p2, get_mode("applied")).totals.saved_activation_bytes == predicted
-    assert measured_saved(other, x, y) == predicted  # ... keeps as many bytes
+    assert saved_bytes(other, x, y, backward=True).bytes == predicted  # ... keeps as many bytes
 
 
 def test_apply_plan_with_channels_directly():
