@@ -66,15 +66,9 @@ class SearchResult:
         data["scheme"] = self.scheme.model_dump(mode="json")
         data["device"] = self.device.model_dump() if self.device else None
         data["additivity"] = asdict(self.additivity)
-        data["table"] = {
-            "base": {str(k): v for k, v in self.table.base.items()},
-            "extra": [[i, r, v] for (i, r), v in self.table.extra.items()],
-        }
+        data["table"] = _table_rows(self.table)
         if self.flops_table is not None:
-            data["flops_table"] = {
-                "base": {str(k): v for k, v in self.flops_table.base.items()},
-                "extra": [[i, r, v] for (i, r), v in self.flops_table.extra.items()],
-            }
+            data["flops_table"] = _table_rows(self.flops_table)
         if self.exact is not None:
             data["exact"] = {**asdict(self.exact), "candidate": self.exact.candidate.describe()}
         for name in ("evolution", "random"):
@@ -95,4 +89,12 @@ def space_size(space: SearchSpace) -> dict[str, Any]:
         "ratios": list(space.ratio_set),
         "pw1_only": space.pw1_only,
         "max_weight_layers": space.max_weight_layers,
+    }
+
+
+def _table_rows(table: CostTable) -> dict[str, Any]:
+    """A cost table as JSON: ``base`` by depth, ``extra`` as [conv index, ratio, value] rows."""
+    return {
+        "base": {str(k): v for k, v in table.base.items()},
+        "extra": [[i, r, v] for (i, r), v in table.extra.items()],
     }
