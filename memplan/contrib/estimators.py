@@ -94,18 +94,17 @@ class Estimator:
     fn: Callable[[Env], Estimate]
     units: str
     description: str
-    measures_accuracy: bool  # True: entries are Δacc points (the search may call their sum Δacc)
 
 
 #: estimator name -> how a profile's entries are measured
 ESTIMATORS: Registry[Estimator] = Registry("contribution estimator")
 
 
-def estimator(name: str, *, units: str, description: str, measures_accuracy: bool = False):
+def estimator(name: str, *, units: str, description: str):
     """Decorator registering ``fn(env) -> Estimate`` as estimator ``name``."""
 
     def decorate(fn: Callable[[Env], Estimate]) -> Callable[[Env], Estimate]:
-        ESTIMATORS.add(name, Estimator(name, fn, units, description, measures_accuracy))
+        ESTIMATORS.add(name, Estimator(name, fn, units, description))
         return fn
 
     return decorate
@@ -121,7 +120,6 @@ def _from_runs(env: Env, data: Data, protocol: Protocol) -> Estimate:
     "grid",
     units=DELTA_ACC_UNITS,
     description="real fine-tuning runs per entry (Lin et al., NeurIPS 2022, Sec. 2.2)",
-    measures_accuracy=True,
 )
 def grid(env: Env) -> Estimate:
     return _from_runs(env, env.seen, env.protocol)

@@ -33,6 +33,12 @@ SCHEMA_VERSION = 3
 DELTA_ACC_UNITS = "Δacc, accuracy points (mean over seeds of paired differences)"
 
 
+def is_delta_acc(units: str) -> bool:
+    """Whether entries in ``units`` are the grid's Δacc (accuracy points of the profile's protocol),
+    the only entries whose sum may be called summed Δacc."""
+    return units == DELTA_ACC_UNITS
+
+
 class RunRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..contrib.profile import DELTA_ACC_UNITS
+from ..contrib.profile import is_delta_acc
 from ..plan import Scheme
 from .devices import Device
 from .evolution import Trace
@@ -58,7 +58,7 @@ class SearchResult:
     @property
     def summed_delta_acc(self) -> float | None:
         """:attr:`summed` when the profile's entries are the grid's Δacc (points), else None."""
-        return self.summed if self.units == DELTA_ACC_UNITS else None
+        return self.summed if is_delta_acc(self.units) else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the scheme as its JSON object, candidates as text, the cost table as rows."""

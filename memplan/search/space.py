@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, load_profile
+from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, is_delta_acc, load_profile
 from ..contrib.protocol import LEGACY_MOMENTUM
 from ..errors import BadOption, MemplanError
 from ..graph import EXPLICIT_SELECT, SELECT_RULES, ConvLayer, LayerGraph, conv_layers, conv_table, is_pw1
@@ -65,7 +65,7 @@ class Contributions:
     @property
     def is_delta_acc(self) -> bool:
         """Whether the entries are the grid's Δacc (accuracy points of the profile's protocol)."""
-        return self.units == DELTA_ACC_UNITS
+        return is_delta_acc(self.units)
 
 
 #: fields added to the profile later, left out of the hash while they hold the value older profiles imply

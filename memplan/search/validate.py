@@ -33,7 +33,7 @@ import numpy as np
 from ..api import capture
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.final import Evaluator, Result
-from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, load_profile
+from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, is_delta_acc, load_profile
 from ..errors import BadOption
 from ..io import write_text
 from ..units import parse_bytes
@@ -86,7 +86,7 @@ class AdditivityCheck:
 
     @property
     def is_delta_acc(self) -> bool:
-        return self.units == DELTA_ACC_UNITS
+        return is_delta_acc(self.units)
 
     def to_json(self) -> str:
         import json
