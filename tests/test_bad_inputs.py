@@ -95,6 +95,8 @@ def cases(f):
         (["search", "--budget", "1e999"], "too large"),
         (["search", "--budget", "abc"], "cannot read"),
         (["search", "--budget", "100 XB"], "unknown size unit"),
+        (["search", "--budget", "100KB", "--select", "nope"], "unknown channel selection"),
+        (["search", "--budget", "100KB", "--select", "importance"], "per-channel importance"),
         (["search", "--budget", "10B"], "budget"),
         (["search", "--budget", "100KB", "--profile", str(f["profile_trunc"])], "profile"),
         (["search", "--budget", "100KB", "--profile", str(f["notjson"])], "JSON"),
