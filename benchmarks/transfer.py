@@ -73,6 +73,7 @@ from memplan.contrib.runner import Context, Worker, first_trained, linear_probe
 from memplan.contrib.setup import Setup, build_setup
 from memplan.errors import MemplanError
 from memplan.graph import LayerGraph, conv_layers
+from memplan.graph.kinds import NORM_KINDS
 from memplan.io import write_text
 from memplan.optim import OPTIMIZERS
 from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, load_scheme, scheme_to_plan
@@ -168,6 +169,22 @@ def last_k_scheme(cap, k: int) -> Scheme:
     )
 
 
+def norm_scheme(cap, mode: str) -> Scheme:
+    """Every bias and every norm in ``mode`` (``memplan.plan.NORM_MODES``; ``affine``: scale and shift
+    train, the norm keeps its running statistics, the ones the linear-probe head was fit on)."""
+    norms = [
+        n.name for n in cap.graph.nodes if n.kind in NORM_KINDS and n.params and n not in cap.graph.classifier_layers
+    ]
+    return Scheme(
+        model=cap.name,
+        fingerprint=fingerprint(cap.graph),
+        input_shape=list(cap.graph.input_shape[1:]),
+        bias_update=len(conv_layers(cap.graph)),
+        norm_modes={n: mode for n in norms},
+        mode="benchmark",
+    )
+
+
 def strategy_method(name: str, family: str, strategy: str, arch: str | None = None) -> Method:
     return Method(name, family, lambda g: make_plan(g, strategy), strategy, arch)
 
@@ -181,6 +198,7 @@ def baselines(cap) -> list[Method]:
         strategy_method("classifier only", "classifier only", "last"),
         strategy_method("bias only", "bias only", "bias"),
         strategy_method("norm + bias", "norm + bias", "norm"),
+        scheme_method("norm + bias, running statistics", "norm + bias (running stats)", norm_scheme(cap, "affine")),
         *(
             scheme_method(f"last-{k} weights+biases", "last-k weights+biases", last_k_scheme(cap, k))
             for k in (1, 2, 4)
@@ -271,51 +289,102 @@ def run_id(stage: str, method: str, lr: float, seed: int) -> str:
     return f"{stage}|{method}|{lr:g}|{seed}"
 
 
-def choose_lr(method: str, lrs: list[float], done: dict[str, dict]) -> float | None:
-    """The grid's learning rate with the best validation accuracy (None until every grid run is in)."""
-    grid = [(lr, done.get(run_id("grid", method, lr, 0))) for lr in lrs]
-    if any(r is None for _, r in grid):
+def grid_rungs(method: str, lrs: list[float], val_seeds: list[int], done: dict[str, dict]) -> list[list[float]]:
+    """The learning rates each validation seed trains (successive halving): every rate at the first
+    seed, then the better half (at least two) of the rates still in at each further seed, ranked by
+    their mean validation accuracy over the seeds so far (a diverged run drops its rate). Stops at
+    the first rung that is not finished."""
+    rungs, alive = [], list(lrs)
+    for i in range(len(val_seeds)):
+        rungs.append(alive)
+        runs = {lr: [done.get(run_id("grid", method, lr, s)) for s in val_seeds[: i + 1]] for lr in alive}
+        if any(r is None for rs in runs.values() for r in rs):
+            break
+        ok = [lr for lr in alive if not any(r["diverged"] for r in runs[lr])]
+        ok.sort(key=lambda lr: -statistics.fmean(r["accuracy"] for r in runs[lr]))
+        alive = ok[: max(2, len(ok) // 2)]
+        if not alive:
+            break
+    return rungs
+
+
+def choose_lr(method: str, lrs: list[float], done: dict[str, dict], val_seeds: list[int] = (0,)) -> float | None:
+    """The rate with the best mean validation accuracy over every validation seed (None until the
+    last rung of :func:`grid_rungs` is finished, or when every rate diverged)."""
+    val_seeds = list(val_seeds)
+    rungs = grid_rungs(method, lrs, val_seeds, done)
+    if len(rungs) < len(val_seeds):
         return None
-    ok = [(r["accuracy"], lr) for lr, r in grid if not r["diverged"]]
+    runs = {lr: [done.get(run_id("grid", method, lr, s)) for s in val_seeds] for lr in rungs[-1]}
+    if any(r is None for rs in runs.values() for r in rs):
+        return None
+    ok = [
+        (statistics.fmean(r["accuracy"] for r in rs), lr)
+        for lr, rs in runs.items()
+        if not any(r["diverged"] for r in rs)
+    ]
     return max(ok)[1] if ok else None
 
 
 # ----------------------------------------------------------------------------- report
-def memory_of(cap_plain, cap_by_arch: dict, method: Method, mode: str, optimizer: str) -> int:
-    if isinstance(method.cost, Scheme):
-        return profile_captured(
-            cap_plain, "sparse", mode=mode, optimizer=optimizer, scheme=method.cost
-        ).totals.total_bytes
-    cap = cap_by_arch.get(method.arch, cap_plain)
-    return profile_captured(cap, method.cost, mode=mode, optimizer=optimizer).totals.total_bytes
+#: the memory columns: (mode, batch = the training batch?, mode options, what the state is stored as)
+MEMORY_COLUMNS = {
+    "applied": ("applied", True, {}, "fp32 state"),
+    "tinytraining": ("tinytraining", False, {}, "state at the parameter's bits: 8 for weights, 32 for biases"),
+}
+
+
+def memory_of(caps: Callable[[str | None, int], Any], method: Method, optimizer: str, batch: int) -> dict[str, int]:
+    """Bytes of ``method`` in every :data:`MEMORY_COLUMNS` mode: ``applied`` (what the run as trained
+    allocates, at the training ``batch``, fp32 optimizer state) first, then ``tinytraining`` (the
+    256KB paper's analytic memory, batch 1). ``caps(arch, batch)``: the captured model."""
+    out = {}
+    for column, (mode, at_batch, options, _) in MEMORY_COLUMNS.items():
+        b = batch if at_batch else 1
+        if isinstance(method.cost, Scheme):
+            prof = profile_captured(
+                caps(None, b), "sparse", mode=mode, optimizer=optimizer, scheme=method.cost, mode_options=options
+            )
+        else:
+            prof = profile_captured(
+                caps(method.arch, b), method.cost, mode=mode, optimizer=optimizer, mode_options=options
+            )
+        out[column] = prof.totals.total_bytes
+    return out
 
 
 def assemble(
-    methods: list[Method], memory: dict[str, int], lrs: list[float], seeds: list[int], done: dict
+    methods: list[Method],
+    memory: dict[str, dict[str, int]],
+    lrs: list[float],
+    seeds: list[int],
+    done: dict,
+    val_seeds: list[int] = (0,),
 ) -> list[dict]:
     rows = []
     for m in methods:
-        lr = choose_lr(m.key, lrs, done)
-        grid = {f"{x:g}": done.get(run_id("grid", m.key, x, 0)) for x in lrs}
+        lr = choose_lr(m.key, lrs, done, val_seeds)
+        grid_runs = {f"{x:g}": [r for s in val_seeds if (r := done.get(run_id("grid", m.key, x, s)))] for x in lrs}
         finals = [done.get(run_id("final", m.key, lr, s)) for s in seeds] if lr is not None else []
         if lr is None or any(f is None for f in finals):
             continue
         accs = [f["accuracy"] for f in finals]
         mean, half = mean_ci(accs)
-        runs = [r for r in grid.values() if r] + finals
+        runs = [r for rs in grid_runs.values() for r in rs] + finals
         rows.append(
             {
                 "name": m.name,
                 "method": m.family,
-                "memory_bytes": memory[m.name],
+                "memory_bytes": memory[m.name]["applied"],
+                "memory": memory[m.name],
                 "accuracy": accs,
                 "accuracy_mean": mean,
-                "accuracy_ci": half,
-                "accuracy_std": half,  # the plot's error bar: the 95% CI half-width
+                "accuracy_ci": half,  # the 95% Student-t CI half-width (the plot's error bar)
+                "accuracy_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,  # over seeds
                 "lr": lr,
                 "lr_at_grid_edge": lr in (min(lrs), max(lrs)),
-                "grid_validation": {k: (None if v is None else v["accuracy"]) for k, v in grid.items()},
-                "grid_diverged": [k for k, v in grid.items() if v and v["diverged"]],
+                "grid_validation": {k: [r["accuracy"] for r in v] for k, v in grid_runs.items()},
+                "grid_diverged": [k for k, v in grid_runs.items() if any(r["diverged"] for r in v)],
                 "final_diverged": any(f["diverged"] for f in finals),
                 "trainable_params": finals[0]["trainable_params"],
                 "wall_s": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in runs), 1),
@@ -369,24 +438,27 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 
 def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: list[str]) -> str:
+    tt = MEMORY_COLUMNS["tinytraining"][3]
     out = [
         f"# Transfer benchmark: {header['model']} -> {header['data']}",
         "",
         header["description"],
         "",
-        f"Memory: memplan `{header['mode']}` mode, batch 1 at {header['input']}, optimizer `{header['optimizer']}` "
-        f"({header['optimizer_state']}), bytes. Accuracy: test split, mean ± 95% CI (Student t) over seeds "
-        f"{header['seeds']}. LR: chosen on validation from {header['lrs']} (* = at the grid's edge). "
-        "Wall: seconds of all the method's runs (grid + final) on this machine. P = on the Pareto front.",
+        f"Memory, bytes, optimizer `{header['optimizer']}` ({OPTIMIZERS[header['optimizer']].description}) counted: "
+        f"**applied** = memplan `applied` mode (the run as trained: memplan's lean modules, eager PyTorch on the CPU) "
+        f"at the training batch {header['batch']} at {header['input']}, fp32 optimizer state; **tinytraining** = the "
+        f"256KB paper's analytic memory, batch 1, {tt}. Accuracy: test split, mean ± 95% CI (Student t) over seeds "
+        f"{header['seeds']}. LR: chosen on validation from {header['lrs']} with seeds {header['val_seeds']} "
+        "(successive halving; * = at the grid's edge). Wall: seconds of all the method's runs (grid + final) on "
+        "this machine. P = on the Pareto front (applied memory).",
         "",
-        "| method | memory (B) | optimizer state | test acc % | seeds | lr | trainable params | wall s | P |",
-        "|---|---:|---|---:|---:|---:|---:|---:|:-:|",
+        "| method | applied (B) | tinytraining (B) | test acc % | seeds | lr | trainable params | wall s | P |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|:-:|",
     ]
-    state = f"{header['optimizer']}, {OPTIMIZERS[header['optimizer']].states} x 32 bit"
     for r in sorted(rows, key=lambda r: r["memory_bytes"]):
         alias = f" (= {r['same_runs_as']})" if r.get("same_runs_as") else ""
         out.append(
-            f"| {r['name']}{alias} | {r['memory_bytes']:,} | {state} | "
+            f"| {r['name']}{alias} | {r['memory']['applied']:,} | {r['memory']['tinytraining']:,} | "
             f"{r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f} | "
             f"{len(r['accuracy'])} | {r['lr']:g}{'*' if r['lr_at_grid_edge'] else ''} | {r['trainable_params']:,} | "
             f"{r['wall_s']:.0f} | {'P' if r['name'] in front else ''} |"
@@ -395,28 +467,35 @@ def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: 
     return "\n".join(out)
 
 
-def plot(rows: list[dict], front: list[str], path: Path, title: str, xlabel: str) -> None:
+def plot(rows: list[dict], front: list[str], path: Path, title: str, xlabels: dict[str, str]) -> None:
+    """Accuracy against memory, one panel per memory column (log x), error bars = 95% CI."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.6, 4.8))
+    fig, axes = plt.subplots(1, len(xlabels), figsize=(13, 4.8), sharey=True)
     families = list(dict.fromkeys(r["method"] for r in rows))
     markers = "os^vD<>pPX*h"
-    for fam, mk in zip(families, markers * 2):
-        pts = sorted((r["memory_bytes"], r["accuracy_mean"], r["accuracy_ci"]) for r in rows if r["method"] == fam)
-        xs, ys, es = zip(*pts)
-        ax.errorbar(xs, ys, yerr=es, fmt=mk + ("-" if len(xs) > 1 else ""), capsize=3, label=fam, ms=6)
-    fr = sorted((r["memory_bytes"], r["accuracy_mean"]) for r in rows if r["name"] in front)
-    if fr:
-        ax.step(*zip(*fr), where="post", color="k", lw=0.8, ls="--", label="Pareto front")
-    ax.set_xscale("log")
-    ax.set(xlabel=xlabel, ylabel="test accuracy, % (95% CI)", title=title)
-    ax.legend(fontsize=7, loc="lower right")
+    for ax, (column, xlabel) in zip(axes, xlabels.items()):
+        for fam, mk in zip(families, markers * 2):
+            pts = sorted(
+                (r["memory"][column], r["accuracy_mean"], r["accuracy_ci"]) for r in rows if r["method"] == fam
+            )
+            xs, ys, es = zip(*pts)
+            ax.errorbar(xs, ys, yerr=es, fmt=mk + ("-" if len(xs) > 1 else ""), capsize=3, label=fam, ms=6)
+        pf = pareto_front([{**r, "memory_bytes": r["memory"][column]} for r in rows])
+        fr = sorted((r["memory"][column], r["accuracy_mean"]) for r in rows if r["name"] in pf)
+        if fr:
+            ax.step(*zip(*fr), where="post", color="k", lw=0.8, ls="--", label="Pareto front")
+        ax.set_xscale("log")
+        ax.set(xlabel=xlabel)
+    axes[0].set(ylabel="test accuracy, % (95% CI)")
+    axes[-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title)
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, path)
 
@@ -439,6 +518,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lrs", default="0.0001,0.0005,0.0025,0.0125,0.0625", help="the learning-rate grid of every method"
     )
     ap.add_argument("--seeds", default="0,1,2,3,4", help="seeds of the final (test) runs")
+    ap.add_argument(
+        "--val-seeds",
+        default="0,1",
+        help="seeds of the learning-rate choice on validation: every rate at the first, then the better half",
+    )
     ap.add_argument("--probe-epochs", type=int, default=20)
     ap.add_argument("--probe-lr", type=float, default=0.01)
     ap.add_argument("--profile", default=None, help="contribution profile the searched schemes come from")
@@ -463,6 +547,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         a.lrs = [float(x) for x in a.lrs.split(",")]
         a.seeds = [int(x) for x in a.seeds.split(",")]
+        a.val_seeds = [int(x) for x in a.val_seeds.split(",")]
         a.shard = tuple(int(x) for x in a.shard.split("/"))
     except ValueError as exc:
         ap.error(f"cannot read --lrs / --seeds / --shard: {exc}")
@@ -470,6 +555,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--shard must be i/n with 0 <= i < n, got {'/'.join(map(str, a.shard))}")
     if any(not (lr > 0 and math.isfinite(lr)) for lr in a.lrs) or len(set(a.seeds)) != len(a.seeds):
         ap.error("--lrs must be positive and --seeds distinct")
+    if not a.val_seeds or len(set(a.val_seeds)) != len(a.val_seeds):
+        ap.error("--val-seeds must be distinct and not empty")
     if a.profile is not None and not Path(a.profile).is_file():
         ap.error(f"--profile {a.profile}: no such file")
     return a
@@ -554,13 +641,17 @@ def choose_methods(run: Run) -> None:
                 f"unknown method {sorted(unknown)[0]!r}", f"choose among: {', '.join(m.name for m in methods)}"
             )
         methods = [m for m in methods if m.name in keep or m.family in keep]
-    caps = {
-        m.arch: capture(setup.name, resolution=a.resolution, classes=setup.task.classes, method=m.arch)
-        for m in methods
-        if m.arch
-    }
+    caps: dict[tuple[str | None, int], Any] = {}
+
+    def cap_at(arch: str | None, batch: int) -> Any:
+        if (arch, batch) not in caps:
+            caps[arch, batch] = capture(
+                setup.name, resolution=a.resolution, classes=setup.task.classes, method=arch, batch=batch
+            )
+        return caps[arch, batch]
+
     run.methods = methods
-    run.memory = {m.name: memory_of(cap, caps, m, a.mode, a.optimizer) for m in methods}
+    run.memory = {m.name: memory_of(cap_at, m, a.optimizer, a.batch_size) for m in methods}
 
 
 def train(run: Run, t_start: float) -> None:
@@ -573,17 +664,21 @@ def train(run: Run, t_start: float) -> None:
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=a.no_progress
     )
     with progress:
-        bar = progress.add_task("transfer", total=len(mine) * (len(a.lrs) + len(a.seeds)))
+        bar = progress.add_task(
+            "transfer", total=len(mine) * (sum(len(a.lrs) // (i + 1) for i in range(len(a.val_seeds))) + len(a.seeds))
+        )
         for m in mine:
             progress.update(bar, description=m.name)
             done.update(ckpt.finished() or {})  # what other processes finished meanwhile
-            for lr in a.lrs:
-                rid = run_id("grid", m.key, lr, 0)
-                if rid not in done:
-                    done[rid] = {"id": rid, **bench.run(m, lr, 0, "validation")}
-                    ckpt.append(done[rid])
-                progress.advance(bar)
-            best = choose_lr(m.key, a.lrs, done)
+            for i, seed in enumerate(a.val_seeds):  # successive halving over the validation seeds
+                rungs = grid_rungs(m.key, a.lrs, a.val_seeds, done)
+                for lr in rungs[i] if i < len(rungs) else ():
+                    rid = run_id("grid", m.key, lr, seed)
+                    if rid not in done:
+                        done[rid] = {"id": rid, **bench.run(m, lr, seed, "validation")}
+                        ckpt.append(done[rid])
+                progress.advance(bar, len(a.lrs) // (i + 1))
+            best = choose_lr(m.key, a.lrs, done, a.val_seeds)
             if best is None:
                 print(f"{m.name}: every learning rate of the grid diverged; widen --lrs", file=sys.stderr)
                 progress.advance(bar, len(a.seeds))
@@ -603,7 +698,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     a, setup, task = run.a, run.setup, run.setup.task
     out, res = Path(a.out), a.resolution
     run.done.update(run.ckpt.finished() or {})
-    rows = assemble(run.methods, run.memory, a.lrs, a.seeds, run.done)
+    rows = assemble(run.methods, run.memory, a.lrs, a.seeds, run.done, a.val_seeds)
     front = pareto_front(rows)
     lines = verdicts(rows)
     header = {
@@ -617,11 +712,14 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
             f"{a.optimizer} ({OPTIMIZERS[a.optimizer].description}), one learning rate for every trained "
             f"tensor, {a.epochs} epochs of batch {a.batch_size}, cosine decay, no augmentation."
         ),
-        "mode": a.mode,
+        "memory_columns": {
+            k: {"mode": v[0], "batch": a.batch_size if v[1] else 1, "state": v[3]} for k, v in MEMORY_COLUMNS.items()
+        },
+        "batch": a.batch_size,
         "input": f"3x{res}x{res}",
         "optimizer": a.optimizer,
-        "optimizer_state": f"{OPTIMIZERS[a.optimizer].states} fp32 state buffer(s) per trainable element counted",
         "seeds": a.seeds,
+        "val_seeds": a.val_seeds,
         "lrs": a.lrs,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} torch thread(s) per process, "
         f"torch {torch.__version__}, CPU only (no GPU lent)",
@@ -641,8 +739,11 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     write_text(out / f"{a.name}.md", markdown(rows, header, front, lines))
     if rows:
         title = f"{setup.name} -> {task.name} ({res} px): accuracy vs training memory"
-        xlabel = f"training memory, bytes (memplan {a.mode}, {a.optimizer} state counted; log)"
-        plot(rows, front, out / f"{a.name}.png", title, xlabel)
+        xlabels = {
+            "applied": f"applied: as trained, batch {a.batch_size}, {a.optimizer} fp32 state (bytes, log)",
+            "tinytraining": f"tinytraining: batch 1, {a.optimizer} state at parameter bits (bytes, log)",
+        }
+        plot(rows, front, out / f"{a.name}.png", title, xlabels)
     if echo:
         print(markdown(rows, header, front, lines))
         if result["missing"]:

@@ -4,6 +4,7 @@ plot are produced and that a rerun resumes; it asserts no accuracy (those depend
 The statistics it reports (Student-t CI, Pareto front) are checked against hand computations."""
 
 import json
+import statistics
 import math
 
 import pytest
@@ -61,15 +62,18 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     for r in result["rows"]:
         assert len(r["accuracy"]) == 2 and r["lr"] in (0.001, 0.01) and r["memory_bytes"] > 0
         assert set(r["grid_validation"]) == {"0.001", "0.01"}
+        assert all(len(accs) == 2 for accs in r["grid_validation"].values())  # both rates at both validation seeds
+        assert r["memory_bytes"] == r["memory"]["applied"] and set(r["memory"]) == {"applied", "tinytraining"}
+        assert r["accuracy_std"] == pytest.approx(statistics.stdev(r["accuracy"]))
     searched = next(r for r in result["rows"] if r["name"].startswith("searched"))
-    assert searched["memory_bytes"] <= 4000 and searched["objective"] == "shrink"
+    assert searched["memory"]["tinytraining"] <= 4000 and searched["objective"] == "shrink"
     assert any("searched 4KB (shrink)" in v for v in result["verdicts"])
     rows = {r["name"]: r for r in result["rows"]}
     for r in result["rows"]:
         if r["same_runs_as"] is not None:
             assert r["accuracy"] == rows[r["same_runs_as"]]["accuracy"]
     table = (out / "transfer.md").read_text()
-    assert "| method | memory (B) |" in table and "adam" in table
+    assert "| method | applied (B) | tinytraining (B) |" in table and "adam" in table
     assert (out / "transfer.png").stat().st_size > 10_000
     assert json.loads((out / "transfer.json").read_text())["rows"] == result["rows"]
     # rerunning trains nothing: every run comes from the checkpoint

@@ -35,6 +35,9 @@ from . import cache as fcache
 from .data import Data
 from .protocol import Protocol, RunSpec, run_plan, split_layer
 
+#: op kinds that differ between train and eval mode without parameters (never inside a cached prefix)
+STOCHASTIC_KINDS = frozenset({"dropout"})
+
 
 @dataclass
 class Context:
@@ -128,6 +131,17 @@ class Worker:
             return self.split
         return Split(layer, self.split.suffix, self.split.train, self.split.test, 0.0)
 
+    def cache_point(self, split_at: str) -> str:
+        """Where the frozen prefix really ends: ``split_at``, or the first stochastic module before it
+        (a dropout), so that every run trains with the same dropout whatever it trains (a prefix is
+        cached in eval mode, where dropout is the identity)."""
+        for node in self.graph.nodes:
+            if node.op == "call_module" and node.kind in STOCHASTIC_KINDS:
+                return node.name
+            if node.op == "call_module" and node.name == split_at:
+                return split_at
+        return split_at
+
     def execute(self, spec: RunSpec) -> dict:
         """Train and evaluate ``spec`` for every seed; returns its record."""
         proto = self.ctx.protocol
@@ -156,7 +170,7 @@ class Worker:
         train_flags = [(m, m.training) for m in model.modules()]  # apply_plan's train / eval flags
         cache_s, cache_bytes = 0.0, 0
         if ctx.cache and split_at is not None:
-            split = self.features(split_at)
+            split = self.features(self.cache_point(split_at))
             forward: Callable[..., Tensor] = fcache.submodel(model, split.suffix)
             train_in = lambda idx: [channels_last(t) for t in split.train.batch(idx)]  # noqa: E731
             test_in = lambda idx: [channels_last(t) for t in split.test.batch(idx)]  # noqa: E731

@@ -26,6 +26,8 @@ LAZY = {
             "schema_json",
             "scheme_from_dict",
             "shipped_scheme",
+            "Training",
+            "Validation",
         ),
         "scheme",
     ),
@@ -58,6 +60,8 @@ __all__ = [
     "schema_json",
     "scheme_from_dict",
     "shipped_scheme",
+    "Training",
+    "Validation",
     "BackwardFlags",
     "is_backward_config",
 ]

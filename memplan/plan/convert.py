@@ -112,3 +112,65 @@ def _layer(graph: LayerGraph, name: str, kinds: frozenset[str], field: str) -> N
     if node.kind not in kinds:
         raise SchemeError(f"scheme {field} names {name!r}, a {node.kind} layer")
     return node
+
+
+def plan_scheme_fields(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
+    """The scheme fields (``bias_update``, ``weight_updates`` as dicts, ``norm_modes``,
+    ``activation_approx``) whose :func:`scheme_to_plan` is ``plan`` on ``graph``: the inverse map,
+    so that a strategy's plan (train all biases, full fine-tuning, ...) is one point of the scheme
+    space. Raises SchemeError when the plan trains something a scheme cannot say (a bias range that
+    is not the last n convs, a layer that is neither a conv, a norm nor the classifier)."""
+    convs = conv_layers(graph)
+    head = {n.name for n in graph.classifier_layers}
+    carriers = {}
+    for conv in convs:
+        carrier = bias_carrier(graph, conv)
+        carriers[conv.name] = None if carrier is None else carrier.name
+    trains_bias = [carriers[c.name] is not None and plan.train.get(carriers[c.name], Train()).bias for c in convs]
+    n = len(convs) - next((i for i, t in enumerate(trains_bias) if t), len(convs))
+    if not all(trains_bias[len(convs) - n :]):
+        raise SchemeError(f"plan {plan.method!r} trains biases that are not those of the last n convs")
+    fields: dict[str, Any] = {"bias_update": n, "weight_updates": [], "norm_modes": {}}
+    covered = {carriers[c.name] for c in convs[len(convs) - n :]}
+    for i, conv in enumerate(convs):
+        t = plan.train.get(conv.name)
+        if t is not None and t.weight > 0:
+            fields["weight_updates"].append(
+                {"layer": conv.name, "conv_index": i, "ratio": t.weight, "select": t.select}
+                | ({"channels": list(t.channels)} if t.channels is not None else {})
+            )
+    modes = {v: k for k, v in NORM_MODES.items()}
+    norms = [x for x in graph.param_nodes() if x.kind in NORM_KINDS and x.name not in head]
+    for node in norms:
+        t = plan.train.get(node.name, Train())
+        stats = node.name in plan.norm_train
+        key = (t.weight > 0, t.bias, stats)
+        if key == (False, False, False) or (node.name in covered and key == (False, True, False)):
+            continue  # frozen, or the bias carrier of a conv in range (its shift is bias_update's)
+        if key not in modes:
+            raise SchemeError(f"plan {plan.method!r}: norm {node.name!r} trains in a way no norm mode names")
+        fields["norm_modes"][node.name] = modes[key]
+    known = {c.name for c in convs} | {x.name for x in norms} | head
+    other = sorted(name for name, t in plan.train.items() if t.any and name not in known)
+    if other:
+        raise SchemeError(f"plan {plan.method!r} trains layer {other[0]!r}, which a scheme cannot name")
+    fields["activation_approx"] = sorted(plan.approx)
+    back = scheme_to_plan(graph, _Fields(graph, fields), method=plan.method)
+    if back.train != {k: v for k, v in plan.train.items() if v.any} or back.norm_train != plan.norm_train:
+        raise SchemeError(f"plan {plan.method!r} is not exactly a scheme (it trains a part of a layer no field names)")
+    return fields
+
+
+class _Fields:
+    """The attributes :func:`scheme_to_plan` reads, from plain fields (the round-trip check above)."""
+
+    def __init__(self, graph: LayerGraph, fields: dict[str, Any]):
+        self.model, self.fingerprint = graph.model_name, fingerprint(graph)
+        self.bias_update, self.norm_modes = fields["bias_update"], fields["norm_modes"]
+        self.activation_approx = fields["activation_approx"]
+        self.weight_updates = [_Update(**w) for w in fields["weight_updates"]]
+
+
+class _Update:
+    def __init__(self, layer: str, conv_index: int, ratio: float, select: str, channels: list[int] | None = None):
+        self.layer, self.conv_index, self.ratio, self.select, self.channels = layer, conv_index, ratio, select, channels

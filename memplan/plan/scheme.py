@@ -8,8 +8,10 @@ Conventions and the mapping to a plan are in :mod:`memplan.plan.convert`; tiny-t
 ``backward_config`` in :mod:`memplan.plan.tinytraining`.
 
 Versions: 2 adds the ``importance`` channel selection (a weight update that lists its
-``channels`` and, optionally, their ``importance_source``). A version 1 document is a valid
-version 2 one and means the same; it loads as it is and is written back as version 2.
+``channels`` and, optionally, their ``importance_source``); 3 adds ``training`` (the optimizer and
+learning rate the scheme was validated with) and ``validation`` (its validation accuracy and the
+runners-up). Older documents are valid version 3 ones and mean the same; they load as they are
+and are written back as version 3.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from ..errors import SchemeError
 from ..graph import EXPLICIT_SELECT, SELECT_RULES, LayerGraph, channel_index_problem
 from ..io import read_json, shipped, validated, write_text
 from ..version import __version__
-from .convert import NORM_MODES, fingerprint, scheme_to_plan
+from .convert import NORM_MODES, fingerprint, plan_scheme_fields, scheme_to_plan
+from .plan import Plan
 from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
 
-#: 2: the ``importance`` selection with explicit ``channels`` (version 1 files load unchanged)
-SCHEMA_VERSION = 2
+#: 2: the ``importance`` selection with explicit ``channels``; 3: ``training`` and ``validation``
+SCHEMA_VERSION = 3
 #: the schema versions this memplan reads
-SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSIONS = (1, 2, 3)
 
 Select = Literal[SELECT_RULES]
 NormMode = Literal[tuple(NORM_MODES)]
@@ -117,13 +120,41 @@ def new_provenance(
     )
 
 
+class Training(BaseModel):
+    """How the scheme trains: what its validation measured, and what training code should use
+    (``memplan.train.make_optimizer(params, scheme=...)``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    optimizer: str = Field(description="memplan.optim name (sgd, sgd-momentum, adam)")
+    lr: float = Field(gt=0, description="learning rate of every trained tensor")
+    epochs: int = Field(ge=1, description="epochs it was validated with (cosine decay to 0 over them)")
+    batch_size: int = Field(ge=1, description="training batch it was validated with")
+
+
+class Validation(BaseModel):
+    """The validation stage's evidence (``memplan search --validate``): accuracy on the held-aside
+    validation split, in % (0..100), mean and standard error over seeds; the candidates it beat."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="the candidate chosen: a baseline's name or 'searched ...'")
+    accuracy: float = Field(description="mean validation accuracy over seeds, %")
+    se: float = Field(ge=0, description="standard error of the mean over seeds, points (0 with one seed)")
+    seeds: list[int]
+    data: str = Field(description="the data and split it was measured on")
+    runners_up: list[dict[str, Any]] = Field(
+        default_factory=list, description="the other candidates: name, lr, accuracy (%), se, seeds, memory bytes"
+    )
+
+
 class Scheme(BaseModel):
     """A sparse-update scheme (JSON schema version 2; version 1 documents load and mean the same).
     Byte sizes are integers in bytes."""
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1, 2] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
     model: str = Field(description="zoo name or import path (package.module:attr, file.py:attr)")
     fingerprint: str = Field(description="memplan.plan.fingerprint of the traced layer table")
     input_shape: list[int] = Field(description="per-sample input shape, e.g. [3, 128, 128]")
@@ -159,6 +190,8 @@ class Scheme(BaseModel):
     )
     provenance: Provenance = Field(default_factory=new_provenance)
     backward_flags: BackwardFlags = Field(default_factory=BackwardFlags)
+    training: Training | None = Field(None, description="optimizer and learning rate it was validated with")
+    validation: Validation | None = Field(None, description="validation accuracy and runners-up (search --validate)")
 
     @model_validator(mode="after")
     def _one_update_per_conv(self) -> Scheme:
@@ -170,6 +203,17 @@ class Scheme(BaseModel):
         if self.schema_version == 1 and any(w.select == EXPLICIT_SELECT for w in self.weight_updates):
             raise ValueError(f"schema_version 1 has no {EXPLICIT_SELECT!r} selection; it needs schema_version 2")
         return self
+
+    @classmethod
+    def from_plan(cls, graph: LayerGraph, plan: Plan, **fields: Any) -> Scheme:
+        """The scheme whose plan on ``graph`` is exactly ``plan`` (a strategy's: train all biases,
+        full fine-tuning, MobileTL, ...; :func:`memplan.plan.convert.plan_scheme_fields`). ``fields``
+        set the other fields (mode, provenance, ...). SchemeError when no scheme says it."""
+        base = dict(
+            model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:])
+        )
+        parsed = plan_scheme_fields(graph, plan)
+        return validated(lambda: cls(**{**base, **fields, **parsed}), f"plan {plan.method!r}", SchemeError)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the scheme as JSON (schema version :data:`SCHEMA_VERSION`, also for one read from
