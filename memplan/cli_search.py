@@ -65,6 +65,17 @@ def search(  # typer command: one parameter per CLI option
     select: str = SelectOpt,
     classes: int | None = ClassesOpt,
     resolution: int | None = ResOpt,
+    validate: int | None = typer.Option(
+        None,
+        "--validate",
+        help="train the search's N best candidates and every baseline that fits on the profile's validation "
+        "split (successive halving over seeds and a learning-rate grid) and return the validated best",
+    ),
+    validate_lrs: str = typer.Option("5e-4,2.5e-3,1.25e-2", "--validate-lrs", help="learning-rate grid of --validate"),
+    validate_seeds: str = typer.Option("0,1", "--validate-seeds", help="seeds of --validate (one rung each)"),
+    validate_dir: str = typer.Option(
+        ".memplan-validate", "--validate-dir", help="checkpoint folder of --validate (reruns resume from it)"
+    ),
 ) -> None:
     """Search the sparse-update scheme of largest summed (noise-aware) Δacc under a memory (and FLOPs) budget."""
     from .render.figures import plot_search
@@ -75,9 +86,7 @@ def search(  # typer command: one parameter per CLI option
     if budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
     extra = {"ratios": floats(ratios, "ratios")} if ratios else {}
-    result = run_search(
-        model,
-        budget,
+    options = dict(
         profile_path=profile,
         device=target,
         mode=mode,
@@ -85,7 +94,7 @@ def search(  # typer command: one parameter per CLI option
         generations=generations,
         population=population,
         seed=seed,
-        out=out,
+        out=None if validate else out,
         curves=plot is not None,
         pw1_only=pw1_only,
         max_weight_layers=max_weight_layers,
@@ -99,8 +108,56 @@ def search(  # typer command: one parameter per CLI option
         select=select,
         **extra,
     )
+    result = run_search(model, budget, **options)
     out_console = console()
     print_search(result, out_console)
+    if validate is not None:
+        from .render.validated import print_validated
+
+        validated = _validate(result, validate, options, validate_lrs, validate_seeds, validate_dir)
+        print_validated(validated, out_console)
+        if out:
+            validated.scheme.save(out)
+            out_console.print(f"validated scheme written to {out}")
     if plot:
         plot_search(result, plot)
         out_console.print(f"plot written to {plot}")
+
+
+def _validate(result, n: int, options: dict, lrs: str, seeds: str, folder: str):  # noqa: ANN001, ANN202
+    """The validation stage with a progress bar (``memplan.search.select.validate_search``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .search.run import run_search
+    from .search.select import validate_search
+
+    def again(objective: str, budget: int):  # noqa: ANN202
+        return run_search(result.model, budget, **{**options, "objective": objective, "out": None, "curves": False})
+
+    with Progress(
+        TextColumn("validating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console(stderr=True)
+    ) as bar:
+        task = bar.add_task("runs", total=None)
+        validated = validate_search(
+            result,
+            n,
+            again,
+            lrs=floats(lrs, "validate-lrs"),
+            seeds=_ints(seeds, "validate-seeds"),
+            checkpoint_dir=folder,
+            on_start=lambda total: bar.update(task, total=total),
+            on_run=lambda: bar.advance(task),
+            options={
+                "optimizer": result.scheme.optimizer,
+                "frozen_bits": options.get("frozen_bits", 32),
+                "mode_options": options.get("mode_options"),
+            },
+        )
+    return validated
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated integers, e.g. 0,1") from None

@@ -4,8 +4,8 @@ plot are produced and that a rerun resumes; it asserts no accuracy (those depend
 The statistics it reports (Student-t CI, Pareto front) are checked against hand computations."""
 
 import json
-import statistics
 import math
+import statistics
 
 import pytest
 import torch

@@ -209,9 +209,7 @@ class Scheme(BaseModel):
         """The scheme whose plan on ``graph`` is exactly ``plan`` (a strategy's: train all biases,
         full fine-tuning, MobileTL, ...; :func:`memplan.plan.convert.plan_scheme_fields`). ``fields``
         set the other fields (mode, provenance, ...). SchemeError when no scheme says it."""
-        base = dict(
-            model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:])
-        )
+        base = dict(model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:]))
         parsed = plan_scheme_fields(graph, plan)
         return validated(lambda: cls(**{**base, **fields, **parsed}), f"plan {plan.method!r}", SchemeError)
 

@@ -1,0 +1,103 @@
+"""Successive halving over (candidate, learning rate) configurations, one seed per rung.
+
+Rung i trains every configuration still in at seed ``seeds[i]``; then the configurations are
+ranked by their mean accuracy over the seeds so far, and the better ``keep`` fraction (at least
+``min_keep``) goes on, together with the best configuration of every *protected* candidate (the
+baselines: they are never halved away, so the winner has been compared with each of them on
+the same seeds). A run whose accuracy is not finite is diverged and drops its configuration.
+After the last rung the configuration of highest mean wins.
+
+The function is pure: ``train(candidate, lr, seed) -> accuracy`` does the work (and may read a
+checkpoint), so the schedule is tested on its own.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Config:
+    """One candidate at one learning rate, with its accuracy (%) per seed trained."""
+
+    candidate: Hashable
+    lr: float
+    accuracy: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.accuracy.values()) if self.accuracy else -math.inf
+
+    @property
+    def se(self) -> float:
+        """Standard error of the mean over seeds, points (0 with one seed)."""
+        xs = list(self.accuracy.values())
+        return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+
+    @property
+    def diverged(self) -> bool:
+        return any(not math.isfinite(a) for a in self.accuracy.values())
+
+
+@dataclass
+class Halving:
+    """Every configuration with what it measured, the rungs (which configurations each seed
+    trained) and the winner (None when every configuration diverged)."""
+
+    configs: list[Config]
+    rungs: list[list[tuple[Hashable, float]]]
+    best: Config | None
+
+    def best_of(self, candidate: Hashable) -> Config | None:
+        """The configuration of ``candidate`` that went furthest, best mean first."""
+        mine = [c for c in self.configs if c.candidate == candidate and not c.diverged and c.accuracy]
+        return max(mine, key=lambda c: (len(c.accuracy), c.mean), default=None)
+
+
+def successive_halving(
+    candidates: Iterable[Hashable],
+    lrs: Sequence[float],
+    seeds: Sequence[int],
+    train: Callable[[Hashable, float, int], float],
+    *,
+    protected: Iterable[Hashable] = (),
+    keep: float = 0.5,
+    min_keep: int = 2,
+    on_run: Callable[[], None] | None = None,
+) -> Halving:
+    """Run the schedule (module docstring); ``on_run`` is called after every run (a progress bar)."""
+    if not seeds or not lrs:
+        raise ValueError("successive halving needs at least one seed and one learning rate")
+    protected = set(protected)
+    configs = [Config(c, lr) for c in dict.fromkeys(candidates) for lr in lrs]
+    alive = list(configs)
+    rungs = []
+    for seed in seeds:
+        rungs.append([(c.candidate, c.lr) for c in alive])
+        for c in alive:
+            c.accuracy[seed] = float(train(c.candidate, c.lr, seed))
+            if on_run is not None:
+                on_run()
+        ranked = sorted((c for c in alive if not c.diverged), key=lambda c: -c.mean)
+        survivors = ranked[: max(min_keep, math.ceil(len(ranked) * keep))]
+        for cand in protected:
+            own = next((c for c in ranked if c.candidate == cand), None)
+            if own is not None and own not in survivors:
+                survivors.append(own)
+        alive = survivors
+    last = [c for c in alive if len(c.accuracy) == len(seeds) and not c.diverged]
+    best = max(last, key=lambda c: c.mean, default=None)
+    return Halving(configs, rungs, best)
+
+
+def planned_runs(n_configs: int, n_seeds: int, keep: float = 0.5, min_keep: int = 2) -> int:
+    """Runs of the schedule without protection and divergence (each protected candidate adds at most one
+    run per later seed)."""
+    total, alive = 0, n_configs
+    for _ in range(n_seeds):
+        total += alive
+        alive = min(alive, max(min_keep, math.ceil(alive * keep)))
+    return total

@@ -1,0 +1,77 @@
+"""The validation stage of ``memplan search --validate`` (issue 26): the successive-halving schedule
+on its own (hand-worked rungs), and the cheap end-to-end form CI runs: a tiny model and task, the
+search's candidates plus every baseline that fits, trained on the validation split, resumed from
+the checkpoint; the chosen scheme carries its rate and validation accuracy, and no baseline that
+fits scores higher on validation."""
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from memplan.cli import app
+from memplan.contrib.analysis import run_contrib
+from memplan.plan import load_scheme
+from memplan.search.halving import planned_runs, successive_halving
+
+from .test_real import TINY_GRID, make_npz
+
+torch.set_num_threads(1)
+
+
+def test_halving_keeps_the_better_half_and_every_protected_candidate():
+    table = {  # accuracy by (candidate, lr, seed)
+        ("a", 1, 0): 90, ("a", 1, 1): 80, ("a", 2, 0): 70, ("a", 2, 1): 99,
+        ("b", 1, 0): 85, ("b", 1, 1): 95, ("b", 2, 0): 60, ("b", 2, 1): 99,
+        ("base", 1, 0): 50, ("base", 1, 1): 40, ("base", 2, 0): 55, ("base", 2, 1): 45,
+    }  # fmt: skip
+    calls = []
+
+    def train(c, lr, seed):
+        calls.append((c, lr, seed))
+        return table[c, lr, seed]
+
+    h = successive_halving(["a", "b", "base"], [1, 2], [0, 1], train, protected=["base"])
+    # rung 0: all six; ranked a@1 90, b@1 85, a@2 70, b@2 60, base@2 55, base@1 50 -> top 3 + base's best (@2)
+    assert h.rungs[0] == [(c, lr) for c in ("a", "b", "base") for lr in (1, 2)]
+    assert sorted(h.rungs[1]) == sorted([("a", 1), ("b", 1), ("a", 2), ("base", 2)])
+    assert h.best.candidate == "b" and h.best.lr == 1 and h.best.mean == 90 and h.best.se == pytest.approx(5.0)
+    assert len(calls) == 6 + 4
+    assert h.best_of("base").lr == 2 and h.best_of("base").mean == 50
+
+
+def test_halving_drops_diverged_runs_and_counts_runs():
+    h = successive_halving(["x", "y"], [1], [0, 1], lambda c, lr, s: math.nan if c == "x" else 70.0)
+    assert h.best.candidate == "y" and h.rungs[1] == [("y", 1)]
+    assert planned_runs(6, 2) == 6 + 3 and planned_runs(6, 3) == 6 + 3 + 2 and planned_runs(2, 3) == 6
+
+
+def test_search_validate_end_to_end_and_resume(tmp_path):
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    profile = tmp_path / "profile.json"
+    run_contrib("minilearn-cifar10", data=str(npz), out=profile, validation=4, **{**TINY_GRID, "seeds": (0, 1)})
+    out, folder = tmp_path / "scheme.json", tmp_path / "val"
+    argv = [
+        "search", "minilearn-cifar10", "--budget", "30KB", "--profile", str(profile), "--validate", "2",
+        "--validate-lrs", "0.001,0.01", "--validate-seeds", "0,1", "--validate-dir", str(folder), "--out", str(out),
+    ]  # fmt: skip
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    assert "validation stage" in r.output and "chosen:" in r.output
+    scheme = load_scheme(out)
+    assert scheme.training.lr in (0.001, 0.01) and scheme.training.optimizer == "sgd"
+    val = scheme.validation
+    assert len(val.seeds) == 2 and val.runners_up
+    baselines = [x for x in val.runners_up if x["baseline"]]
+    assert baselines and all(x["memory_bytes"] <= 30_000 for x in val.runners_up)
+    # never worse on validation than a baseline that fits (both measured on the same seeds)
+    assert all(val.accuracy >= x["accuracy"] for x in baselines if x["seeds"] == val.seeds)
+    runs = (folder / "validate.runs.jsonl").read_text().splitlines()
+    # rerun: every run comes from the checkpoint, the same choice
+    again = CliRunner().invoke(app, argv)
+    assert again.exit_code == 0, again.output
+    assert "0 runs trained now" in again.output
+    assert (folder / "validate.runs.jsonl").read_text().splitlines() == runs
+    assert json.loads(out.read_text())["validation"] == json.loads(scheme.model_dump_json())["validation"]
