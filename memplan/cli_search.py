@@ -65,6 +65,7 @@ def search(  # typer command: one parameter per CLI option
     select: str = SelectOpt,
     classes: int | None = ClassesOpt,
     resolution: int | None = ResOpt,
+    batch: int = typer.Option(1, "--batch", "-b", help="training batch the memory is costed at"),
     validate: int | None = typer.Option(
         None,
         "--validate",
@@ -106,6 +107,7 @@ def search(  # typer command: one parameter per CLI option
         mode_options=key_values(mode_option, "--mode-option"),
         flops_budget=flops_budget,
         select=select,
+        batch=batch,
         **extra,
     )
     result = run_search(model, budget, **options)

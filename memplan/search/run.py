@@ -103,6 +103,7 @@ class SearchOptions:
     mode_options: dict[str, Any] | None = None
     flops_budget: str | int | float | None = None
     select: str = "magnitude+"
+    batch: int = 1
 
 
 @dataclass
@@ -136,8 +137,9 @@ def run_search(
     exact | evolution | random; default: exact when memory is additive, else evolution).
     ``generations`` / ``population`` / ``seed``: the DEAP run (random search gets as many
     evaluations). ``ratios``, ``pw1_only``, ``max_weight_layers``: the space. ``classes`` /
-    ``resolution`` / ``input_shape`` (per sample): the traced model (classes default to the
-    profile's). ``out``: write the scheme JSON. ``curves``: also run evolution and random search
+    ``resolution`` / ``input_shape`` (per sample) / ``batch``: the traced model (classes default to the
+    profile's; batch 1 unless given: the memory of one training step at that batch). ``out``: write
+    the scheme JSON. ``curves``: also run evolution and random search
     for their best-so-far curves (the 256KB paper's Figure 13,
     ``memplan.render.figures.plot_search``). ``optimizer`` / ``mode_options``: the optimizer whose
     state the mode counts (default: the one the profile's runs trained with) and the mode's
@@ -192,7 +194,7 @@ def _capture(model: str | nn.Module | None, opts: SearchOptions) -> tuple[Captur
         resolution = contributions.costing_resolution
     cap = capture(
         model,
-        batch=1,
+        batch=opts.batch,
         resolution=resolution,
         input_shape=input_shape,
         classes=classes or (contributions.classes if contributions else None),
@@ -205,7 +207,11 @@ def _capture(model: str | nn.Module | None, opts: SearchOptions) -> tuple[Captur
             resolution = contributions.costing_resolution
         if own or (classes is None and contributions.classes and contributions.classes != cap.classes):
             cap = capture(
-                model, batch=1, resolution=resolution, input_shape=input_shape, classes=classes or contributions.classes
+                model,
+                batch=opts.batch,
+                resolution=resolution,
+                input_shape=input_shape,
+                classes=classes or contributions.classes,
             )
     return cap, contributions, profile_path
 

@@ -148,6 +148,116 @@ def dedupe(candidates: Sequence[Candidate]) -> list[Candidate]:
     return list(by_key.values())
 
 
+class ProfileTrainer:
+    """Trains candidates from a profile's setup on its validation split (the linear probe first, as
+    contribution analysis does), one run per call, each checkpointed as one JSONL line keyed by
+    what the candidate trains, its rate and seed. ``trainer(candidate, lr, seed)`` -> accuracy, %
+    (NaN: diverged). Any object with this call and these attributes can stand in (the transfer
+    benchmark trains through its own checkpoint)."""
+
+    def __init__(self, profile_path: str | Path, checkpoint_dir: str | Path, threads: int = 1):
+        self.threads = threads
+        with num_threads(threads):
+            profile = load_profile(profile_path)
+            setup = setup_of(profile)
+            self.protocol = protocol = profile.protocol
+            folder = Path(checkpoint_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json", exclude={"seeds"})}
+            self.ckpt = Checkpoint(folder / "validate.runs.jsonl", identity)
+            done = self.ckpt.finished()
+            if done is None:
+                self.ckpt.start()
+            self.done = done or {}
+            linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
+            self.worker = Worker(Context(setup.name, setup.net, setup.task.validation_task(), protocol, True, threads))
+        self.optimizer, self.epochs, self.batch_size = protocol.optimizer, protocol.epochs, protocol.batch_size
+        self.data = setup.task.description.split(" [")[0] + " (validation split)"
+        self.checkpoint = str(self.ckpt.path)
+        self.trained = 0
+
+    def __call__(self, candidate: Candidate, lr: float, seed: int) -> float:
+        rid = f"{candidate.key}|{lr:g}|{seed}"
+        if rid not in self.done:
+            make = lambda g: scheme_to_plan(g, candidate.scheme, method="sparse")  # noqa: E731
+            proto = self.protocol.model_copy(update=dict(lr_classifier=lr, lr_bias=lr, lr_weight=lr, seeds=(seed,)))
+            with num_threads(self.threads):
+                rec = self.worker.train_plan(make, first_trained(self.worker.graph, make(self.worker.graph)), proto)
+            ok = math.isfinite(rec["final_loss"][0])
+            self.done[rid] = {"id": rid, "accuracy": rec["accuracy"][0] if ok else math.nan, "train_s": rec["train_s"]}
+            self.ckpt.append(self.done[rid])
+            self.trained += 1
+        return self.done[rid]["accuracy"]
+
+
+def collect_candidates(
+    result: SearchResult,
+    n: int,
+    search: Callable[[str, int], SearchResult],
+    options: dict[str, Any],
+    classes: int | None,
+) -> list[Candidate]:
+    """The searched candidates and the baselines that fit, one per training, cheapest first (a tie
+    on validation goes to the cheaper one)."""
+    if n < 1:
+        raise BadOption(f"--validate needs at least 1 searched candidate, got {n}")
+    cap = capture(result.model, result.input_shape, batch=result.scheme.batch, classes=classes)
+    found = searched_candidates(result, n, search) + baseline_candidates(result, cap, options)
+    return sorted(dedupe(found), key=lambda c: c.memory_bytes)
+
+
+def choose(  # the stage's schedule, one keyword each
+    candidates: Sequence[Candidate],
+    trainer: Any,
+    *,
+    lrs: Sequence[float] = DEFAULT_LRS,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    budget_bytes: int | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_run: Callable[[], None] | None = None,
+) -> Validated:
+    """Successive halving of ``candidates`` x ``lrs`` over ``seeds`` with ``trainer`` (baselines
+    protected); the winner as a scheme with ``training`` and ``validation`` filled in."""
+    if len(set(seeds)) != len(seeds) or not seeds or not lrs or any(not (lr > 0) for lr in lrs):
+        raise BadOption("the validation stage needs distinct seeds and positive learning rates")
+    t0 = time.perf_counter()
+    by_key = {c.key: c for c in candidates}
+    if on_start is not None:
+        n_protected = sum(c.baseline for c in candidates)
+        on_start(planned_runs(len(candidates) * len(lrs), len(seeds)) + n_protected * (len(seeds) - 1))
+    halving = successive_halving(
+        list(by_key),
+        list(lrs),
+        list(seeds),
+        lambda key, lr, seed: trainer(by_key[key], lr, seed),
+        protected=[c.key for c in candidates if c.baseline],
+        on_run=on_run,
+    )
+    if halving.best is None:
+        raise MemplanError("every candidate diverged at every learning rate of the validation stage", "widen the rates")
+    chosen = by_key[halving.best.candidate]
+    validated = Validated(
+        chosen.scheme, chosen, list(candidates), halving, list(lrs), list(seeds), 0, 0.0, trainer.checkpoint
+    )
+    training = Training(
+        optimizer=trainer.optimizer, lr=halving.best.lr, epochs=trainer.epochs, batch_size=trainer.batch_size
+    )
+    validation = Validation(
+        name=chosen.name,
+        accuracy=round(halving.best.mean, 3),
+        se=round(halving.best.se, 3),
+        seeds=sorted(halving.best.accuracy),
+        data=trainer.data,
+        runners_up=[r for r in validated.table() if r["name"] != chosen.name],
+    )
+    update: dict[str, Any] = {"training": training, "validation": validation}
+    if budget_bytes is not None:
+        update["budget_bytes"] = budget_bytes
+    validated.scheme = chosen.scheme.model_copy(update=update)
+    validated.runs_trained, validated.seconds = trainer.trained, time.perf_counter() - t0
+    return validated
+
+
 def validate_search(  # the stage's knobs, one keyword each
     result: SearchResult,
     n: int,
@@ -163,82 +273,19 @@ def validate_search(  # the stage's knobs, one keyword each
 ) -> Validated:
     """Run the stage (module docstring) on ``result`` (a search over a profile that records its
     setup). ``search(objective, budget_bytes)``: the same search under another objective or budget.
-    ``on_start(total)`` / ``on_run()``: progress (planned runs, then one call per run)."""
-    if n < 1:
-        raise BadOption(f"--validate needs at least 1 searched candidate, got {n}")
-    if len(set(seeds)) != len(seeds) or not seeds or not lrs or any(not (lr > 0) for lr in lrs):
-        raise BadOption("the validation stage needs distinct seeds and positive learning rates")
+    ``options``: how baselines are costed (``profile_captured``'s optimizer, frozen_bits,
+    mode_options: the search's). ``on_start(total)`` / ``on_run()``: progress."""
     if result.profile_path is None:
         raise BadOption("the validation stage trains from the profile's setup: search with a profile file")
-    t0 = time.perf_counter()
-    profile = load_profile(result.profile_path)
-    cap = capture(result.model, result.input_shape, classes=profile.dataset.get("classes"))
-    found = searched_candidates(result, n, search) + baseline_candidates(result, cap, options or {})
-    candidates = sorted(dedupe(found), key=lambda c: c.memory_bytes)  # a tie goes to the cheaper candidate
-    with num_threads(threads):
-        setup = setup_of(profile)
-        protocol = profile.protocol
-        folder = Path(checkpoint_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json", exclude={"seeds"})}
-        ckpt = Checkpoint(folder / "validate.runs.jsonl", identity)
-        done = ckpt.finished()
-        if done is None:
-            ckpt.start()
-            done = {}
-        linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
-        worker = Worker(Context(setup.name, setup.net, setup.task.validation_task(), protocol, True, threads))
-        by_key = {c.key: c for c in candidates}
-        trained = 0
-
-        def train(key: str, lr: float, seed: int) -> float:
-            nonlocal trained
-            rid = f"{key}|{lr:g}|{seed}"
-            if rid not in done:
-                scheme = by_key[key].scheme
-                make = lambda g: scheme_to_plan(g, scheme, method="sparse")  # noqa: E731
-                proto = protocol.model_copy(update=dict(lr_classifier=lr, lr_bias=lr, lr_weight=lr, seeds=(seed,)))
-                rec = worker.train_plan(make, first_trained(worker.graph, make(worker.graph)), proto)
-                ok = math.isfinite(rec["final_loss"][0])
-                done[rid] = {"id": rid, "accuracy": rec["accuracy"][0] if ok else math.nan, "train_s": rec["train_s"]}
-                ckpt.append(done[rid])
-                trained += 1
-            return done[rid]["accuracy"]
-
-        if on_start is not None:
-            n_protected = sum(c.baseline for c in candidates)
-            on_start(planned_runs(len(candidates) * len(lrs), len(seeds)) + n_protected * (len(seeds) - 1))
-        halving = successive_halving(
-            list(by_key),
-            list(lrs),
-            list(seeds),
-            train,
-            protected=[c.key for c in candidates if c.baseline],
-            on_run=on_run,
-        )
-    if halving.best is None:
-        raise MemplanError("every candidate diverged at every learning rate of the validation stage", "give --lrs")
-    chosen = by_key[halving.best.candidate]
-    validated = Validated(
-        chosen.scheme, chosen, candidates, halving, list(lrs), list(seeds), trained, 0.0, str(ckpt.path)
+    trainer = ProfileTrainer(result.profile_path, checkpoint_dir, threads)
+    classes = load_profile(result.profile_path).dataset.get("classes")
+    candidates = collect_candidates(result, n, search, options or {}, classes)
+    return choose(
+        candidates,
+        trainer,
+        lrs=lrs,
+        seeds=seeds,
+        budget_bytes=result.budget_bytes,
+        on_start=on_start,
+        on_run=on_run,
     )
-    runners = [r for r in validated.table() if r["name"] != chosen.name]
-    scheme = chosen.scheme.model_copy(
-        update={
-            "training": Training(
-                optimizer=protocol.optimizer, lr=halving.best.lr, epochs=protocol.epochs, batch_size=protocol.batch_size
-            ),
-            "validation": Validation(
-                name=chosen.name,
-                accuracy=round(halving.best.mean, 3),
-                se=round(halving.best.se, 3),
-                seeds=sorted(halving.best.accuracy),
-                data=setup.task.description.split(" [")[0] + " (validation split)",
-                runners_up=runners,
-            ),
-            "budget_bytes": result.budget_bytes,
-            "provenance": result.scheme.provenance,
-        }
-    )
-    validated.scheme, validated.seconds = scheme, time.perf_counter() - t0
-    return validated
