@@ -70,14 +70,20 @@ def states(name: str) -> int:
 
 def make_optimizer(
     params: Iterable[Tensor] | Iterable[dict[str, Any]],
-    name: str = "sgd",
-    lr: float = 0.01,
+    name: str | None = None,
+    lr: float | None = None,
     *,
     weight_decay: float = 0.0,
+    scheme: Any = None,
 ) -> torch.optim.Optimizer:
     """Optimizer ``name`` (:data:`OPTIMIZERS`) over the parameters of ``params`` that require grad
     (the others are left out, so they never change). ``params`` may also be torch parameter groups
-    (dicts with ``params`` and, say, their own ``lr``: per-role learning rates)."""
+    (dicts with ``params`` and, say, their own ``lr``: per-role learning rates). ``scheme``: a
+    ``memplan.plan.Scheme`` whose ``training`` (what ``memplan search --validate`` measured) gives
+    the optimizer and rate that ``name`` / ``lr`` leave out; without one, ``sgd`` at 0.01."""
+    training = getattr(scheme, "training", None)
+    name = name or (training.optimizer if training else None) or getattr(scheme, "optimizer", None) or "sgd"
+    lr = lr if lr is not None else (training.lr if training else 0.01)
     spec = OPTIMIZERS.choose(name)
     items = list(params)
     if items and isinstance(items[0], dict):

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from memplan.cli import app
 from memplan.contrib.analysis import run_contrib
+from memplan.nn.train import make_optimizer
 from memplan.plan import load_scheme
 from memplan.search.halving import planned_runs, successive_halving
 
@@ -75,3 +76,8 @@ def test_search_validate_end_to_end_and_resume(tmp_path):
     assert "0 runs trained now" in again.output
     assert (folder / "validate.runs.jsonl").read_text().splitlines() == runs
     assert json.loads(out.read_text())["validation"] == json.loads(scheme.model_dump_json())["validation"]
+    # training code gets the validated optimizer and rate by default
+    model = torch.nn.Linear(3, 2)
+    opt = make_optimizer(model.parameters(), scheme=scheme)
+    assert type(opt) is torch.optim.SGD and opt.defaults["lr"] == scheme.training.lr
+    assert make_optimizer(model.parameters(), "adam", 0.5, scheme=scheme).defaults["lr"] == 0.5  # given wins
