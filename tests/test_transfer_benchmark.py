@@ -51,13 +51,14 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     argv = [
         "--model", "minilearn-cifar10", "--weights", "none", "--data", str(npz), "--resolution", "32",
         "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
-        "--lrs", "0.001,0.01", "--seeds", "0,1", "--profile", str(profile), "--budgets", "4KB",
-        "--objectives", "mean,shrink", "--methods", "classifier only,bias only,last-1 weights+biases,searched (shrink)",
+        "--lrs", "0.001,0.01", "--stage-lrs", "0.001,0.01", "--seeds", "0,1", "--profile", str(profile),
+        "--budgets", "300KB", "--validate", "2",
+        "--methods", "classifier only,bias only,last-1 weights+biases,searched + validated",
         "--out", str(out), "--no-progress",
     ]  # fmt: skip
     result = transfer.main(argv)
     names = {r["name"] for r in result["rows"]}
-    assert names == {"classifier only", "bias only", "last-1 weights+biases", "searched 4KB (shrink)"}
+    assert names == {"classifier only", "bias only", "last-1 weights+biases", "validated 300KB"}
     assert not result["missing"]
     for r in result["rows"]:
         assert len(r["accuracy"]) == 2 and r["lr"] in (0.001, 0.01) and r["memory_bytes"] > 0
@@ -65,9 +66,15 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
         assert all(len(accs) == 2 for accs in r["grid_validation"].values())  # both rates at both validation seeds
         assert r["memory_bytes"] == r["memory"]["applied"] and set(r["memory"]) == {"applied", "tinytraining"}
         assert r["accuracy_std"] == pytest.approx(statistics.stdev(r["accuracy"]))
-    searched = next(r for r in result["rows"] if r["name"].startswith("searched"))
-    assert searched["memory"]["tinytraining"] <= 4000 and searched["objective"] == "shrink"
-    assert any("searched 4KB (shrink)" in v for v in result["verdicts"])
+    chosen = next(r for r in result["rows"] if r["name"] == "validated 300KB")
+    assert chosen["memory"]["applied"] <= 300_000 and chosen["chosen"]
+    val = chosen["validation"]
+    # never worse on validation than a baseline that fits (the stage's guarantee), on the same seeds
+    assert all(
+        val["accuracy"] >= x["accuracy"] for x in val["runners_up"] if x["baseline"] and x["seeds"] == val["seeds"]
+    )
+    assert any(x["name"] == "classifier only" for x in val["runners_up"] + [{"name": chosen["chosen"]}])
+    assert any("validated 300KB" in v for v in result["verdicts"])
     rows = {r["name"]: r for r in result["rows"]}
     for r in result["rows"]:
         if r["same_runs_as"] is not None:
