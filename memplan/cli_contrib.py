@@ -81,6 +81,11 @@ def measure(  # typer command: one parameter per CLI option
     weight_layers: int | None = typer.Option(
         None, "--weight-layers", help="weight runs for the last N convs only (default all)"
     ),
+    weight_reference: str | None = typer.Option(
+        None,
+        "--weight-reference",
+        help="depth: a weight run trains the biases of convs i..L-1 (the 256KB paper's); all-biases: all L biases",
+    ),
     epochs: int | None = typer.Option(None, "--epochs", help="epochs per run"),
     batch_size: int | None = typer.Option(None, "--batch-size", help="training batch size of every run"),
     ratios: str | None = typer.Option(None, "--ratios", help="weight ratios, e.g. 1/8,1/4,1/2,1"),
@@ -144,6 +149,7 @@ def measure(  # typer command: one parameter per CLI option
         adaptive_z=adaptive_z,
         bias_ks=ints(bias_ks, "bias-ks"),
         weight_layers=weight_layers,
+        weight_reference=weight_reference,
         epochs=epochs,
         batch_size=batch_size,
         ratios=floats(ratios, "ratios"),

@@ -135,6 +135,28 @@ def test_grid_counts_and_references():
     )
 
 
+def test_weight_reference_all_biases_measures_every_weight_on_top_of_every_bias(tmp_path):
+    graph = capture_graph(tiny_model(), (1, 3, 8, 8))
+    specs = grid(conv_table(graph), Protocol(ratios=(1.0,), bias_ks=(1,), weight_reference="all-biases"))
+    weights = [s for s in specs if s.kind == "weight"]
+    assert sorted(s.layer for s in weights) == ["a.0", "b.0", "c.0", "stem.0"]  # every conv, not only the last
+    assert all(s.k == 4 and s.reference == "bias:4" for s in weights)
+    assert sorted(s.id for s in specs if s.kind != "weight") == ["bias:1", "bias:4", "classifier"]
+    # a weight run trains its weight and all four biases
+    model = tiny_model()
+    own = capture_graph(model, (1, 3, 8, 8))
+    trained = apply_plan(model, run_plan(weights[0], own, "tiny", Protocol()), own)
+    assert {"stem.1.bias", "a.1.bias", "b.1.bias", "c.1.bias"} <= {
+        n for n, p in trained.named_parameters() if p.requires_grad
+    }
+    npz = make_npz(tmp_path / "task.npz")
+    prof = run_contrib(tiny_model(), data=str(npz), **{**TINY, "bias_ks": (1,), "weight_reference": "all-biases"})
+    runs = {r.id: r for r in prof.runs}
+    w = runs["weight:stem.0@1"]
+    assert w.delta == [x - y for x, y in zip(w.accuracy, runs["bias:4"].accuracy)]
+    assert prof.protocol.weight_reference == "all-biases" and "all L biases" in prof.description
+
+
 def test_run_trains_what_the_paper_says():
     proto = Protocol(ratios=(0.25,))
 

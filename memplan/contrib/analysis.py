@@ -103,11 +103,15 @@ def describe(
         f"Linear probe first: classifier from zero, {p.probe_epochs} epochs {p.optimizer} lr {p.probe_lr}, "
         f"cosine decay; every run starts from that head. Runs: classifier only (k = 0); biases of the last "
         f"k convs ({ks}; a conv's bias is the BN shift after it, norms in eval mode) + classifier; weight "
-        f"of conv i at ratios {ratios} (select {p.select}) for {wl}, + biases of convs i..L-1 + classifier. "
+        f"of conv i at ratios {ratios} (select {p.select}) for {wl}, + "
+        + ("all L biases" if p.weight_reference == "all-biases" else "biases of convs i..L-1")
+        + " + classifier. "
         f"Each run: {p.epochs} epochs of {p.optimizer}, batch {p.batch_size}, cosine decay to 0, "
         f"lr classifier {p.lr_classifier} / biases {p.lr_bias} / analysed weight {p.lr_weight}, no augmentation, "
         f"seeds {list(p.seeds)} (data order){adaptive}. Δacc in accuracy points, paired by seed: bias k vs classifier "
-        f"only, weight (i, r) vs bias k = L - i; mean and std over seeds. {cache_text}."
+        f"only, weight (i, r) vs bias k = "
+        + ("L" if p.weight_reference == "all-biases" else "L - i")
+        + f"; mean and std over seeds. {cache_text}."
         + ("" if est.name == "grid" else f" Estimator {est.name}: {est.description} ({batches} batches).")
     )
 
@@ -160,6 +164,7 @@ class ContribOptions:
     ratios: Sequence[float] | None = None
     bias_ks: Sequence[int] | None = None
     weight_layers: int | None = None
+    weight_reference: str | None = None
     select: str | None = None
     resolution: int | None = None
     costing_resolution: int | None = None

@@ -12,7 +12,9 @@ through ``memplan.plan.scheme_to_plan``; all runs start from the same linear-pro
   Δacc_b[:k] = acc(bias k) - acc(classifier);
 * ``weight`` (i, r): the weight of conv i at channel ratio r (``max(1, int(C_in * r))`` input
   channels, output channels for a depthwise conv, picked by ``select``) + the biases of convs
-  i..L-1 + the classifier; Δacc_W(i, r) = acc(weight i, r) - acc(bias L - i).
+  i..L-1 + the classifier; Δacc_W(i, r) = acc(weight i, r) - acc(bias L - i). With
+  ``weight_reference="all-biases"`` every weight run trains all L biases instead, and its Δacc is
+  taken over bias L: the reference a search pairs weight updates with once it buys every bias.
 
 Δacc is paired by seed (same data order) and reported as mean and standard deviation over
 seeds, in accuracy points (0..100).
@@ -66,6 +68,11 @@ class Protocol(BaseModel):
     bias_ks: tuple[int, ...] | None = Field(None, description="bias-run depths k; None = every k in 1..L")
     weight_layers: int | None = Field(None, ge=1, description="weight runs for the last N convs; None = all")
     select: str = Field("magnitude+", description="channel selection rule of sub-channel updates")
+    weight_reference: Literal["depth", "all-biases"] = Field(
+        "depth",
+        description="what a weight run (i, r) trains besides its weight: the biases of convs i..L-1 (depth, Δacc over "
+        "bias L - i) or all L biases (all-biases, Δacc over bias L)",
+    )
     bits: int | None = Field(None, ge=1, le=8, description="feature-cache quantisation bits; None = exact fp32")
 
     @field_validator("ratios")
@@ -146,12 +153,12 @@ def grid(layers: list[ConvLayer], protocol: Protocol) -> list[RunSpec]:
             raise BadOption(f"bias depth k={k} is out of range", f"the model has {n} convs (k = 1..{n})")
     wl = layers if protocol.weight_layers is None else layers[-protocol.weight_layers :]
     ks = set(range(1, n + 1)) if protocol.bias_ks is None else set(protocol.bias_ks)
-    ks |= {n - c.conv_index for c in wl}
+    every = protocol.weight_reference == "all-biases"
+    ks |= {n} if every and wl else {n - c.conv_index for c in wl}
     runs = [RunSpec("classifier", 0)]
     for k in sorted(ks, reverse=True):
         runs.append(RunSpec("bias", k))
-        layer = layers[n - k]
-        if layer in wl:
+        for layer in wl if every and k == n else [] if every else [layers[n - k]] if layers[n - k] in wl else []:
             runs += [RunSpec("weight", k, layer.name, layer.conv_index, r) for r in protocol.ratios]
     # earliest split first: classifier run last (it is the cheapest)
     return runs[1:] + runs[:1]

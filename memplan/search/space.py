@@ -77,7 +77,7 @@ _LATER_FIELDS = {
     "channel_importance": {},
 }
 #: protocol fields added later (adaptive seeding), left out of the hash while they hold their default
-_LATER_PROTOCOL_FIELDS = {"max_seeds": None, "adaptive_z": 2.0}
+_LATER_PROTOCOL_FIELDS = {"max_seeds": None, "adaptive_z": 2.0, "weight_reference": "depth"}
 
 
 def profile_hash(profile: ContribProfile) -> str:
