@@ -128,6 +128,7 @@ FUNCTION_KINDS: dict[object, str] = {
     torch.stack: "cat",
     torch.unbind: "view",
     torch.flatten: "view",
+    torch.unflatten: "view",
     torch.reshape: "view",
     torch.squeeze: "view",
     torch.unsqueeze: "view",
@@ -177,6 +178,7 @@ METHOD_KINDS: dict[str, str] = {
     "view": "view",
     "reshape": "view",
     "flatten": "view",
+    "unflatten": "view",
     "squeeze": "view",
     "unsqueeze": "view",
     "permute": "view",
@@ -212,6 +214,19 @@ ELEMENTWISE_FLOPS: dict[str, int] = {
     "log_softmax": 3,
     "dropout": 1,
 }
+
+
+#: Python functions of torch that compose ops with rules, recorded op by op (``memplan.graph.record``)
+#: rather than observed whole: observed on meta, the attention inside would run the math kernel
+#: where eager CPU runs the flash one, and the parameters it reads would be no layer's
+COMPOSITE_FUNCTIONS: frozenset[object] = frozenset({F.multi_head_attention_forward})
+
+
+def is_composite_module(m: nn.Module) -> bool:
+    """A stock ``torch.nn`` module built of other modules (``nn.MultiheadAttention``, the
+    ``nn.Transformer`` layers): captured through its parts, which have rules and whose
+    parameters the strategies train, never as one opaque node."""
+    return type(m).__module__.startswith("torch.nn.modules.") and any(True for _ in m.children())
 
 
 def function_name(target: object) -> str:
