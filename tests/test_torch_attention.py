@@ -95,3 +95,18 @@ def test_profile_check_agrees():
     model = ac.BY_NAME["hybrid"].build()
     prof = memplan.profile(copy.deepcopy(model), "bias", batch=2, input_shape=ac.SHAPE[1:], check=True)
     assert prof.check["differing"] == [] and prof.check["observed"] == prof.totals.saved_activation_bytes
+
+
+@pytest.mark.parametrize("name", ("mha", "mha-weights"))
+def test_a_module_kept_whole_is_observed_with_the_cpu_kernel(name):
+    """nn.MultiheadAttention named a leaf is one node costed by observation. Replayed on meta, its
+    attention would run the math kernel; where the CPU runs the flash one (need_weights=False) the
+    replay moves to the CPU (``costs.observe.CpuKernels``), so the observation is still exact."""
+    base = ac.BY_NAME[name].build()
+    graph = capture_graph(copy.deepcopy(base), ac.SHAPE, leaf_modules=["MultiheadAttention"])
+    for method in ("full", "bias"):
+        r = corpus.check_pair(base, graph, ac.SHAPE, method, name, raise_errors=True, apply_checks=False)
+        assert r.observed_ops == {"MultiheadAttention": 1}
+        assert r.predicted_bytes == r.measured_bytes == r.check_observed
+    devices = {o.device for o in graph.observed.values()}
+    assert devices == ({"cpu"} if name == "mha" else {"meta"})

@@ -11,6 +11,8 @@ depends on what has been imported.
 from __future__ import annotations
 
 import operator
+import types
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -220,6 +222,16 @@ ELEMENTWISE_FLOPS: dict[str, int] = {
 #: rather than observed whole: observed on meta, the attention inside would run the math kernel
 #: where eager CPU runs the flash one, and the parameters it reads would be no layer's
 COMPOSITE_FUNCTIONS: frozenset[object] = frozenset({F.multi_head_attention_forward})
+
+
+def composite_body(func: Any) -> Any:
+    """A function of ``COMPOSITE_FUNCTIONS`` without its ``__torch_function__`` dispatch: a copy
+    whose ``has_torch_function`` is false, so that under a ``TorchFunctionMode`` (entered again
+    by its handler) its body runs and the mode sees the calls it makes one by one."""
+    glob = {**func.__globals__, "has_torch_function": lambda *_: False}
+    body = types.FunctionType(func.__code__, glob, func.__name__, func.__defaults__, func.__closure__)
+    body.__kwdefaults__ = func.__kwdefaults__
+    return body
 
 
 def is_composite_module(m: nn.Module) -> bool:

@@ -22,7 +22,6 @@ what capture needs: one input shape at a time.
 from __future__ import annotations
 
 import operator
-import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,7 +31,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceFailure
-from .kinds import COMPOSITE_FUNCTIONS
+from .kinds import COMPOSITE_FUNCTIONS, composite_body
 from .layout import flatten, function_output
 from .leafcalls import opaque_calls
 from .trace import GraphModule, LeafTracer, user_frame
@@ -95,16 +94,6 @@ def _call(func: Any, args: tuple, kwargs: dict) -> Any:
             raise
     to_meta = lambda v: v.to("meta") if isinstance(v, torch.Tensor) else v  # noqa: E731
     return func(*fx.node.map_aggregate(args, to_meta), **fx.node.map_aggregate(kwargs, to_meta))
-
-
-def _through(func: Any) -> Any:
-    """``func`` (a Python function of ``torch.nn.functional``) without its ``__torch_function__``
-    dispatch: a copy whose ``has_torch_function`` is false, so that under the recording mode its
-    body runs and the calls it makes are recorded one by one."""
-    glob = {**func.__globals__, "has_torch_function": lambda *_: False}
-    copy = types.FunctionType(func.__code__, glob, func.__name__, func.__defaults__, func.__closure__)
-    copy.__kwdefaults__ = func.__kwdefaults__
-    return copy
 
 
 class _Recorder(TorchFunctionMode):
@@ -170,7 +159,7 @@ class _Recorder(TorchFunctionMode):
             return iter(self.record("unbind", (args[0],), {}, args[0].unbind(0), op="call_method"))
         if func in COMPOSITE_FUNCTIONS and not self.depth and self.stack:
             with self:  # its parts are recorded
-                return _through(func)(*args, **kwargs)
+                return composite_body(func)(*args, **kwargs)
         out = function_output(func, args, kwargs)  # laid out as on CPU, without the slow Python meta kernel
         if out is None:
             out = _call(func, args, kwargs)
