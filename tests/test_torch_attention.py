@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 import torch.nn as nn
 
 import memplan
@@ -110,3 +111,43 @@ def test_a_module_kept_whole_is_observed_with_the_cpu_kernel(name):
         assert r.predicted_bytes == r.measured_bytes == r.check_observed
     devices = {o.device for o in graph.observed.values()}
     assert devices == ({"cpu"} if name == "mha" else {"meta"})
+
+
+def test_check_sees_16_bytes(monkeypatch):
+    """``--check`` is byte-exact: with the pytorch rule of the loss made to forget its int64 target
+    (2 x 8 = 16 B), the check on the hybrid disagrees by exactly 16 B and names the loss's scope."""
+    import memplan.modes.pytorch as pt
+    from memplan.check import check
+
+    model = ac.BY_NAME["hybrid"].build()
+    graph = capture_graph(copy.deepcopy(model), ac.SHAPE)
+    plan = make_plan(graph, "bias")
+    assert check(copy.deepcopy(model), graph, plan).agrees
+    right = pt.pytorch.rules["cross_entropy"]
+    forgetful = lambda op: [s for s in right(op) if s.what != "target"]  # noqa: E731
+    monkeypatch.setitem(pt.pytorch.rules._items, "cross_entropy", forgetful)
+    result = check(copy.deepcopy(model), graph, plan)
+    assert not result.agrees and result.observed - result.predicted == 16
+    assert [(r.module, r.observed - r.predicted) for r in result.differing] == [("", 16)]
+
+
+@pytest.mark.parametrize("method", ("full", "norm"))
+def test_fast_paths_are_not_taken_while_training(method):
+    """The encoder layer's and nn.MultiheadAttention's fast paths (``torch._transformer_encoder_layer_fwd``,
+    ``torch._native_multi_head_attention``) run only in eval mode without autograd, where nothing is
+    saved. In eval mode with parameters that train (no dropout to tell the modes apart), the real run
+    takes the regular path and saves what the prediction (captured in train mode) says."""
+    from memplan.apply import apply_plain
+    from memplan.verify.measure import model_modules, saved_bytes
+
+    base = ac.BY_NAME["encoder-gelu-module"].build()
+    graph = capture_graph(copy.deepcopy(base), ac.SHAPE)
+    plan = make_plan(graph, method)
+    predicted = compute(graph, plan, get_mode("pytorch")).totals.saved_activation_bytes
+    model = copy.deepcopy(base)
+    model_modules(model, graph)
+    apply_plain(model, graph, plan).eval()
+    x, y = corpus.data(ac.SHAPE)
+    assert saved_bytes(model, x, y, backward=True).bytes == predicted
+    with torch.no_grad():  # the fast path: nothing saved, and the same outputs
+        assert torch.allclose(model(x), apply_plain(copy.deepcopy(model), graph, plan)(x).detach(), atol=1e-5)
