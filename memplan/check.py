@@ -8,7 +8,7 @@ plan's train / eval flags (``memplan.apply_plain`` semantics) on detached views 
 buffers, so the model itself is not changed; parameters still on the meta device (a zoo model
 built without weights) get seeded random values. Every saved storage is attributed to the
 innermost module running and the torch call packing it, and counted once (unique storages,
-parameters, buffers and the graph's constants excluded), as the prediction is. The result lists the modules where
+parameters and buffers excluded), as the prediction is. The result lists the modules where
 prediction and observation differ, with the nodes predicted there and what each saved, and
 what was observed. This checks the ``pytorch`` mode's prediction (what eager PyTorch saves).
 """
@@ -64,7 +64,7 @@ def predicted_by_module(graph: LayerGraph, plan: Plan) -> dict[str, list[tuple[s
     for op in grad_flow(graph, plan):
         _, saved, _ = layer_costs(op, mode, "sgd", 32)
         for s in saved:
-            if s.storage in graph.param_storages or (s.storage is not None and s.storage in counted):
+            if graph.is_weight(s.storage) or (s.storage is not None and s.storage in counted):
                 continue
             if s.storage is not None:
                 counted.add(s.storage)
@@ -138,9 +138,9 @@ def observed_by_module(model: nn.Module, graph: LayerGraph, plan: Plan) -> dict[
         nn.modules.module.register_module_forward_pre_hook(pre),
         nn.modules.module.register_module_forward_hook(post),
     ]
-    gm = getattr(graph, "gm", None)  # tensors the model reads from outside itself: constants, as in the graph
-    consts = [t for n, t in gm.named_buffers() if n.startswith(("_memplan_constant", "_tensor_constant"))] if gm else []
-    observer = SavedObserver(exclude=[*state.values(), *consts], where=lambda: (stack[-1], calls.current))
+    # a constant the model reads from outside itself (a cached index) is counted where an op saves
+    # it, as in the prediction (``LayerGraph.constant_storages``)
+    observer = SavedObserver(exclude=state.values(), where=lambda: (stack[-1], calls.current))
     try:
         with train_mode(model):
             for qual, flag in norm_flags.items():

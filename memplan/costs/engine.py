@@ -122,7 +122,7 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
         if how != "rule":
             tally = observed if how == "observed" else unknown
             tally[op.node.target] = tally.get(op.node.target, 0) + 1
-        saved = [s for s in saved if s.storage not in graph.param_storages]  # parameters are not activations
+        saved = [s for s in saved if not graph.is_weight(s.storage)]  # parameters are not activations
         for s in saved:  # a shared storage is counted once, at the first op that keeps it
             if s.storage is None or s.storage not in counted:
                 lc.saved_activation_bytes += s.nbytes

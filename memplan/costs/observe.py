@@ -11,8 +11,10 @@ else is private to the node. FLOPs come from ``FlopCounterMode`` on the same rep
 matmul family only, the ``forward_flops`` convention; convolution backward group-aware), the
 backward split into grad-input, grad-weight and grad-bias runs.
 
-Meta kernels differ from CPU ones in one known way: eval-mode batch norm returns C-sized
-statistics on meta and empty ones on CPU; :class:`CpuLike` corrects it. A node that cannot run
+Meta kernels differ from CPU ones in two known ways: eval-mode batch norm returns C-sized
+statistics on meta and empty ones on CPU (:class:`CpuLike` corrects it), and attention runs the
+math kernel on meta where the CPU may run the flash one (:class:`CpuKernels` asks torch's CPU
+choice and sends such a node to the CPU retry). A node that cannot run
 on meta is retried on CPU tensors of the same shapes (zeros; at most ``CPU_RETRY_BYTES``); if it
 cannot run at all it is reported with bounds (0 to its inputs + outputs), never as zero.
 """
@@ -24,9 +26,12 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..graph import LayerGraph, TensorInfo, flatten, role
+from ..graph.attention import MATH, SDPA_ARGS, cpu_backend, sdpa_call
+from ..graph.kinds import COMPOSITE_FUNCTIONS, composite_body
 from ..graph.saved import SavedObserver, storage_key
 from ..plan import OpView
 from .records import Saved
@@ -59,6 +64,33 @@ class CpuLike(TorchDispatchMode):
         if func is torch.ops.aten.native_batch_norm.default and not args[5] and args[0].is_meta:
             return out[0], out[1].new_empty((0,)), out[2].new_empty((0,))
         return out
+
+
+class MetaKernelDiffers(RuntimeError):
+    """A meta replay reached a call that eager CPU runs with another kernel."""
+
+
+class CpuKernels(TorchFunctionMode):
+    """Watches a meta replay for calls whose kernel, and so what autograd saves, differs on the
+    CPU: an attention (``F.scaled_dot_product_attention``, also inside
+    ``F.multi_head_attention_forward``) that CPU runs with the flash kernel where meta runs the
+    math one raises :class:`MetaKernelDiffers` (the node is then replayed on the CPU)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in COMPOSITE_FUNCTIONS:
+            with self:
+                return composite_body(func)(*args, **kwargs)
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            a = sdpa_call(args, kwargs)
+            specs = [
+                (tuple(t.shape), t.stride(), t.dtype, t.requires_grad) if isinstance(t, torch.Tensor) else None
+                for t in (a[n] for n in SDPA_ARGS[:4])
+            ]
+            backend = cpu_backend(specs, a["dropout_p"], a["is_causal"], a["scale"], a["enable_gqa"])
+            if backend != MATH:
+                raise MetaKernelDiffers(f"attention runs the {backend} kernel on the CPU, the math one on meta")
+        return func(*args, **kwargs)
 
 
 def _tensor(info: TensorInfo, device: str, requires_grad: bool) -> torch.Tensor:
@@ -172,7 +204,11 @@ def _replay(op: OpView, device: str) -> Observed:
     counter = flop_counter()
     own = [*rp.params.values(), *getattr(rp, "buffers", {}).values()]
     with torch.enable_grad(), SavedObserver(exclude=own) as seen, CpuLike(), counter:
-        out = rp.run()
+        if device == "meta":
+            with CpuKernels():
+                out = rp.run()
+        else:
+            out = rp.run()
     forward = counter.get_total_flops()
     outs = [t for t in flatten(out) if isinstance(t, torch.Tensor)]
     node, graph = op.node, op.graph

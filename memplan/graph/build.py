@@ -97,7 +97,10 @@ class GraphBuilder:
         self.storage_ids: dict[int, int] = {}
         self.storages: list[int] = []  # nbytes per storage id
         self.param_storages: set[int] = set()
+        self.constant_storages: set[int] = set()
         self.params_of = dict(model.named_parameters())
+        self.state_names = {q for q, _ in model.named_parameters(remove_duplicate=False)}
+        self.state_names.update(q for q, _ in model.named_buffers(remove_duplicate=False))
         self.scope_tags = _tagger(model)
         self.fx_index: dict[fx.Node, int] = {}
         self.seen_params: set[str] = set()
@@ -128,6 +131,7 @@ class GraphBuilder:
         )
         graph.output = self.out_path
         graph.gm = self.gm
+        graph.constant_storages = frozenset(self.constant_storages)
         return graph
 
     def info(self, t: torch.Tensor, is_param: bool = False) -> TensorInfo:
@@ -148,6 +152,8 @@ class GraphBuilder:
         outs = tuple(
             self.info(t, is_param=(fxn.op == "get_attr")) for t in flatten(value) if isinstance(t, torch.Tensor)
         )
+        if fxn.op == "get_attr" and fxn.target not in self.state_names:  # a constant the model reads
+            self.constant_storages.update(t.storage for t in outs)
         if kind == "unknown" and not outs and fxn.op in ("call_function", "call_method"):
             kind = "meta"  # Python values only (shape arithmetic: c // heads): nothing autograd could keep
         ops = self.operands(fxn, value)

@@ -57,7 +57,10 @@ def capture_graph(
     ``LayerGraph.capture`` says which. The model runs in train mode (flags restored after).
     ``LayerGraph.gm`` keeps the GraphModule; ``runnable=True`` makes it one to run the model with
     (the contribution feature cache cuts it): symbolic only (a failure raises TraceFailure; a
-    recording is specialised to its batch) and traced under the model's own train / eval flags.
+    recording is specialised to its batch), with stock composite modules (``nn.MultiheadAttention``,
+    the ``nn.Transformer`` layers) kept whole and costed by observation, and traced under the
+    model's own train / eval flags. Otherwise those modules are captured through their parts
+    (recorded: their forwards branch on tensor properties).
     A cross-entropy loss node over the (batch, classes) logits is appended, since every training
     step has one; it takes the model's output, or for a tuple / dict / namedtuple output its
     first tensor or the entry named by ``output``.
@@ -68,7 +71,7 @@ def capture_graph(
     with train_mode(model):
         if gm is None:
             try:
-                gm = trace(model, leaf_modules, name)
+                gm = trace(model, leaf_modules, name, into_composites=True)
             except TraceFailure:
                 gm = record(model, x, leaf_modules, name)
                 how = "recorded"

@@ -11,6 +11,8 @@ depends on what has been imported.
 from __future__ import annotations
 
 import operator
+import types
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -128,6 +130,7 @@ FUNCTION_KINDS: dict[object, str] = {
     torch.stack: "cat",
     torch.unbind: "view",
     torch.flatten: "view",
+    torch.unflatten: "view",
     torch.reshape: "view",
     torch.squeeze: "view",
     torch.unsqueeze: "view",
@@ -177,6 +180,7 @@ METHOD_KINDS: dict[str, str] = {
     "view": "view",
     "reshape": "view",
     "flatten": "view",
+    "unflatten": "view",
     "squeeze": "view",
     "unsqueeze": "view",
     "permute": "view",
@@ -212,6 +216,29 @@ ELEMENTWISE_FLOPS: dict[str, int] = {
     "log_softmax": 3,
     "dropout": 1,
 }
+
+
+#: Python functions of torch that compose ops with rules, recorded op by op (``memplan.graph.record``)
+#: rather than observed whole: observed on meta, the attention inside would run the math kernel
+#: where eager CPU runs the flash one, and the parameters it reads would be no layer's
+COMPOSITE_FUNCTIONS: frozenset[object] = frozenset({F.multi_head_attention_forward})
+
+
+def composite_body(func: Any) -> Any:
+    """A function of ``COMPOSITE_FUNCTIONS`` without its ``__torch_function__`` dispatch: a copy
+    whose ``has_torch_function`` is false, so that under a ``TorchFunctionMode`` (entered again
+    by its handler) its body runs and the mode sees the calls it makes one by one."""
+    glob = {**func.__globals__, "has_torch_function": lambda *_: False}
+    body = types.FunctionType(func.__code__, glob, func.__name__, func.__defaults__, func.__closure__)
+    body.__kwdefaults__ = func.__kwdefaults__
+    return body
+
+
+def is_composite_module(m: nn.Module) -> bool:
+    """A stock ``torch.nn`` module built of other modules (``nn.MultiheadAttention``, the
+    ``nn.Transformer`` layers): captured through its parts, which have rules and whose
+    parameters the strategies train, never as one opaque node."""
+    return type(m).__module__.startswith("torch.nn.modules.") and any(True for _ in m.children())
 
 
 def function_name(target: object) -> str:

@@ -136,6 +136,15 @@ class LayerGraph:
     output: str = ""  # the entry of a tuple / dict / namedtuple output the loss takes ("" = the output itself)
     gm: fx.GraphModule | None = field(default=None, repr=False)  # the captured fx graph
     observed: dict = field(default_factory=dict, repr=False)  # replay cache of memplan.costs.observe
+    #: storages of constants (tensors the model reads from outside itself: a module-level cache, an
+    #: fx ``_tensor_constant``): resident like buffers (in ``param_storages``), but what an op saves of
+    #: one is counted as saved, as ``saved_tensors_hooks`` sees it whether or not the cache was filled
+    #: before capture
+    constant_storages: frozenset[int] = frozenset()
+
+    def is_weight(self, storage: int | None) -> bool:
+        """Whether a saved ``storage`` is no activation: a parameter's or a buffer's (not a constant's)."""
+        return storage in self.param_storages and storage not in self.constant_storages
 
     def by_name(self, name: str) -> Node:
         for n in self.nodes:

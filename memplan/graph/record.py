@@ -31,6 +31,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceFailure
+from .kinds import COMPOSITE_FUNCTIONS, composite_body
 from .layout import flatten, function_output
 from .leafcalls import opaque_calls
 from .trace import GraphModule, LeafTracer, user_frame
@@ -82,12 +83,25 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     return [t for t in flatten(obj) if isinstance(t, torch.Tensor)]
 
 
+def _call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)``; where meta tensors meet CPU ones the model made itself (a mask
+    built in ``forward`` without a device) and the meta kernel refuses, again with those on meta."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError:
+        tensors = _tensors((args, kwargs))
+        if not any(t.is_meta for t in tensors) or all(t.is_meta for t in tensors):
+            raise
+    to_meta = lambda v: v.to("meta") if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return func(*fx.node.map_aggregate(args, to_meta), **fx.node.map_aggregate(kwargs, to_meta))
+
+
 class _Recorder(TorchFunctionMode):
     """Records the calls of one eager run into ``graph``."""
 
     def __init__(self, model: nn.Module, leaf_modules: Iterable[str | type]):
         super().__init__()
-        self.is_leaf = LeafTracer(leaf_modules).is_leaf_module
+        self.is_leaf = LeafTracer(leaf_modules, into_composites=True).is_leaf_module
         self.graph = fx.Graph()
         self.nodes: dict[int, fx.Node] = {}  # id(tensor) -> node producing it
         self.alive: list[Any] = []  # keep recorded values alive: ids stay unique
@@ -143,9 +157,12 @@ class _Recorder(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name == "__iter__" and not self.depth and self.stack:  # iteration over a tensor: unbind(0)
             return iter(self.record("unbind", (args[0],), {}, args[0].unbind(0), op="call_method"))
+        if func in COMPOSITE_FUNCTIONS and not self.depth and self.stack:
+            with self:  # its parts are recorded
+                return composite_body(func)(*args, **kwargs)
         out = function_output(func, args, kwargs)  # laid out as on CPU, without the slow Python meta kernel
         if out is None:
-            out = func(*args, **kwargs)
+            out = _call(func, args, kwargs)
         if self.depth or not self.stack:
             return out
         mutates = name.endswith("_") and not name.endswith("__") or name in ("__setitem__",) or name.startswith("__i")

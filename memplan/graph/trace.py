@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - older / newer torch without it
     GraphModule = fx.GraphModule
 
 from ..errors import MemplanError, TraceFailure
-from .kinds import module_kind
+from .kinds import is_composite_module, module_kind
 from .layout import flatten
 from .leafcalls import opaque_calls
 
@@ -57,11 +57,16 @@ class LeafTracer(fx.Tracer):
     """fx tracer that keeps known layers, scripted modules and user-named modules as single
     nodes, and custom autograd Functions / script functions as single call nodes.
 
-    It records which module was being traced so that a failure can name it.
+    It records which module was being traced so that a failure can name it. With
+    ``into_composites``, stock modules built of other modules (``kinds.is_composite_module``:
+    ``nn.MultiheadAttention``, the ``nn.Transformer`` layers) are traced into, not kept whole;
+    their forwards branch on tensor properties, so symbolic tracing then fails and capture
+    records them (``memplan.graph.record``).
     """
 
-    def __init__(self, leaf_modules: Iterable[str | type] = ()):
+    def __init__(self, leaf_modules: Iterable[str | type] = (), into_composites: bool = False):
         super().__init__()
+        self.into_composites = into_composites
         self.leaf_names = {x for x in leaf_modules if isinstance(x, str)}
         self.leaf_types = tuple(x for x in leaf_modules if isinstance(x, type))
         self.stack: list[tuple[str, str]] = []
@@ -74,6 +79,8 @@ class LeafTracer(fx.Tracer):
             return True
         if qualname in self.leaf_names or type(m).__name__ in self.leaf_names:
             return True
+        if self.into_composites and is_composite_module(m):
+            return False
         # fx's rule: a torch.nn module without a cost rule stays one (observed) node; a module
         # defined elsewhere, a subclass of a known layer among them, is traced into
         return super().is_leaf_module(m, qualname)
@@ -144,13 +151,16 @@ def _drop_specialised(graph: fx.Graph) -> None:
                 graph.erase_node(n)
 
 
-def trace(model: nn.Module, leaf_modules: Iterable[str | type] = (), name: str = "model") -> fx.GraphModule:
+def trace(
+    model: nn.Module, leaf_modules: Iterable[str | type] = (), name: str = "model", into_composites: bool = False
+) -> fx.GraphModule:
     """Symbolically trace ``model``; raise TraceFailure with a one-line explanation on failure.
 
     ``forward`` parameters with defaults are specialised to them; custom autograd Functions and
-    script functions become single call nodes (``memplan.leafcalls``).
+    script functions become single call nodes (``memplan.leafcalls``); ``into_composites``: see
+    :class:`LeafTracer`.
     """
-    tracer = LeafTracer(leaf_modules)
+    tracer = LeafTracer(leaf_modules, into_composites)
     concrete = defaulted_args(model)
     try:
         with opaque_calls(model, tracer.intercept):
