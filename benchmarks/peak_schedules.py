@@ -21,7 +21,7 @@ import tempfile
 import torch
 
 from memplan.apply import apply_plain
-from memplan.costs.engine import compute
+from memplan.accounting.engine import compute
 from memplan.graph.capture import capture_graph
 from memplan.io import shipped
 from memplan.models import zoo

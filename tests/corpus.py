@@ -561,7 +561,7 @@ def _check_pair(
 
     import memplan
     from memplan.apply import apply_plain
-    from memplan.costs.engine import compute
+    from memplan.accounting.engine import compute
     from memplan.modes import get_mode
     from memplan.strategies import make_plan
     from memplan.verify.measure import model_modules, saved_bytes

@@ -24,7 +24,7 @@ import memplan
 from memplan.api import capture
 from memplan.contrib import ContribProfile, Protocol
 from memplan.contrib.profile import Noise
-from memplan.costs.engine import compute
+from memplan.accounting.engine import compute
 from memplan.errors import MemplanError
 from memplan.graph import conv_layers, conv_table, is_pw1
 from memplan.modes import get_mode

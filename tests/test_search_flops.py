@@ -26,7 +26,7 @@ import memplan
 from memplan.api import capture
 from memplan.apply import apply_scheme
 from memplan.cli import main
-from memplan.costs.engine import compute
+from memplan.accounting.engine import compute
 from memplan.errors import BadOption
 from memplan.modes import get_mode
 from memplan.plan import Scheme, load_scheme, scheme_to_plan

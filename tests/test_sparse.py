@@ -12,7 +12,7 @@ import torch
 
 import memplan
 from memplan.apply import apply_plain
-from memplan.costs.engine import compute
+from memplan.accounting.engine import compute
 from memplan.errors import BadOption
 from memplan.modes import get_mode
 from memplan.modes.tinytraining import conv_update_costs

@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from ..api import Built, build_model
 from ..apply import apply_plain, apply_plan, plan_strategy
-from ..costs.engine import compute
+from ..accounting.engine import compute
 from ..errors import BadOption
 from ..modes import get_mode
 from ..nn.train import fit
