@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from .check import CHECK_BATCH, check as self_check
 from .accounting.engine import compute
-from .costs.extras import strategy_extras
+from .accounting.extras import strategy_extras
 from .costs.records import Profile
 from .errors import BadOption, SchemeError
 from .graph import LayerGraph

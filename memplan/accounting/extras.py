@@ -23,7 +23,7 @@ from ..registry import Registry
 from ..strategies.base import lastk_start
 from ..strategies.minilearn import STAGES, cut_start, minilearn, stage_start
 from .engine import compute
-from .records import HIDDEN_KINDS, Profile
+from ..costs.records import HIDDEN_KINDS, Profile
 
 Extras = Callable[[LayerGraph, Plan, Profile], dict[str, Any]]
 EXTRAS: Registry[Extras] = Registry("strategy extras")
