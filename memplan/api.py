@@ -24,9 +24,9 @@ from typing import Any
 import torch.fx as fx
 import torch.nn as nn
 
-from .check import CHECK_BATCH, check as self_check
 from .accounting.engine import compute
 from .accounting.extras import strategy_extras
+from .check import CHECK_BATCH, check as self_check
 from .costs.records import Profile
 from .errors import BadOption, SchemeError
 from .graph import LayerGraph

@@ -10,15 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from .. import optim
-from ..graph import LayerGraph, role
-from ..graph.kinds import MAC_KINDS
-from ..modes import Mode
-from ..plan import OpView, Plan, grad_flow, updated_weight_numel
 from ..costs.flops import Flops, flops_of
 from ..costs.observe import observe
 from ..costs.peak import PeakOptions, check_schedule
 from ..costs.records import CONVENTIONS, HIDDEN_KINDS, LayerCost, Profile, Saved, Totals
 from ..costs.workspace import Calibration, load_calibration, workspaces
+from ..graph import LayerGraph, role
+from ..graph.kinds import MAC_KINDS
+from ..modes import Mode
+from ..plan import OpView, Plan, grad_flow, updated_weight_numel
 
 
 def _weight_bytes(numel: int, trained: int, itemsize: int, frozen_bits: int) -> int:
