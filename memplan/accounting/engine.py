@@ -26,7 +26,6 @@ def _weight_bytes(numel: int, trained: int, itemsize: int, frozen_bits: int) -> 
     return trained * itemsize + (frozen * frozen_bits + 7) // 8
 
 
-# long: one LayerCost, field by field
 def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tuple[LayerCost, list[Saved], str]:
     """Costs of one op and what it keeps for backward; the third value says how it was costed:
     ``rule``, ``observed`` (no rule: replayed on meta, :mod:`.observe`) or ``bounded``

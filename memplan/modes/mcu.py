@@ -96,7 +96,6 @@ class McuMode(TinyTrainingMode):
         return Summary(steps["peak"], steps["peak"], steps["where"], steps["phase"], steps["at"], extras)
 
 
-# long: one walk over the MCU schedule's buffers
 def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, schedule: str) -> dict[str, Any]:
     """Peak, where, phase, per-op bytes and a breakdown of one training step (module docstring),
     through the peak core :func:`memplan.costs.peak.simulate_step`."""
