@@ -6,7 +6,7 @@ It builds on the ``tinytraining`` convention (its rules and :func:`.tinytraining
 paper's *measured* numbers also hold: the int8 working memory of the forward pass, the gradients
 of the backward pass and the engine's runtime buffers, each alive only when the schedule needs
 it. ``peak_bytes`` = ``total_bytes`` = the largest sum over the step; ``extras["mcu"]`` breaks
-it down. Assumptions, each a choice where the paper is silent (README "Peak memory"):
+it down. Assumptions, each a choice where the paper is silent (docs/howto/peak.md):
 
 ===================  =========================================================================
 what                 assumption (source)
