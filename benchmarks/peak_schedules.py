@@ -20,8 +20,8 @@ import tempfile
 
 import torch
 
+from memplan.accounting.engine import compute
 from memplan.apply import apply_plain
-from memplan.costs.engine import compute
 from memplan.graph.capture import capture_graph
 from memplan.io import shipped
 from memplan.models import zoo

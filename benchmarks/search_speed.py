@@ -3,7 +3,7 @@ evolution over several seeds, random search with the same number of evaluations.
 
 Prints, per method: summed Δacc, gap to the exact optimum, evaluations, seconds, and for the
 DEAP runs the evaluations / seconds until 99% of the optimum was first reached (seconds
-pro-rated from the run's evaluation rate). The cost-table build (one ``memplan.costs.engine.compute``
+pro-rated from the run's evaluation rate). The cost-table build (one ``memplan.accounting.engine.compute``
 per bias depth and per weight option) is timed separately: it is shared by all methods.
 
 Run: python benchmarks/search_speed.py [--budget 100KB] [--profile profiles/X.json] [--seeds 5]

@@ -24,9 +24,9 @@ from typing import Any
 import torch.fx as fx
 import torch.nn as nn
 
+from .accounting.engine import compute
+from .accounting.extras import strategy_extras
 from .check import CHECK_BATCH, check as self_check
-from .costs.engine import compute
-from .costs.extras import strategy_extras
 from .costs.records import Profile
 from .errors import BadOption, SchemeError
 from .graph import LayerGraph
@@ -171,7 +171,7 @@ def profile_captured(  # public keyword API: the accounting options of profile
     predicted saved bytes (``pytorch`` mode) against a real CPU run of ``cap.model`` at the graph's
     batch under saved_tensors_hooks
     (:mod:`memplan.check`). ``schedule`` / ``calibration``: the simulated peak's training step
-    and kernel workspaces (:func:`memplan.costs.engine.compute`). ``mode_options``: options of
+    and kernel workspaces (:func:`memplan.accounting.engine.compute`). ``mode_options``: options of
     the mode (``Mode.configure``). ``optimizer``: whose state is counted (default: the one a given
     ``scheme`` records, else ``sgd``)."""
     optimizer = optimizer or _scheme_optimizer(options.get("scheme")) or "sgd"

@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .costs.engine import layer_costs
+from .accounting.engine import layer_costs
 from .graph import LayerGraph, role, select_output, train_mode
 from .graph.kinds import NORM_KINDS
 from .graph.saved import SavedObserver

@@ -78,6 +78,15 @@ def save_figure(fig: Any, path: str | os.PathLike, **savefig: Any) -> Path:
     return target
 
 
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then rename (atomic)."""
+    import torch  # noqa: PLC0415  (this module is imported by ``import memplan``, which loads no torch)
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
 def read_json(path: str | os.PathLike, what: str = "file", error: type[MemplanError] = MemplanError) -> dict[str, Any]:
     """A JSON object from ``path``; ``error`` (one line, naming ``what``) for missing, empty and
     broken files and for JSON that is not an object."""

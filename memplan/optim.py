@@ -4,7 +4,7 @@ is built and how much state it keeps.
 ``states``: fp32 state tensors the optimizer keeps per trainable element between steps (SGD
 without momentum none, SGD with momentum its velocity, Adam its two moments). Training
 (:func:`make_optimizer`: contribution runs, the linear probe, ``verify``, benchmarks) and
-accounting (``memplan.costs.engine``: ``optimizer_bytes``, ``tinytraining``'s state bits) read the
+accounting (``memplan.accounting.engine``: ``optimizer_bytes``, ``tinytraining``'s state bits) read the
 same entry, so a profile never counts another optimizer than the one that trains.
 """
 

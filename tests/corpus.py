@@ -560,8 +560,8 @@ def _check_pair(
     import torch.nn.functional as F
 
     import memplan
+    from memplan.accounting.engine import compute
     from memplan.apply import apply_plain
-    from memplan.costs.engine import compute
     from memplan.modes import get_mode
     from memplan.strategies import make_plan
     from memplan.verify.measure import model_modules, saved_bytes

@@ -9,8 +9,8 @@ from types import ModuleType
 
 import torch
 
+from memplan.accounting.engine import compute
 from memplan.apply import apply_plain
-from memplan.costs.engine import compute
 from memplan.graph.capture import capture_graph
 from memplan.models import zoo
 from memplan.modes import get_mode

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memplan
+from memplan.accounting.engine import compute
 from memplan.apply import apply_plain, apply_plan, apply_scheme, apply_strategy, write_back
-from memplan.costs.engine import compute
 from memplan.errors import BadOption, MemplanError
 from memplan.graph import conv_layers
 from memplan.graph.capture import capture_graph

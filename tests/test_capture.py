@@ -14,9 +14,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memplan
+from memplan.accounting.engine import compute
 from memplan.apply import apply_plain
 from memplan.check import check
-from memplan.costs.engine import compute
 from memplan.graph.capture import capture_graph
 from memplan.modes import get_mode
 from memplan.strategies import make_plan

@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from memplan.accounting.engine import compute
 from memplan.apply import apply_plain
-from memplan.costs.engine import compute
 from memplan.costs.observe import conv_backward_flops
 from memplan.graph.capture import capture_graph
 from memplan.models import zoo

@@ -26,8 +26,8 @@ import torch.fx as fx
 import torch.nn as nn
 from hypothesis import given, strategies as st
 
+from memplan.accounting.engine import compute
 from memplan.apply import apply_plain, apply_plan
-from memplan.costs.engine import compute
 from memplan.graph import LayerGraph, Node
 from memplan.graph.capture import capture_graph
 from memplan.graph.trace import trace

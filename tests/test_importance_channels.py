@@ -15,9 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import memplan
+from memplan.accounting.engine import compute
 from memplan.apply import apply_plan, apply_scheme, write_back
 from memplan.contrib.protocol import Protocol
-from memplan.costs.engine import compute
 from memplan.errors import BadOption
 from memplan.graph import SELECT_RULES, conv_layers
 from memplan.graph.capture import capture_graph

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch.nn as nn
 
+from memplan.accounting.engine import compute
 from memplan.api import capture, profile_captured
-from memplan.costs.engine import compute
 from memplan.graph.capture import capture_graph
 from memplan.modes import get_mode
 from memplan.modes.mcu_layout import McuSettings, buffers, patch_stage

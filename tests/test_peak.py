@@ -15,8 +15,8 @@ import json
 import pytest
 import torch
 
+from memplan.accounting.engine import compute
 from memplan.apply import apply_plain
-from memplan.costs.engine import compute
 from memplan.costs.workspace import calibration_path, kernel_key, load_calibration, machine
 from memplan.graph.capture import capture_graph
 from memplan.models import zoo

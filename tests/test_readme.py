@@ -1,11 +1,14 @@
-"""Every fenced code block of README.md runs (README "Code blocks in this README").
+"""Every fenced code block of README.md and of the docs site (docs/**/*.md) runs (docs/development.md,
+"Code blocks in the README and the docs").
 
 The collector reads each block's info string: the language (``bash`` / ``sh`` run as one shell
-script with ``set -e``, ``memplan`` and ``python`` on PATH; ``python`` runs in a subprocess),
-then flags: ``slow`` puts the block behind the slow marker; ``no-run`` skips it, and its first
-line must be a comment saying why (visible in the rendered README). A block in any other
-language, or with an unknown flag, fails. Blocks run in a scratch copy of the repository's
-tracked files, so a command writing ``search/...`` or ``layers.csv`` changes nothing here.
+script with ``set -e``, ``memplan`` and ``python`` on PATH; ``python`` runs in a subprocess;
+``text`` is output shown, never run), then flags: ``slow`` puts the block behind the slow marker;
+``no-run`` skips it, and its first line must be a comment saying why (visible in the rendered
+page). A block in any other language, or with an unknown flag, fails. Blocks run in one scratch
+copy of the repository's tracked files, file by file and in order within a file (the tutorial's
+later blocks use what its earlier ones wrote), so a command writing ``search/...`` or
+``layers.csv`` changes nothing here.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+#: the Markdown files whose blocks run: the README, then the docs site's pages
+DOCUMENTS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+OUTPUT = "text"  # a block showing a command's output: read, never run
 RUNNERS = {
     "bash": ["bash", "-e", "-o", "pipefail", "-c"],
     "sh": ["bash", "-e", "-o", "pipefail", "-c"],
@@ -38,13 +44,14 @@ class Block:
     language: str
     flags: list[str]
     code: str
+    source: str = "README.md"  # the file, relative to the repository root
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line}-{self.language or 'plain'}"
+        return f"{self.source}:{self.line}-{self.language or 'plain'}"
 
 
-def read_blocks(text: str) -> list[Block]:
+def read_blocks(text: str, source: str = "README.md") -> list[Block]:
     """The fenced blocks of a Markdown text (backtick or tilde fences, indented ones too)."""
     blocks, lines, i = [], text.splitlines(), 0
     while i < len(lines):
@@ -57,7 +64,7 @@ def read_blocks(text: str) -> list[Block]:
         while j < len(lines) and not re.match(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[j]):
             body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j].lstrip())
             j += 1
-        blocks.append(Block(i + 1, info[0] if info else "", info[1:], "\n".join(body) + "\n"))
+        blocks.append(Block(i + 1, info[0] if info else "", info[1:], "\n".join(body) + "\n", source))
         i = j + 1
     return blocks
 
@@ -69,11 +76,18 @@ def _param(block: Block):
     return pytest.param(block, id=block.id, marks=marks)
 
 
-BLOCKS = read_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [
+    b for doc in DOCUMENTS for b in read_blocks(doc.read_text(encoding="utf-8"), doc.relative_to(ROOT).as_posix())
+]
+RUN = [b for b in BLOCKS if b.language != OUTPUT]
 
 
 def test_every_block_is_runnable_or_says_why_not():
+    assert any(b.source == "docs/tutorial.md" for b in RUN), "the tutorial's blocks are collected"
     for b in BLOCKS:
+        if b.language == OUTPUT:
+            assert not b.flags, f"{b.id}: an output block takes no flags"
+            continue
         assert b.language in RUNNERS or "no-run" in b.flags, f"{b.id}: language {b.language!r} cannot run here"
         assert set(b.flags) <= set(FLAGS), f"{b.id}: unknown flags {set(b.flags) - set(FLAGS)}; use {FLAGS}"
         if "no-run" in b.flags:
@@ -102,7 +116,7 @@ def workdir(tmp_path_factory) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
+@pytest.mark.parametrize("block", [_param(b) for b in RUN])
 def test_readme_block_runs(block, workdir):
     env = {
         **os.environ,

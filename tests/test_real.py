@@ -24,7 +24,7 @@ from memplan.api import capture, profile_captured
 from memplan.cli import main
 from memplan.contrib import load_profile, run_contrib
 from memplan.contrib.data import BadData, RawTask, load_data, prepare, read_idx
-from memplan.contrib.data.sources import FASHION_MNIST_FILES, fashion_mnist_dir
+from memplan.contrib.data.fashion_mnist import FASHION_MNIST_FILES, fashion_mnist_dir
 from memplan.errors import BadOption, MemplanError
 from memplan.modes import get_mode
 from memplan.plan import Scheme, WeightUpdate, fingerprint
@@ -91,7 +91,7 @@ def test_fashion_mnist_source_and_validation_split(tmp_path, monkeypatch):
     assert not any(bytes(x.numpy().tobytes()) in train_rows for x in same.x_val)
     assert data.validation_task().x_test is data.x_val  # what contribution runs see: no test split
     monkeypatch.setenv("MEMPLAN_FASHION_MNIST", str(tmp_path / "missing"))
-    monkeypatch.setattr("memplan.contrib.data.sources.FASHION_MNIST_DIRS", ())
+    monkeypatch.setattr("memplan.contrib.data.fashion_mnist.FASHION_MNIST_DIRS", ())
     with pytest.raises(BadData, match="dataset-fashion-mnist"):
         load_data("fashion-mnist", (1, 28, 28))
 

@@ -21,10 +21,10 @@ import torch
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 import memplan
+from memplan.accounting.engine import compute
 from memplan.api import capture
 from memplan.contrib import ContribProfile, Protocol
 from memplan.contrib.profile import Noise
-from memplan.costs.engine import compute
 from memplan.errors import MemplanError
 from memplan.graph import conv_layers, conv_table, is_pw1
 from memplan.modes import get_mode

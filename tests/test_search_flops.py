@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import memplan
+from memplan.accounting.engine import compute
 from memplan.api import capture
 from memplan.apply import apply_scheme
 from memplan.cli import main
-from memplan.costs.engine import compute
 from memplan.errors import BadOption
 from memplan.modes import get_mode
 from memplan.plan import Scheme, load_scheme, scheme_to_plan

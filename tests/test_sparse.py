@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import memplan
+from memplan.accounting.engine import compute
 from memplan.apply import apply_plain
-from memplan.costs.engine import compute
 from memplan.errors import BadOption
 from memplan.modes import get_mode
 from memplan.modes.tinytraining import conv_update_costs

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from ..errors import BadOption, MemplanError
 from ..graph import conv_table
-from ..io import validation_error
+from ..io import save_state, validation_error
 from ..plan import fingerprint
 from ..units import ratio_label
 from .adaptive import merge, next_round
@@ -41,7 +41,6 @@ from .profile import ContribProfile, Resolution
 from .protocol import Protocol, RunSpec, grid
 from .runner import Context, linear_probe, resolve_device
 from .setup import Setup, build_setup
-from .weights import save_state
 
 
 def _protocol(opts: ContribOptions) -> Protocol:

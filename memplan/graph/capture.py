@@ -20,7 +20,7 @@ import torch.nn as nn
 from ..errors import MemplanError, TraceFailure
 from .blocks import _assign_blocks, find_blocks
 from .build import GraphBuilder
-from .layout import _MetaRunner
+from .meta_runner import _MetaRunner
 from .model import LayerGraph
 from .record import record
 from .trace import trace

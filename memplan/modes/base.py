@@ -100,7 +100,7 @@ class Mode:
 
     def quick_total(self, graph: LayerGraph, plan: Plan) -> int | None:
         """``total_bytes`` (= ``peak_bytes``) of ``plan`` without the full profile, for modes that can
-        (the search calls it per candidate); None: use ``memplan.costs.engine.compute``."""
+        (the search calls it per candidate); None: use ``memplan.accounting.engine.compute``."""
         return None
 
     def configure(self, **options: object) -> Mode:

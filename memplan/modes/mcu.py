@@ -6,7 +6,7 @@ It builds on the ``tinytraining`` convention (its rules and :func:`.tinytraining
 paper's *measured* numbers also hold: the int8 working memory of the forward pass, the gradients
 of the backward pass and the engine's runtime buffers, each alive only when the schedule needs
 it. ``peak_bytes`` = ``total_bytes`` = the largest sum over the step; ``extras["mcu"]`` breaks
-it down. Assumptions, each a choice where the paper is silent (README "Peak memory"):
+it down. Assumptions, each a choice where the paper is silent (docs/howto/peak.md):
 
 ===================  =========================================================================
 what                 assumption (source)
@@ -96,7 +96,6 @@ class McuMode(TinyTrainingMode):
         return Summary(steps["peak"], steps["peak"], steps["where"], steps["phase"], steps["at"], extras)
 
 
-# long: one walk over the MCU schedule's buffers
 def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, schedule: str) -> dict[str, Any]:
     """Peak, where, phase, per-op bytes and a breakdown of one training step (module docstring),
     through the peak core :func:`memplan.costs.peak.simulate_step`."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..costs.engine import compute
+from ..accounting.engine import compute
 from ..modes.mcu import McuMode, McuSettings
 from ..strategies import make_plan
 from .base import Ranged, captured, evaluator, figure_options

@@ -2,7 +2,7 @@
 
 ``run_search`` is the entry point (plain-data :class:`SearchResult`; ``memplan.render`` prints
 and draws it). Pieces: ``space`` (candidates, scheme / plan mapping), ``memory`` (costs via
-``memplan.costs.engine.compute``, additivity check), ``exact`` (certified optimum), ``toolbox``
+``memplan.accounting.engine.compute``, additivity check), ``exact`` (certified optimum), ``toolbox``
 / ``evolution`` / ``random_search`` (DEAP), ``devices`` (device budgets), ``budgets`` (reading the
 memory and FLOPs budgets), ``methods`` (the search methods, a registry).
 """

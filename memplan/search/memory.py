@@ -1,4 +1,4 @@
-"""Memory of a candidate = memplan's own cost model (``memplan.costs.engine.compute``) on its plan.
+"""Memory of a candidate = memplan's own cost model (``memplan.accounting.engine.compute``) on its plan.
 
 The search never costs anything itself. :class:`MemoryModel` profiles candidates (cached);
 :class:`CostTable` holds per-option figures *derived from* such profiles: ``base[k]`` = the
@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..costs.engine import compute
+from ..accounting.engine import compute
 from ..costs.records import Profile
 from ..modes import get_mode
 from ..registry import Registry

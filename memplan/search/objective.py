@@ -84,7 +84,7 @@ def apply_objective(name: str, means: list[float], ses: list[float | None]) -> l
     return obj.gains(means, [pooled if s is None else s for s in ses])
 
 
-#: the objective of ``memplan search`` when none is asked for (README "What the search maximises"):
+#: the objective of ``memplan search`` when none is asked for (docs/howto/search.md, "What the search maximises"):
 #: per entry, so one strongly measured gain survives among many noisy ones (``shrink`` pools a
 #: family and, where most entries are noise, shrinks every one to 0)
 DEFAULT_OBJECTIVE = "lcb"

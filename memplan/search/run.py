@@ -2,7 +2,7 @@
 ``memplan.render`` draws and prints it). The CLI (``memplan search``) is a thin layer over these.
 
 Steps (one function each): capture the model (``memplan.capture``) and read its contribution
-profile; build the space; derive the per-option cost table from ``memplan.costs.engine.compute``
+profile; build the space; derive the per-option cost table from ``memplan.accounting.engine.compute``
 and check additivity on probe candidates; then run the method (``memplan.search.methods``, a
 registry):
 

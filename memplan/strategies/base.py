@@ -9,7 +9,7 @@ Architecture changes any strategy can be combined with (remove SE, swap the acti
 lite residual branches: ``memplan.strategies.architecture``) are registered in
 ``TRANSFORMS``; their options are accepted by every strategy and applied first.
 Figures of a strategy beyond per-layer costs (cache bytes, FLOPs per epoch) are costs, in
-``memplan.costs.extras``.
+``memplan.accounting.extras``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ reading the cache instead of running the prefix. The trainable set is exactly ``
 (norms there in train mode), so the plan *is* the ``lastk`` plan; the per-layer memory is
 that of stage B's training step (the prefix saves nothing in either stage).
 
-Figures in ``Profile.extras`` (``memplan.costs.extras``; bytes, and FLOPs = 2 x MACs of conv / linear / matmul, the
+Figures in ``Profile.extras`` (``memplan.accounting.extras``; bytes, and FLOPs = 2 x MACs of conv / linear / matmul, the
 ``forward_flops`` / ``backward_flops`` convention; norms, activations etc. are not in them):
 
 * ``cache_shape``: per-sample shape(s) of the tensor(s) crossing the cut (one for a block cut);

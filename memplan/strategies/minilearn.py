@@ -18,7 +18,7 @@ the cut is just before it. Everything after the cut trains (the conv(s) and the 
 4.2.1 text); the filters with the largest norm are kept. ``samples`` N (default 600, the
 size used for Figures 5 and 7), ``bits`` per stored feature (default 8).
 
-Figures in ``Profile.extras`` (computed by ``memplan.costs.extras``; bytes; the byte counts
+Figures in ``Profile.extras`` (computed by ``memplan.accounting.extras``; bytes; the byte counts
 are exact, the RAM ones follow the profile's accounting mode):
 
 * ``feature_shape`` / ``feature_bytes_per_sample`` = ceil(elements x bits / 8) at the cut,

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..accounting.engine import compute
 from ..api import Built, build_model
 from ..apply import apply_plain, apply_plan, plan_strategy
-from ..costs.engine import compute
 from ..errors import BadOption
 from ..modes import get_mode
 from ..nn.train import fit

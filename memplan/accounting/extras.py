@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..costs.records import HIDDEN_KINDS, Profile
 from ..graph import LayerGraph, TensorInfo
 from ..modes import get_mode
 from ..plan import Plan
@@ -23,7 +24,6 @@ from ..registry import Registry
 from ..strategies.base import lastk_start
 from ..strategies.minilearn import STAGES, cut_start, minilearn, stage_start
 from .engine import compute
-from .records import HIDDEN_KINDS, Profile
 
 Extras = Callable[[LayerGraph, Plan, Profile], dict[str, Any]]
 EXTRAS: Registry[Extras] = Registry("strategy extras")

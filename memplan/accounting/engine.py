@@ -10,15 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from .. import optim
+from ..costs.flops import Flops, flops_of
+from ..costs.observe import observe
+from ..costs.peak import PeakOptions, check_schedule
+from ..costs.records import CONVENTIONS, HIDDEN_KINDS, LayerCost, Profile, Saved, Totals
+from ..costs.workspace import Calibration, load_calibration, workspaces
 from ..graph import LayerGraph, role
 from ..graph.kinds import MAC_KINDS
 from ..modes import Mode
 from ..plan import OpView, Plan, grad_flow, updated_weight_numel
-from .flops import Flops, flops_of
-from .observe import observe
-from .peak import PeakOptions, check_schedule
-from .records import CONVENTIONS, HIDDEN_KINDS, LayerCost, Profile, Saved, Totals
-from .workspace import Calibration, load_calibration, workspaces
 
 
 def _weight_bytes(numel: int, trained: int, itemsize: int, frozen_bits: int) -> int:
@@ -26,7 +26,6 @@ def _weight_bytes(numel: int, trained: int, itemsize: int, frozen_bits: int) -> 
     return trained * itemsize + (frozen * frozen_bits + 7) // 8
 
 
-# long: one LayerCost, field by field
 def layer_costs(op: OpView, mode: Mode, optimizer: str, frozen_bits: int) -> tuple[LayerCost, list[Saved], str]:
     """Costs of one op and what it keeps for backward; the third value says how it was costed:
     ``rule``, ``observed`` (no rule: replayed on meta, :mod:`.observe`) or ``bounded``
