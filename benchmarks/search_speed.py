@@ -22,9 +22,9 @@ from memplan.api import capture
 from memplan.plan import fingerprint
 from memplan.search.evolution import evolve
 from memplan.search.exact import relative_gap, solve_exact
+from memplan.search.inputs import DEFAULT_MODEL, find_profile
 from memplan.search.memory import MemoryModel, build_table, check_additivity, probe_candidates
 from memplan.search.random_search import random_search
-from memplan.search.run import DEFAULT_MODEL, find_profile
 from memplan.search.space import build_space, load_contributions
 from memplan.search.toolbox import Problem, make_toolbox
 from memplan.units import parse_bytes

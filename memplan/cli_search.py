@@ -131,7 +131,7 @@ def _validate(result, n: int, options: dict, lrs: str, seeds: str, folder: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .search.run import run_search
-    from .search.select import validate_search
+    from .search.select import Stage, validate_search
 
     def again(objective: str, budget: int):  # noqa: ANN202
         return run_search(result.model, budget, **{**options, "objective": objective, "out": None, "curves": False})
@@ -144,9 +144,7 @@ def _validate(result, n: int, options: dict, lrs: str, seeds: str, folder: str):
             result,
             n,
             again,
-            lrs=floats(lrs, "validate-lrs"),
-            seeds=_ints(seeds, "validate-seeds"),
-            checkpoint_dir=folder,
+            stage=Stage(tuple(floats(lrs, "validate-lrs")), tuple(_ints(seeds, "validate-seeds")), folder),
             on_start=lambda total: bar.update(task, total=total),
             on_run=lambda: bar.advance(task),
             options={

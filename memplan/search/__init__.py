@@ -9,9 +9,10 @@ memory and FLOPs budgets), ``methods`` (the search methods, a registry).
 
 from .budgets import BudgetError, budget_convention
 from .devices import Device, device_names, load_device
+from .inputs import DEFAULT_MODEL, SearchOptions
 from .methods import METHODS
 from .result import SearchResult
-from .run import DEFAULT_MODEL, SearchOptions, run_search
+from .run import run_search
 from .space import DEFAULT_RATIOS, Candidate, Contributions, ProfileError, load_contributions
 
 __all__ = [

