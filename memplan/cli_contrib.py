@@ -81,6 +81,11 @@ def measure(  # typer command: one parameter per CLI option
     weight_layers: int | None = typer.Option(
         None, "--weight-layers", help="weight runs for the last N convs only (default all)"
     ),
+    lr_grid: str | None = typer.Option(
+        None,
+        "--lr-grid",
+        help="choose the classifier, bias and weight rates on validation from these first, e.g. 5e-4,2.5e-3,1.25e-2",
+    ),
     weight_reference: str | None = typer.Option(
         None,
         "--weight-reference",
@@ -150,6 +155,7 @@ def measure(  # typer command: one parameter per CLI option
         bias_ks=ints(bias_ks, "bias-ks"),
         weight_layers=weight_layers,
         weight_reference=weight_reference,
+        lr_grid=floats(lr_grid, "lr-grid"),
         epochs=epochs,
         batch_size=batch_size,
         ratios=floats(ratios, "ratios"),

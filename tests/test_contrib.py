@@ -520,3 +520,32 @@ def test_mbv2_digits_full_grid_is_stable_across_seeds(tmp_path, request):
         assert prof.timing["run_cpu_seconds"] / 2 + outside < 15 * 60
     rho = spearmanr(tables[0], tables[1]).statistic
     assert rho >= 0.8, rho
+
+
+def test_lr_grid_chooses_a_rate_per_family_on_validation_then_measures_the_grid_at_them(tmp_path):
+    npz = make_npz(tmp_path / "task.npz")
+    out = tmp_path / "p.json"
+    kw = {**TINY, "seeds": (0, 1), "bias_ks": (1,), "weight_layers": 1, "lr_grid": (1e-3, 1e-1)}
+    prof = run_contrib(tiny_model(), data=str(npz), out=out, validation=4, **kw)
+    sel = prof.lr_selection
+    assert set(sel) == {"classifier", "bias", "weight"}
+    assert sel["bias"]["run"] == "bias:1" and sel["weight"]["run"].startswith("weight:c.0@")
+    for family, field in (("classifier", "lr_classifier"), ("bias", "lr_bias"), ("weight", "lr_weight")):
+        accs = sel[family]["accuracy"]
+        assert set(accs) == {"0.001", "0.1"} and all(len(a) == 2 for a in accs.values())  # both seeds, both rates
+        best = max(accs, key=lambda k: (sum(accs[k]) / 2, k == "0.001"))  # a tie goes to the first (smaller) rate
+        assert sel[family]["lr"] == float(best) == getattr(prof.protocol, field)
+    assert "Rates chosen on validation per family first" in prof.description
+    lines = out.with_suffix(".lr.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 3 * 2 * 2  # header + 3 families x 2 rates x 2 seeds
+    again = run_contrib(tiny_model(), data=str(npz), out=out, validation=4, **kw)  # resumes: nothing retrained
+    assert again.lr_selection == sel and out.with_suffix(".lr.jsonl").read_text().splitlines() == lines
+    # the search carries the chosen rates into the scheme; training code gets them by default
+    from memplan.nn.train import make_optimizer
+    from memplan.search import run_search
+
+    scheme = run_search(tiny_model(), "1MB", profile_path=out, input_shape=(3, 8, 8)).scheme
+    assert scheme.training.rates == {f: v["lr"] for f, v in sel.items()}
+    family = "weight" if scheme.weight_updates else "bias" if scheme.bias_update else "classifier"
+    assert scheme.training.lr == sel[family]["lr"] and scheme.training.epochs == prof.protocol.epochs
+    assert make_optimizer(tiny_model().parameters(), scheme=scheme).defaults["lr"] == scheme.training.lr

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from memplan.cli import app
 from memplan.contrib.analysis import run_contrib
+from memplan.contrib.halving import planned_runs, successive_halving
 from memplan.nn.train import make_optimizer
 from memplan.plan import load_scheme
-from memplan.search.halving import planned_runs, successive_halving
 
 from .test_real import TINY_GRID, make_npz
 

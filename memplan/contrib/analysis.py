@@ -31,15 +31,16 @@ from ..errors import BadOption, MemplanError
 from ..graph import conv_table
 from ..io import save_state, validation_error
 from ..plan import fingerprint
-from ..units import ratio_label
 from .adaptive import merge, next_round
 from .checkpoint import Checkpoint
 from .data import DEFAULT_VALIDATION, Data, Validation
-from .estimators import ESTIMATORS, Env, Estimator, probe_protocol
+from .description import describe, rates_text
+from .estimators import ESTIMATORS, Env
 from .executors import EXECUTORS, default_threads, execute, num_threads
 from .profile import ContribProfile, Resolution
-from .protocol import Protocol, RunSpec, grid
-from .runner import Context, linear_probe, resolve_device
+from .protocol import Protocol, RunSpec, grid, run_plan, split_layer
+from .rates import select_rates
+from .runner import Context, Worker, linear_probe, resolve_device
 from .setup import Setup, build_setup
 
 
@@ -52,67 +53,6 @@ def _protocol(opts: ContribOptions) -> Protocol:
     except ValidationError as exc:
         where, msg = validation_error(exc)
         raise BadOption(f"bad contribution option {'protocol' if where == '(top level)' else where}: {msg}") from None
-
-
-def describe(
-    name: str,
-    shape: Sequence[int],
-    data: Data,
-    protocol: Protocol,
-    n_layers: int,
-    cache: bool,
-    est: Estimator,
-    batches: int,
-) -> str:
-    """The profile's ``description``: how its entries were measured, in words."""
-    if est.name in ("fisher", "rgn"):
-        return (
-            f"Contribution estimate ({est.name}: {est.description}) of {name} (L = {n_layers} convs) at input "
-            f"{'x'.join(map(str, shape))} on {data.name} ({data.x_train.shape[0]} train images, {data.classes} "
-            f"classes). Linear probe first: classifier from zero, {protocol.probe_epochs} epochs {protocol.optimizer} "
-            f"lr {protocol.probe_lr}, cosine decay; then the gradients of {batches} mini-batches of "
-            f"{protocol.batch_size} training images (model in eval mode, norms frozen). Entries: {est.units}; "
-            f"SE over batches. Bias depth k: the bias carriers of the last k convs; weight (i, r): the channels "
-            f"a ratio-r update of conv i trains (select {protocol.select})."
-        )
-    p = protocol if est.name == "grid" else probe_protocol(protocol)
-    ks = "all k = 1..L" if p.bias_ks is None else f"k in {list(p.bias_ks)} and those the weight runs need"
-    wl = "every conv" if p.weight_layers is None else f"the last {p.weight_layers} convs"
-    ratios = ", ".join(ratio_label(r) for r in p.ratios)
-    adaptive = (
-        ""
-        if p.max_seeds is None
-        else f", then one more seed per round for every entry with |Δacc| < {p.adaptive_z:g} SE, up to {p.max_seeds}"
-    )
-    cache_text = (
-        "feature cache of the frozen prefix " + ("exact fp32" if p.bits is None else f"quantised to {p.bits} bits")
-        if cache
-        else "no feature cache (every step runs the whole model)"
-    )
-    where = (
-        f"the validation split ({data.x_val.shape[0]} images carved from the training data; the "
-        f"{data.x_test.shape[0]} test images are left for final evaluations)"
-        if data.x_val is not None
-        else f"the test split ({data.x_test.shape[0]} images)"
-    )
-    return (
-        f"Contribution analysis (Lin et al., NeurIPS 2022, Sec. 2.2 / Fig. 5) of {name} "
-        f"(L = {n_layers} convs) at input {'x'.join(map(str, shape))} on {data.name} "
-        f"({data.x_train.shape[0]} train images, {data.classes} classes); accuracies on {where}. "
-        f"Linear probe first: classifier from zero, {p.probe_epochs} epochs {p.optimizer} lr {p.probe_lr}, "
-        f"cosine decay; every run starts from that head. Runs: classifier only (k = 0); biases of the last "
-        f"k convs ({ks}; a conv's bias is the BN shift after it, norms in eval mode) + classifier; weight "
-        f"of conv i at ratios {ratios} (select {p.select}) for {wl}, + "
-        + ("all L biases" if p.weight_reference == "all-biases" else "biases of convs i..L-1")
-        + " + classifier. "
-        f"Each run: {p.epochs} epochs of {p.optimizer}, batch {p.batch_size}, cosine decay to 0, "
-        f"lr classifier {p.lr_classifier} / biases {p.lr_bias} / analysed weight {p.lr_weight}, no augmentation, "
-        f"seeds {list(p.seeds)} (data order){adaptive}. Δacc in accuracy points, paired by seed: bias k vs classifier "
-        f"only, weight (i, r) vs bias k = "
-        + ("L" if p.weight_reference == "all-biases" else "L - i")
-        + f"; mean and std over seeds. {cache_text}."
-        + ("" if est.name == "grid" else f" Estimator {est.name}: {est.description} ({batches} batches).")
-    )
 
 
 def _progress(enabled: bool, total: int, done: int):
@@ -164,6 +104,7 @@ class ContribOptions:
     bias_ks: Sequence[int] | None = None
     weight_layers: int | None = None
     weight_reference: str | None = None
+    lr_grid: Sequence[float] | None = None
     select: str | None = None
     resolution: int | None = None
     costing_resolution: int | None = None
@@ -252,7 +193,10 @@ def _measure(
         executed += _run_rounds(ctx, todo, opts, key, finished, ckpt)
         return merge(finished)
 
-    env = _env(setup, seen, protocol, opts, run_grid)
+    measured, selection = protocol, {}
+    if protocol.lr_grid is not None and est.name == "grid":
+        measured, selection = _select_rates(setup, seen, protocol, opts, out, identity)
+    env = _env(setup, seen, measured, opts, run_grid)
     t_est = time.perf_counter()
     estimate = est.fn(env)
     timing = {
@@ -271,18 +215,41 @@ def _measure(
         input_shape=list(setup.shape),
         weights=setup.weights,
         dataset=setup.dataset,
-        protocol=protocol,
+        protocol=measured,
+        lr_selection=selection,
         resolution=Resolution(runs=setup.shape[-1], costing=opts.costing_resolution or setup.shape[-1]),
         evaluated_on="validation" if setup.task.x_val is not None else "test",
         description=describe(
-            setup.name, setup.shape, setup.task, protocol, len(env.layers), opts.cache, est, opts.batches
-        ),
+            setup.name, setup.shape, setup.task, measured, len(env.layers), opts.cache, est, opts.batches
+        )
+        + (f" Rates chosen on validation per family first: {rates_text(selection)}." if selection else ""),
         probe_accuracy=probe_acc,
         timing=timing,
     )
     if out is not None:
         profile.save(out)
     return profile
+
+
+def _select_rates(
+    setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, out: Any, identity: dict[str, Any]
+) -> tuple[Protocol, dict[str, dict[str, Any]]]:
+    """:func:`memplan.contrib.rates.select_rates` in this process, checkpointed beside ``out``."""
+    worker = Worker(Context(setup.name, setup.net, seen, protocol, opts.cache, opts.threads, opts.device))
+    ckpt = None if out is None else Checkpoint(Path(out).with_suffix(".lr.jsonl"), identity)
+    done = (ckpt.finished() if ckpt is not None else None) or {}
+    if ckpt is not None and not done:
+        ckpt.start()
+    layers = conv_table(setup.graph)
+    return select_rates(
+        protocol,
+        grid(layers, protocol),
+        lambda spec, proto: worker.train_plan(
+            lambda g: run_plan(spec, g, setup.name, proto), split_layer(spec, layers, setup.graph), proto
+        ),
+        done,
+        ckpt.append if ckpt is not None else lambda rec: None,
+    )
 
 
 def _env(setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, run_grid: Any) -> Env:

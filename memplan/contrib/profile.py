@@ -125,6 +125,11 @@ class ContribProfile(BaseModel):
         description="conv -> importance per input channel (per channel of a depthwise conv) on the target data, "
         "in the estimator's units; what --select importance ranks (gradient estimators only)",
     )
+    lr_selection: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="family (classifier, bias, weight) -> the rate chosen on validation before the grid, the run "
+        "that chose it and its accuracy (%) per rate and seed (memplan.contrib.rates; empty: the given rates)",
+    )
     timing: dict[str, Any] = Field(description="wall seconds and how the runs were executed")
     resolution: Resolution | None = Field(
         None, description="run and costing resolution (None: profiles before issue 13; the runs used input_shape)"

@@ -68,12 +68,24 @@ class Protocol(BaseModel):
     bias_ks: tuple[int, ...] | None = Field(None, description="bias-run depths k; None = every k in 1..L")
     weight_layers: int | None = Field(None, ge=1, description="weight runs for the last N convs; None = all")
     select: str = Field("magnitude+", description="channel selection rule of sub-channel updates")
+    lr_grid: tuple[float, ...] | None = Field(
+        None,
+        description="choose lr_classifier, lr_bias and lr_weight on validation from these rates before the grid "
+        "(memplan.contrib.rates; None: the given rates)",
+    )
     weight_reference: Literal["depth", "all-biases"] = Field(
         "depth",
         description="what a weight run (i, r) trains besides its weight: the biases of convs i..L-1 (depth, Δacc over "
         "bias L - i) or all L biases (all-biases, Δacc over bias L)",
     )
     bits: int | None = Field(None, ge=1, le=8, description="feature-cache quantisation bits; None = exact fp32")
+
+    @field_validator("lr_grid")
+    @classmethod
+    def _lr_grid(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if v is not None and (not v or any(not x > 0 for x in v)):
+            raise ValueError("lr_grid must be positive learning rates")
+        return None if v is None else tuple(sorted(set(v)))
 
     @field_validator("ratios")
     @classmethod

@@ -121,7 +121,8 @@ def new_provenance(
 
 
 class Training(BaseModel):
-    """How the scheme trains: what its validation measured, and what training code should use
+    """How the scheme trains: what its validation measured, or the rates its profile chose per
+    family (``lr``: the rate of the deepest family it trains), and what training code uses
     (``memplan.train.make_optimizer(params, scheme=...)``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -130,6 +131,10 @@ class Training(BaseModel):
     lr: float = Field(gt=0, description="learning rate of every trained tensor")
     epochs: int = Field(ge=1, description="epochs it was validated with (cosine decay to 0 over them)")
     batch_size: int = Field(ge=1, description="training batch it was validated with")
+    rates: dict[str, float] = Field(
+        default_factory=dict,
+        description="family (classifier, bias, weight) -> the rate its profile chose on validation (contrib --lr-grid)",
+    )
 
 
 class Validation(BaseModel):

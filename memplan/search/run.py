@@ -36,7 +36,7 @@ from ..units import fmt_bytes, parse_flops
 from .budgets import BudgetError, all_additive, flops_table, memory_budget
 from .devices import Device, load_device
 from .exact import relative_gap
-from .inputs import SearchOptions, capture_inputs, resolution_warnings
+from .inputs import SearchOptions, capture_inputs, profile_training, resolution_warnings
 from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
 from .methods import METHODS, Prepared, run_methods
 from .objective import default_objective
@@ -253,6 +253,7 @@ def _result(  # the steps' products, each used once here
         summed_estimate=None if delta_acc else summed,
         optimizer=opts.optimizer,
         provenance=new_provenance(opts.command, contributions.sha256, opts.objective, contributions.estimator),
+        training=profile_training(contributions, cand, opts.optimizer),
     )
     exact = runs.get("exact")
     result = SearchResult(

@@ -11,7 +11,7 @@ candidates:
   metric, optimizer and options) fits the budget;
 
 each at every rate of a small learning-rate grid (one rate for every trained tensor), by
-successive halving over the validation seeds (:mod:`memplan.search.halving`). Baselines are
+successive halving over the validation seeds (:mod:`memplan.contrib.halving`). Baselines are
 never halved away, so the returned scheme's validation accuracy is at least that of every
 baseline that fits, on the same seeds. The scheme records the rate and optimizer it was
 validated with (``training``) and its validation accuracy ± SE with the runners-up
@@ -34,13 +34,13 @@ from typing import Any
 from ..api import capture, profile_captured
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.executors import num_threads
+from ..contrib.halving import Halving, planned_runs, successive_halving
 from ..contrib.profile import load_profile
 from ..contrib.runner import Context, Worker, first_trained, linear_probe
 from ..contrib.setup import setup_of
 from ..errors import BadOption, MemplanError, SchemeError
 from ..plan import Scheme, Training, Validation, scheme_to_plan
 from .baselines import BASELINES
-from .halving import Halving, planned_runs, successive_halving
 from .objective import OBJECTIVES
 from .result import SearchResult
 

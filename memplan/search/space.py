@@ -61,6 +61,9 @@ class Contributions:
     estimator: str = "grid"  # what measured the entries (memplan.contrib.estimators)
     units: str = DELTA_ACC_UNITS  # what an entry is, with its unit
     channel_importance: dict[str, list[float]] = field(default_factory=dict)  # conv -> per input channel
+    rates: dict[str, float] = field(default_factory=dict)  # family -> the rate the profile chose (lr_selection)
+    epochs: int | None = None  # the protocol's epochs and batch (what the rates were chosen with)
+    batch_size: int | None = None
 
     @property
     def is_delta_acc(self) -> bool:
@@ -75,9 +78,10 @@ _LATER_FIELDS = {
     "estimator": "grid",
     "units": DELTA_ACC_UNITS,
     "channel_importance": {},
+    "lr_selection": {},
 }
 #: protocol fields added later (adaptive seeding), left out of the hash while they hold their default
-_LATER_PROTOCOL_FIELDS = {"max_seeds": None, "adaptive_z": 2.0, "weight_reference": "depth"}
+_LATER_PROTOCOL_FIELDS = {"max_seeds": None, "adaptive_z": 2.0, "weight_reference": "depth", "lr_grid": None}
 
 
 def profile_hash(profile: ContribProfile) -> str:
@@ -119,6 +123,9 @@ def contributions_of(profile: ContribProfile, source: str = "contribution profil
         profile.estimator,
         profile.units,
         {k: list(v) for k, v in profile.channel_importance.items()},
+        {family: v["lr"] for family, v in profile.lr_selection.items()},
+        profile.protocol.epochs,
+        profile.protocol.batch_size,
     )
 
 
