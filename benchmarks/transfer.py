@@ -255,6 +255,7 @@ def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool
     classes = run.setup.task.classes
     costing = {"optimizer": a.optimizer}
     candidates = collect_candidates(result, a.validate, again, costing, classes)
+    by_key = {c.key: c for c in candidates}
     trainer = BenchTrainer(run, bench, cap.graph, train_missing)
     try:
         v = choose(candidates, trainer, lrs=a.stage_lrs, seeds=a.val_seeds, budget_bytes=result.budget_bytes)
@@ -262,6 +263,13 @@ def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool
         return None
     m = trainer.method(v.chosen)
     name = f"validated {budget}"
+    # the stage's own cost: every run it compared (the baselines' included), as memplan search --validate
+    # would train them alone on this machine, one after another
+    stage_runs = [
+        run.done[run_id("grid", trainer.method(by_key[c.candidate]).key, c.lr, seed)]
+        for c in v.halving.configs
+        for seed in c.accuracy
+    ]
     return Method(
         name,
         "searched + validated",
@@ -276,6 +284,9 @@ def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool
             "bias_update": v.scheme.bias_update,
             "weights": [[w.conv_index, w.ratio] for w in v.scheme.weight_updates],
             "norm_modes": len(v.scheme.norm_modes),
+            "stage_runs": len(stage_runs),
+            "stage_run_s": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in stage_runs), 1),
+            "stage_cpu_s": round(sum(r["cpu_s"] for r in stage_runs), 1),
         },
     )
 
@@ -504,6 +515,20 @@ def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: 
             f"{len(r['accuracy'])} | {r['lr']:g}{'*' if r['lr_at_grid_edge'] else ''} | {r['trainable_params']:,} | "
             f"{r['wall_s']:.0f} | {'P' if r['name'] in front else ''} |"
         )
+    stage = [r for r in rows if r["method"] == VALIDATED]
+    if stage:
+        out += ["", "## Validation stage (memplan search B --validate)", ""]
+        for r in stage:
+            val = r["validation"]
+            runners = ", ".join(
+                f"{x['name']} {x['accuracy']:.2f}" for x in val["runners_up"] if x["accuracy"] is not None
+            )
+            out.append(
+                f"- {r['name']}: chose **{r['chosen']}** at lr {r['lr']:g}, validation {val['accuracy']:.2f} ± "
+                f"{val['se']:.2f}% (seeds {val['seeds']}); runners-up: {runners}. The stage compared "
+                f"{r['stage_runs']} runs: {r['stage_run_s']:,.0f} s of training and evaluation one after another "
+                f"({r['stage_cpu_s']:,.0f} CPU s)"
+            )
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], "", f"Machine: {header['machine']}", ""]
     return "\n".join(out)
 
