@@ -179,12 +179,12 @@ def _measure(
     setup = build_setup(model, weights, data, resolution=opts.resolution, cache_dir=opts.cache_dir, **split)
     seen = setup.task.validation_task() if setup.task.x_val is not None else setup.task  # what the runs see
     identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json")}
-    if opts.estimator != "grid":  # a grid checkpoint's identity is what it was before estimators
-        identity["estimator"] = {"name": opts.estimator, "batches": opts.batches}
+    est = ESTIMATORS.choose(opts.estimator)
+    if est.runs != "protocol":  # the grid's checkpoint identity is what it was before estimators
+        identity["estimator"] = {"name": est.name, "batches": opts.batches}
     ckpt, head_path, finished = _resume(out, identity)
     t_probe = time.perf_counter()
     probe_acc = _probe(setup, seen, protocol, opts.device, ckpt, head_path, bool(finished))
-    est = ESTIMATORS.choose(opts.estimator)
     key = identity["backbone"] + identity["data"]["digest"]
     executed = 0
 
@@ -194,7 +194,7 @@ def _measure(
         return merge(finished)
 
     measured, selection = protocol, {}
-    if protocol.lr_grid is not None and est.name == "grid":
+    if protocol.lr_grid is not None and est.runs == "protocol":
         measured, selection = _select_rates(setup, seen, protocol, opts, out, identity)
     env = _env(setup, seen, measured, opts, run_grid)
     t_est = time.perf_counter()

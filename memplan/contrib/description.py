@@ -22,7 +22,7 @@ def describe(
     batches: int,
 ) -> str:
     """The profile's ``description``: how its entries were measured, in words."""
-    if est.name in ("fisher", "rgn"):
+    if est.runs == "gradients":
         return (
             f"Contribution estimate ({est.name}: {est.description}) of {name} (L = {n_layers} convs) at input "
             f"{'x'.join(map(str, shape))} on {data.name} ({data.x_train.shape[0]} train images, {data.classes} "
@@ -32,7 +32,7 @@ def describe(
             f"SE over batches. Bias depth k: the bias carriers of the last k convs; weight (i, r): the channels "
             f"a ratio-r update of conv i trains (select {protocol.select})."
         )
-    p = protocol if est.name == "grid" else probe_protocol(protocol)
+    p = protocol if est.runs == "protocol" else probe_protocol(protocol)
     ks = "all k = 1..L" if p.bias_ks is None else f"k in {list(p.bias_ks)} and those the weight runs need"
     wl = "every conv" if p.weight_layers is None else f"the last {p.weight_layers} convs"
     ratios = ", ".join(ratio_label(r) for r in p.ratios)
@@ -68,7 +68,7 @@ def describe(
         f"only, weight (i, r) vs bias k = "
         + ("L" if p.weight_reference == "all-biases" else "L - i")
         + f"; mean and std over seeds. {cache_text}."
-        + ("" if est.name == "grid" else f" Estimator {est.name}: {est.description} ({batches} batches).")
+        + ("" if est.runs == "protocol" else f" Estimator {est.name}: {est.description} ({batches} batches).")
     )
 
 

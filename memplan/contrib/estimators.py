@@ -94,17 +94,20 @@ class Estimator:
     fn: Callable[[Env], Estimate]
     units: str
     description: str
+    #: what it measures with: "protocol" (training runs at the protocol), "short" (runs of a shortened
+    #: protocol, ``probe_protocol``) or "gradients" (no training: gradients at the probe head)
+    runs: str = "protocol"
 
 
 #: estimator name -> how a profile's entries are measured
 ESTIMATORS: Registry[Estimator] = Registry("contribution estimator")
 
 
-def estimator(name: str, *, units: str, description: str):
-    """Decorator registering ``fn(env) -> Estimate`` as estimator ``name``."""
+def estimator(name: str, *, units: str, description: str, runs: str = "protocol"):
+    """Decorator registering ``fn(env) -> Estimate`` as estimator ``name`` (``runs``: :attr:`Estimator.runs`)."""
 
     def decorate(fn: Callable[[Env], Estimate]) -> Callable[[Env], Estimate]:
-        ESTIMATORS.add(name, Estimator(name, fn, units, description))
+        ESTIMATORS.add(name, Estimator(name, fn, units, description, runs))
         return fn
 
     return decorate
@@ -143,6 +146,7 @@ def subset(data: Data, n: int, seed: int = 0) -> Data:
 
 @estimator(
     "probe",
+    runs="short",
     units="Δacc, accuracy points after one short epoch (a proxy of the grid's Δacc)",
     description="the grid's runs shortened to one epoch over batches x batch_size training images, seeds 0 and 1",
 )
@@ -238,6 +242,7 @@ def _entries(
 
 @estimator(
     "fisher",
+    runs="gradients",
     units="empirical Fisher: sum over the entry's parameters of the mean over mini-batches of the squared "
     "gradient of the batch-mean cross-entropy (loss^2 / parameter^2, summed over parameters)",
     description="empirical Fisher information of the entry's parameters on the target training data",
@@ -256,6 +261,7 @@ def fisher(env: Env) -> Estimate:
 
 @estimator(
     "rgn",
+    runs="gradients",
     units="relative gradient norm: ||gradient of the entry's parameters|| / ||the tensor's weights|| per "
     "mini-batch, mean over batches (unitless; a bias depth sums its k bias vectors')",
     description="relative gradient norm (Lee et al., ICLR 2023) of the entry's parameters on the target training data",
