@@ -678,7 +678,7 @@ def start(a: argparse.Namespace) -> Run:
     )
     # the grid and the seeds are not part of the identity: every run's id names its lr and seed, so
     # widening --lrs or adding --seeds keeps the finished runs
-    identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json", exclude={"seeds"})}
+    identity = {**setup.identity(), "protocol": protocol.identity(exclude={"seeds"})}
     ckpt = Checkpoint(out / "transfer.runs.jsonl", identity)
     previous = ckpt.finished()  # None: no checkpoint yet
     head_path = out / "transfer.head.pt"

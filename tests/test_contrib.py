@@ -549,3 +549,13 @@ def test_lr_grid_chooses_a_rate_per_family_on_validation_then_measures_the_grid_
     family = "weight" if scheme.weight_updates else "bias" if scheme.bias_update else "classifier"
     assert scheme.training.lr == sel[family]["lr"] and scheme.training.epochs == prof.protocol.epochs
     assert make_optimizer(tiny_model().parameters(), scheme=scheme).defaults["lr"] == scheme.training.lr
+
+
+def test_checkpoint_identity_leaves_out_later_fields_at_their_default():
+    """A checkpoint written before lr_grid / weight_reference existed still resumes: the protocol's
+    identity leaves them out while at their default, and names them once set."""
+    base = Protocol(seeds=(0,))
+    assert "lr_grid" not in base.identity() and "weight_reference" not in base.identity()
+    assert base.identity()["seeds"] == [0] and "seeds" not in base.identity(exclude={"seeds"})
+    assert Protocol(lr_grid=(0.1,)).identity()["lr_grid"] == [0.1]
+    assert Protocol(weight_reference="all-biases").identity()["weight_reference"] == "all-biases"

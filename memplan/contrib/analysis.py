@@ -178,7 +178,7 @@ def _measure(
     split = dict(train_per_class=opts.train_per_class, validation=opts.validation, test_per_class=opts.test_per_class)
     setup = build_setup(model, weights, data, resolution=opts.resolution, cache_dir=opts.cache_dir, **split)
     seen = setup.task.validation_task() if setup.task.x_val is not None else setup.task  # what the runs see
-    identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json")}
+    identity = {**setup.identity(), "protocol": protocol.identity()}
     est = ESTIMATORS.choose(opts.estimator)
     if est.runs != "protocol":  # the grid's checkpoint identity is what it was before estimators
         identity["estimator"] = {"name": est.name, "batches": opts.batches}

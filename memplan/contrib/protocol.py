@@ -34,6 +34,8 @@ from ..plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..units import ratio_label
 
 RunKind = Literal["classifier", "bias", "weight"]
+#: protocol fields added after checkpoints were written, with the value those checkpoints imply
+LATER_FIELDS = {"lr_grid": None, "weight_reference": "depth"}
 PAPER_RATIOS = (0.125, 0.25, 0.5, 1.0)
 #: the ``momentum`` of profiles written before ``optimizer`` -> the optimizer it meant
 LEGACY_MOMENTUM = {0.0: "sgd", MOMENTUM: "sgd-momentum"}
@@ -119,6 +121,12 @@ class Protocol(BaseModel):
         if v not in COMPUTED_SELECT_RULES:  # importance names channels per layer, which a protocol cannot
             raise ValueError(f"select must be one of {', '.join(COMPUTED_SELECT_RULES)}")
         return v
+
+    def identity(self, exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The JSON form a checkpoint is identified by: fields added later (:data:`LATER_FIELDS`) are
+        left out while at their default, so checkpoints written before them resume."""
+        data = self.model_dump(mode="json", exclude=set(exclude))
+        return {k: v for k, v in data.items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
 
     def lr(self, role: str) -> float:
         """Learning rate of a parameter role: ``classifier``, ``bias`` or ``weight``."""

@@ -163,7 +163,7 @@ class ProfileTrainer:
             self.protocol = protocol = profile.protocol
             folder = Path(checkpoint_dir)
             folder.mkdir(parents=True, exist_ok=True)
-            identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json", exclude={"seeds"})}
+            identity = {**setup.identity(), "protocol": protocol.identity(exclude={"seeds"})}
             self.ckpt = Checkpoint(folder / "validate.runs.jsonl", identity)
             done = self.ckpt.finished()
             if done is None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, is_delta_acc, load_profile
-from ..contrib.protocol import LEGACY_MOMENTUM
+from ..contrib.protocol import LATER_FIELDS, LEGACY_MOMENTUM
 from ..errors import BadOption, MemplanError
 from ..graph import EXPLICIT_SELECT, SELECT_RULES, ConvLayer, LayerGraph, conv_layers, conv_table, is_pw1
 from ..nn.lean import top_channels
@@ -81,7 +81,7 @@ _LATER_FIELDS = {
     "lr_selection": {},
 }
 #: protocol fields added later (adaptive seeding), left out of the hash while they hold their default
-_LATER_PROTOCOL_FIELDS = {"max_seeds": None, "adaptive_z": 2.0, "weight_reference": "depth", "lr_grid": None}
+_LATER_PROTOCOL_FIELDS = {"max_seeds": None, "adaptive_z": 2.0, **LATER_FIELDS}
 
 
 def profile_hash(profile: ContribProfile) -> str:
