@@ -190,7 +190,6 @@ def search(a: argparse.Namespace, out: Path, grid_path: Path, grid: ContribProfi
 def train_argv(a: argparse.Namespace, schemes: list[dict[str, Any]], report_only: bool) -> list[str]:
     files = ",".join(s["scheme"] for s in schemes)
     argv = ["--schemes", files, "--methods", ",".join(s["method"] for s in schemes), "--name", "estimators_e2e"]
-    argv += ["--profile", str(a.grid), "--budgets", ",".join(a.budgets)]  # the transfer rows its schemes may equal
     argv += ["--seeds", a.seeds, "--no-progress", "--shard", a.shard]
     argv += ["--out", a.transfer_out]
     return argv + (["--report"] if report_only else []) + a.transfer_args

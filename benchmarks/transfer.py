@@ -632,7 +632,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--lrs must be positive and --seeds distinct")
     if not a.val_seeds or len(set(a.val_seeds)) != len(a.val_seeds):
         ap.error("--val-seeds must be distinct and not empty")
-    if not set(a.stage_lrs) <= set(a.lrs):
+    if a.profile is not None and not set(a.stage_lrs) <= set(a.lrs):
         ap.error("--stage-lrs must be rates of --lrs")
     if a.profile is not None and not Path(a.profile).is_file():
         ap.error(f"--profile {a.profile}: no such file")

@@ -34,7 +34,7 @@ def test_cheap_form_runs_end_to_end(estimators, tmp_path):
         # benchmarks/transfer.py's setup for the end-to-end runs
         "--model", "minilearn-cifar10", "--weights", "none", "--data", str(npz), "--resolution", "32",
         "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
-        "--lrs", "0.001,0.01", "--objectives", "lcb",
+        "--lrs", "0.001,0.01",
     ]  # fmt: skip
     result = estimators.main(argv + ["--transfer-out", str(tmp_path / "bench")])
     assert set(result["times"]) == {"fisher", "probe"}
