@@ -8,6 +8,7 @@ import sys
 import typer
 
 from .cli_common import (
+    MODES_HELP,
     BudgetOpt,
     ClassesOpt,
     FlopsBudgetOpt,
@@ -41,7 +42,9 @@ def search(  # typer command: one parameter per CLI option
     ),
     old_target: str | None = OldTargetOpt,
     mode: str | None = typer.Option(
-        None, "--mode", help="accounting mode of the budget (default: tinytraining, or the target's mode)"
+        None,
+        "--mode",
+        help=f"accounting mode of the budget: {MODES_HELP} (default: tinytraining, or the target's mode)",
     ),
     optimizer: str | None = OwnOptimOpt,
     objective: str | None = typer.Option(
