@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
+from rich.console import Console
 
 from .cli_common import (
     MODES_HELP,
@@ -73,37 +75,79 @@ def search(  # typer command: one parameter per CLI option
     from .render.figures import plot_search
     from .render.reports import print_search
     from .search.run import run_search
+    from .search.space import ProfileError
 
     target = target_option(target, old_target, "search")
     if budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
     extra = {"ratios": floats(ratios, "ratios")} if ratios else {}
-    result = run_search(
-        model,
-        budget,
-        profile_path=profile,
-        device=target,
-        mode=mode,
-        method=method,
-        generations=generations,
-        population=population,
-        seed=seed,
-        out=out,
-        curves=plot is not None,
-        pw1_only=pw1_only,
-        max_weight_layers=max_weight_layers,
-        classes=classes,
-        resolution=resolution,
-        command="memplan " + " ".join(sys.argv[1:]),
-        optimizer=optimizer,
-        objective=objective,
-        mode_options=key_values(mode_option, "--mode-option"),
-        flops_budget=flops_budget,
-        select=select,
-        **extra,
-    )
+    try:
+        result = run_search(
+            model,
+            budget,
+            profile_path=profile,
+            device=target,
+            mode=mode,
+            method=method,
+            generations=generations,
+            population=population,
+            seed=seed,
+            out=out,
+            curves=plot is not None,
+            pw1_only=pw1_only,
+            max_weight_layers=max_weight_layers,
+            classes=classes,
+            resolution=resolution,
+            command="memplan " + " ".join(sys.argv[1:]),
+            optimizer=optimizer,
+            objective=objective,
+            mode_options=key_values(mode_option, "--mode-option"),
+            flops_budget=flops_budget,
+            select=select,
+            **extra,
+        )
+    except ProfileError as exc:
+        if profile is not None:
+            raise
+        name = model or "MODEL"
+        raise MemplanError(
+            exc.message,
+            f"measure one with `memplan contrib {name} --data DATA --out profile.json` and pass it: "
+            f"`memplan search {name} --profile profile.json ...`",
+        ) from None
     out_console = console()
     print_search(result, out_console)
+    print_applied_cost(result, classes, out_console)
     if plot:
         plot_search(result, plot)
         out_console.print(f"plot written to {plot}")
+    if not out:
+        out_console.print("not saved: add --out scheme.json to write the scheme (for apply_scheme / memplan verify)")
+
+
+def print_applied_cost(result: Any, classes: int | None, out: Console) -> None:
+    """The searched scheme's memory in ``applied`` mode (eager PyTorch after ``memplan.apply_scheme``)
+    and plain ``pytorch`` mode at the training batch (the profile's runs'), beside the budget's mode."""
+    from .api import capture, profile_captured
+    from .contrib.profile import load_profile
+    from .search.space import load_contributions
+    from .units import fmt_bytes
+
+    batch, source = result.scheme.batch, "the scheme's"
+    if result.profile_path is not None:
+        batch, source = load_profile(result.profile_path).protocol.batch_size, "the profile's training"
+        classes = classes or load_contributions(result.profile_path).classes
+    cap = capture(result.model, tuple(result.input_shape), batch=batch, classes=classes)
+    costs = {
+        mode: profile_captured(cap, "sparse", mode=mode, scheme=result.scheme).totals for mode in ("applied", "pytorch")
+    }
+    cost = {
+        mode: f"{fmt_bytes(t.total_bytes)} in all ({fmt_bytes(t.saved_activation_bytes)} saved activations)"
+        for mode, t in costs.items()
+    }
+    out.print(
+        f"the same scheme at {source} batch {batch}: applied mode (PyTorch after memplan.apply_scheme) "
+        f"{cost['applied']}; pytorch mode {cost['pytorch']} (the budget bounds {result.mode} mode at batch "
+        f"{result.scheme.batch})",
+        markup=False,
+    )
