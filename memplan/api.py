@@ -29,7 +29,7 @@ from .check import CHECK_BATCH, check as self_check
 from .costs.engine import compute
 from .costs.extras import strategy_extras
 from .costs.records import Profile
-from .errors import AssumptionWarning, BadOption, SchemeError
+from .errors import AssumptionWarning, BadOption, MemplanError, SchemeError
 from .graph import LayerGraph
 from .graph.capture import capture_graph
 from .io import read_json
@@ -54,6 +54,20 @@ class Built:
     sample_shape: tuple[int, ...]  # per-sample input shape (no batch)
     resolution: int | None  # None when the input shape was given explicitly
     block_names: Sequence[str] | None = None  # explicit blocks of the model (None: the structural rule)
+    assumed: bool = False  # the input shape was assumed (ASSUMED_RESOLUTION): no shape, resolution or zoo default
+
+    @property
+    def assumption(self) -> str:
+        """What was assumed, in words (for a warning or an error's hint)."""
+        return (
+            f"{self.name}: no input shape given, traced at the assumed {'x'.join(map(str, self.sample_shape))} "
+            "(give --input-shape C,H,W / input_shape=(C, H, W), or --resolution R)"
+        )
+
+    def warn_assumed(self) -> None:
+        """An :class:`~memplan.errors.AssumptionWarning` when the input shape was assumed."""
+        if self.assumed:
+            warnings.warn(self.assumption, AssumptionWarning, stacklevel=3)
 
 
 @dataclass
@@ -89,7 +103,8 @@ def build_model(
     """Step 1 of the pipeline: resolve ``model`` (zoo models on the meta device unless
     ``meta=False``) and its per-sample input shape; ``input_shape`` (no batch) by default
     (3, r, r) at the zoo's resolution, or :data:`ASSUMED_RESOLUTION` for models outside the zoo
-    (an ``AssumptionWarning`` says so). ``norm="group"``
+    (``Built.assumed``: a capture that works says so in an ``AssumptionWarning``, one that fails
+    in its error). ``norm="group"``
     swaps every BatchNorm for GroupNorm (TinyTL's setting; ``memplan.nn.transforms``).
     Callers that build once and capture several copies (``memplan.verify``) use it alone."""
     _positive("resolution", resolution)
@@ -97,16 +112,10 @@ def build_model(
     spec = resolve(model, classes, meta=meta)
     res = resolution or spec.resolution or ASSUMED_RESOLUTION
     shape = tuple(input_shape) if input_shape is not None else sample_shape(model, res)
-    if input_shape is None and resolution is None and spec.resolution is None:
-        warnings.warn(
-            f"{spec.name}: no input shape given, traced at the assumed {'x'.join(map(str, shape))} "
-            "(give --input-shape C,H,W / input_shape=(C, H, W), or --resolution R)",
-            AssumptionWarning,
-            stacklevel=3,
-        )
     if norm is not None:
         spec.model = swap_norm(spec.model, norm)
-    return Built(spec.name, spec.model, shape, None if input_shape is not None else res, spec.block_names)
+    assumed = input_shape is None and resolution is None and spec.resolution is None
+    return Built(spec.name, spec.model, shape, None if input_shape is not None else res, spec.block_names, assumed)
 
 
 def capture(  # public keyword API: one keyword per capture option of profile / the CLI
@@ -142,18 +151,24 @@ def capture(  # public keyword API: one keyword per capture option of profile / 
     _positive("batch", batch)
     built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm, meta=meta)
     net = built.model
-    if method is not None:
-        net = transform_model(net, method, input_shape=built.sample_shape, **(method_options or {}))
     blocks = block_names if block_names is not None else built.block_names
-    graph = capture_graph(
-        net,
-        (batch, *built.sample_shape),
-        leaf_modules=leaf_modules,
-        block_names=list(blocks) if blocks is not None else None,
-        name=name or built.name,
-        output=output,
-        runnable=runnable,
-    )
+    try:
+        if method is not None:
+            net = transform_model(net, method, input_shape=built.sample_shape, **(method_options or {}))
+        graph = capture_graph(
+            net,
+            (batch, *built.sample_shape),
+            leaf_modules=leaf_modules,
+            block_names=list(blocks) if blocks is not None else None,
+            name=name or built.name,
+            output=output,
+            runnable=runnable,
+        )
+    except MemplanError as exc:
+        if not built.assumed:
+            raise
+        raise type(exc)(exc.message, built.assumption) from None
+    built.warn_assumed()
     return Captured(graph, name or built.name, built.resolution, graph.classes, net)
 
 

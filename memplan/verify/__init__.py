@@ -183,6 +183,7 @@ def verify(  # public keyword API: one keyword per option of memplan verify
         norm=norm,
         meta=False,
     )
+    built.warn_assumed()
     shape = (batch, *built.sample_shape)
     results = {s: _run_setup(built, s, method, options, shape, dev, optimizer, lr, steps, seed) for s in SETUPS}
     return VerifyReport(
