@@ -34,3 +34,38 @@ def test_import_memplan_loads_no_heavy_dependency():
 def test_profiling_zoo_networks_skips_torch_meta_references(model, method):
     code = f"import memplan\nmemplan.profile({model!r}, {method!r}, resolution=64)"
     assert not {"torch._dynamo", "sympy"} & set(loaded_after(code))
+
+
+def torch_loaded_by_cli(args: list[str]) -> bool:
+    """Whether ``memplan ARGS`` imports torch (its output and exit code aside)."""
+    probe = (
+        "import sys, contextlib, io\nfrom memplan.cli import main\n"
+        f"with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    try:\n        main({args!r})\n    except SystemExit:\n        pass\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    return done.stdout.split()[-1] == "True"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["--version"], ["profile", "--help"], ["search", "--help"], ["contrib", "--help"], ["profile"]],
+    ids=["help", "version", "profile-help", "search-help", "contrib-help", "usage-error"],
+)
+def test_help_version_and_usage_errors_import_no_torch(args):
+    """Answered at once (benchmarks/cold_start.py times them against a bare Python start)."""
+    assert not torch_loaded_by_cli(args)
+
+
+def test_a_command_that_runs_does_import_torch():
+    """The probe above can fail: a real command loads torch."""
+    assert torch_loaded_by_cli(["methods"])
+
+
+def test_mode_help_lists_the_mode_registry():
+    """--mode's help names the modes without importing them; the names are the registry's."""
+    from memplan.cli_common import MODE_NAMES
+    from memplan.modes import MODES
+
+    assert MODE_NAMES == tuple(MODES)
