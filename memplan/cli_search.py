@@ -117,7 +117,10 @@ def search(  # typer command: one parameter per CLI option
         ) from None
     out_console = console()
     print_search(result, out_console)
-    print_applied_cost(result, classes, out_console)
+    try:
+        print_applied_cost(result, classes, out_console)
+    except MemplanError as exc:  # the search itself is done (and saved): say why this line is missing
+        out_console.print(f"warning: the scheme's applied-mode cost was not computed: {exc}", markup=False)
     if plot:
         plot_search(result, plot)
         out_console.print(f"plot written to {plot}")

@@ -198,6 +198,14 @@ def run_contrib(
         return _measure(model, weights, data, out, protocol, opts)
 
 
+def _setup(model: str | nn.Module, weights: str | os.PathLike | None, data: str, opts: ContribOptions) -> Setup:
+    """:func:`build_setup` under ``opts``, with progress (data, and pretraining where the data asks for
+    it, can take minutes)."""
+    split = dict(train_per_class=opts.train_per_class, validation=opts.validation, test_per_class=opts.test_per_class)
+    with stage(opts.progress, "contrib: data, model, backbone weights"):
+        return build_setup(model, weights, data, resolution=opts.resolution, cache_dir=opts.cache_dir, **split)
+
+
 def _measure(
     model: str | nn.Module,
     weights: str | os.PathLike | None,
@@ -208,9 +216,7 @@ def _measure(
 ) -> ContribProfile:
     """Setup, probe, grid and profile (module docstring, steps 1-4); ``opts`` with device and threads resolved."""
     t_start = time.perf_counter()
-    split = dict(train_per_class=opts.train_per_class, validation=opts.validation, test_per_class=opts.test_per_class)
-    with stage(opts.progress, "contrib: data, model, backbone weights"):  # with pretraining, minutes
-        setup = build_setup(model, weights, data, resolution=opts.resolution, cache_dir=opts.cache_dir, **split)
+    setup = _setup(model, weights, data, opts)
     seen = setup.task.validation_task() if setup.task.x_val is not None else setup.task  # what the runs see
     identity = {**setup.identity(), "protocol": protocol.model_dump(mode="json")}
     if opts.estimator != "grid":  # a grid checkpoint's identity is what it was before estimators
