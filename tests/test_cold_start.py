@@ -36,31 +36,29 @@ def test_profiling_zoo_networks_skips_torch_meta_references(model, method):
     assert not {"torch._dynamo", "sympy"} & set(loaded_after(code))
 
 
-def torch_loaded_by_cli(args: list[str]) -> bool:
-    """Whether ``memplan ARGS`` imports torch (its output and exit code aside)."""
+def torch_loaded_by_cli(*argvs: list[str]) -> bool:
+    """Whether running ``memplan ARGS`` for each of ``argvs``, one after the other in one fresh
+    process, imports torch (their output and exit codes aside)."""
     probe = (
         "import sys, contextlib, io\nfrom memplan.cli import main\n"
-        f"with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-        f"    try:\n        main({args!r})\n    except SystemExit:\n        pass\n"
+        f"for args in {list(argvs)!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n            main(args)\n        except SystemExit:\n            pass\n"
         "print('torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
     return done.stdout.split()[-1] == "True"
 
 
-@pytest.mark.parametrize(
-    "args",
-    [["--help"], ["--version"], ["profile", "--help"], ["search", "--help"], ["contrib", "--help"], ["profile"]],
-    ids=["help", "version", "profile-help", "search-help", "contrib-help", "usage-error"],
-)
-def test_help_version_and_usage_errors_import_no_torch(args):
+def test_help_version_and_usage_errors_import_no_torch():
     """Answered at once (benchmarks/cold_start.py times them against a bare Python start)."""
-    assert not torch_loaded_by_cli(args)
+    quick = [["--help"], ["--version"], ["profile", "--help"], ["search", "--help"], ["contrib", "--help"], ["profile"]]
+    assert not torch_loaded_by_cli(*quick)
 
 
 def test_a_command_that_runs_does_import_torch():
     """The probe above can fail: a real command loads torch."""
-    assert torch_loaded_by_cli(["methods"])
+    assert torch_loaded_by_cli(["--help"], ["methods"])
 
 
 def test_mode_help_lists_the_mode_registry():
