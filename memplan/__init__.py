@@ -19,7 +19,7 @@ from .version import __version__
 #: public name -> the module that defines it
 EXPORTS = {
     **dict.fromkeys(("capture", "profile", "compare", "profile_captured"), "api"),
-    **dict.fromkeys(("apply_plan", "apply_strategy", "apply_scheme"), "apply"),
+    **dict.fromkeys(("apply_plan", "apply_strategy", "apply_scheme", "unapply", "write_back"), "apply"),
     **dict.fromkeys(("LayerCost", "Profile", "Totals"), "costs"),
     "LayerGraph": "graph",
     "MODES": "modes",

@@ -17,6 +17,7 @@ transforms that read a block's shapes, strategies that read a trace) call the gr
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from .accounting.engine import compute
 from .accounting.extras import strategy_extras
 from .check import CHECK_BATCH, check as self_check
 from .costs.records import Profile
-from .errors import BadOption, SchemeError
+from .errors import AssumptionWarning, BadOption, MemplanError, SchemeError
 from .graph import LayerGraph
 from .graph.capture import capture_graph
 from .io import read_json
@@ -40,6 +41,9 @@ from .optim import OPTIMIZERS
 from .plan import Scheme
 from .strategies import DEFAULT_K, changes_architecture, make_plan, transform_model
 
+#: input side (px) assumed for a model outside the zoo when neither an input shape nor a resolution is given
+ASSUMED_RESOLUTION = 224
+
 
 @dataclass
 class Built:
@@ -50,6 +54,20 @@ class Built:
     sample_shape: tuple[int, ...]  # per-sample input shape (no batch)
     resolution: int | None  # None when the input shape was given explicitly
     block_names: Sequence[str] | None = None  # explicit blocks of the model (None: the structural rule)
+    assumed: bool = False  # the input shape was assumed (ASSUMED_RESOLUTION): no shape, resolution or zoo default
+
+    @property
+    def assumption(self) -> str:
+        """What was assumed, in words (for a warning or an error's hint)."""
+        return (
+            f"{self.name}: no input shape given, traced at the assumed {'x'.join(map(str, self.sample_shape))} "
+            "(give --input-shape C,H,W / input_shape=(C, H, W), or --resolution R)"
+        )
+
+    def warn_assumed(self) -> None:
+        """An :class:`~memplan.errors.AssumptionWarning` when the input shape was assumed."""
+        if self.assumed:
+            warnings.warn(self.assumption, AssumptionWarning, stacklevel=3)
 
 
 @dataclass
@@ -84,17 +102,20 @@ def build_model(
 ) -> Built:
     """Step 1 of the pipeline: resolve ``model`` (zoo models on the meta device unless
     ``meta=False``) and its per-sample input shape; ``input_shape`` (no batch) by default
-    (3, r, r) at the zoo's resolution, or 224 for models outside the zoo. ``norm="group"``
+    (3, r, r) at the zoo's resolution, or :data:`ASSUMED_RESOLUTION` for models outside the zoo
+    (``Built.assumed``: a capture that works says so in an ``AssumptionWarning``, one that fails
+    in its error). ``norm="group"``
     swaps every BatchNorm for GroupNorm (TinyTL's setting; ``memplan.nn.transforms``).
     Callers that build once and capture several copies (``memplan.verify``) use it alone."""
     _positive("resolution", resolution)
     _positive("classes", classes)
     spec = resolve(model, classes, meta=meta)
-    res = resolution or spec.resolution or 224
+    res = resolution or spec.resolution or ASSUMED_RESOLUTION
     shape = tuple(input_shape) if input_shape is not None else sample_shape(model, res)
     if norm is not None:
         spec.model = swap_norm(spec.model, norm)
-    return Built(spec.name, spec.model, shape, None if input_shape is not None else res, spec.block_names)
+    assumed = input_shape is None and resolution is None and spec.resolution is None
+    return Built(spec.name, spec.model, shape, None if input_shape is not None else res, spec.block_names, assumed)
 
 
 def capture(  # public keyword API: one keyword per capture option of profile / the CLI
@@ -130,26 +151,53 @@ def capture(  # public keyword API: one keyword per capture option of profile / 
     _positive("batch", batch)
     built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm, meta=meta)
     net = built.model
-    if method is not None:
-        net = transform_model(net, method, **(method_options or {}))
     blocks = block_names if block_names is not None else built.block_names
-    graph = capture_graph(
-        net,
-        (batch, *built.sample_shape),
-        leaf_modules=leaf_modules,
-        block_names=list(blocks) if blocks is not None else None,
-        name=name or built.name,
-        output=output,
-        runnable=runnable,
-    )
+    try:
+        if method is not None:
+            net = transform_model(net, method, input_shape=built.sample_shape, **(method_options or {}))
+        graph = capture_graph(
+            net,
+            (batch, *built.sample_shape),
+            leaf_modules=leaf_modules,
+            block_names=list(blocks) if blocks is not None else None,
+            name=name or built.name,
+            output=output,
+            runnable=runnable,
+        )
+    except MemplanError as exc:
+        if not built.assumed:
+            raise
+        raise type(exc)(exc.message, built.assumption) from None
+    built.warn_assumed()
     return Captured(graph, name or built.name, built.resolution, graph.classes, net)
+
+
+def _scheme_data(scheme: Any) -> dict[str, Any] | None:
+    """A scheme given as a path or a dict, read as JSON (None for None or a ``Scheme``)."""
+    if scheme is None or isinstance(scheme, Scheme):
+        return None
+    return scheme if isinstance(scheme, dict) else read_json(scheme, "scheme file", SchemeError)
+
+
+def scheme_input_shape(scheme: Any) -> tuple[int, ...] | None:
+    """The per-sample input shape a scheme (a path, a dict or a :class:`~memplan.plan.Scheme`) was
+    planned at; None for none given and for tiny-training's backward_config, which records none."""
+    if isinstance(scheme, Scheme):
+        return tuple(scheme.input_shape)
+    data = _scheme_data(scheme)
+    shape = data.get("input_shape") if data is not None else None
+    if isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape):
+        return tuple(shape)
+    return None
 
 
 def _scheme_optimizer(scheme: Any) -> str | None:
     """The optimizer a scheme (a path or a :class:`~memplan.plan.Scheme`) records, if any."""
-    if scheme is None or isinstance(scheme, Scheme):
-        return None if scheme is None else scheme.optimizer
-    data = scheme if isinstance(scheme, dict) else read_json(scheme, "scheme file", SchemeError)
+    if isinstance(scheme, Scheme):
+        return scheme.optimizer
+    data = _scheme_data(scheme)
+    if data is None:
+        return None
     value = data.get("optimizer")  # memplan's scheme JSON; tiny-training's backward_config has none
     return value if isinstance(value, str) else None
 
@@ -229,7 +277,11 @@ def profile(  # public keyword API: one keyword per option of memplan profile
     ``calibration``: kernel workspaces in the peak (``"cpu"`` / ``"cuda"``: this machine's
     ``memplan calibrate`` file; a path; None: none). ``Profile.workspace`` says what was used.
     ``mode_options``: options of the mode, e.g. ``{"state_bits": 32}`` for ``tinytraining``.
+    A ``scheme`` option sets the input shape it was planned at, unless ``input_shape`` or
+    ``resolution`` is given.
     """
+    if input_shape is None and resolution is None:
+        input_shape = scheme_input_shape(options.get("scheme"))
     shaping = dict(resolution=resolution, classes=classes, norm=norm, method=method, method_options=options)
     cap = capture(
         model, input_shape, batch=batch, leaf_modules=leaf_modules, block_names=block_names, output=output, **shaping

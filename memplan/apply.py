@@ -1,4 +1,5 @@
-"""Turn a plan into a real training setup: ``apply_plan``, ``apply_strategy``, ``apply_scheme``.
+"""Turn a plan into a real training setup: ``apply_plan``, ``apply_strategy``, ``apply_scheme``;
+and back: ``unapply``.
 
 ``apply_plan(model, plan)`` changes ``model`` **in place** and returns the same object, ready
 for an ordinary training loop (``memplan.train``): ``requires_grad`` and norm train / eval
@@ -13,6 +14,10 @@ Conventions:
   exactly ``Train.channels`` for ``importance``;
 * a sub-channel layer trains ``SubChannelConv.weight_sel`` (a new Parameter); its shared
   ``weight`` stays frozen and stale until :func:`write_back`;
+* checkpoints are the plain model's: ``model.state_dict()`` of an applied model has exactly the
+  plain model's keys with the trained values (``weight_sel`` folded into ``weight``), loads
+  strictly into a freshly built plain model, and a plain checkpoint loads into an applied
+  model; :func:`unapply` puts the plain modules back (same Parameters, trained values);
 * the graph passed in must be traced from ``model`` itself; after the swap it describes the
   model as it was (trace again to profile the applied model: the lean modules are leaves
   of the same kinds, declared by their ``memplan_kind``).
@@ -33,7 +38,7 @@ from .errors import BadOption
 from .graph import LayerGraph, channel_index_problem, role
 from .graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
 from .nn.choice import lean_class
-from .nn.lean import LEAN_MODULES, SubChannelConv
+from .nn.lean import LEAN_MODULES, SubChannelConv, restore
 from .nn.transforms import replace_module
 from .plan import Plan, Train, grad_flow, scheme_to_plan
 from .strategies import make_plan
@@ -46,6 +51,7 @@ __all__ = [
     "plan_strategy",
     "plan_scheme",
     "write_back",
+    "unapply",
     "DEFAULT_INPUT_SHAPE",
 ]
 
@@ -240,4 +246,23 @@ def write_back(model: nn.Module) -> nn.Module:
     for m in model.modules():
         if isinstance(m, SubChannelConv):
             m.write_back()
+    return model
+
+
+def unapply(model: nn.Module) -> nn.Module:
+    """Put the plain modules back in place of every lean module of ``model`` (in place; returns the
+    model, or the plain module when ``model`` itself is a lean one): the modules ``apply_plan``
+    replaced, holding the trained values (a sub-channel update written back into its weight, which
+    then trains whole, as :func:`apply_plain` trains it) and the same Parameter objects otherwise.
+    ``requires_grad`` and train / eval flags stay as the plan set them."""
+    restored: dict[int, nn.Module] = {}
+    for qual, m in list(model.named_modules(remove_duplicate=False)):
+        if type(m) not in LEAN_MODULES:
+            continue
+        if id(m) not in restored:  # a module used at several places is restored once
+            restored[id(m)] = restore(m)
+        plain = restored[id(m)]
+        if not qual:
+            return plain
+        replace_module(model, qual, plain)
     return model

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from . import api, cli_peak, cli_search
+from . import cli_peak, cli_search
 from .cli_common import (
     BatchOpt,
     BinaryOpt,
@@ -42,13 +42,16 @@ from .cli_common import (
     emit,
     key_values,
     run_command,
+    scheme_arg,
     shape,
     target_option,
 )
 from .cli_contrib import app as contrib_app
 from .errors import MemplanError
-from .render import export, tables
-from .strategies import STRATEGIES, TRANSFORMS
+from .version import __version__
+
+# Nothing above imports torch: help, --version and usage errors answer at once (benchmarks/cold_start.py);
+# every command imports the layers it runs on (the api, strategies, render) in its body.
 
 app = typer.Typer(
     add_completion=False,
@@ -59,6 +62,25 @@ app = typer.Typer(
 )
 app.add_typer(contrib_app, name="contrib")
 app.command()(cli_search.search)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"memplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="print memplan's version and exit"
+    ),
+) -> None:
+    """Memory / FLOP profiler and sparse-update planner for on-device transfer learning."""
+
+
+#: strategy options that ``profile`` names as flags (``--blocks``); the others are ``-o key=value``
+STRATEGY_FLAGS = ("blocks", "layers", "scheme", "bits", "samples", "epochs")
 
 
 def _strategy_opts(option: list[str] | None, **named: Any) -> dict[str, Any]:
@@ -128,11 +150,14 @@ def profile(  # typer command: one parameter per CLI option
     old_target: str | None = OldTargetOpt,
 ) -> None:
     """Memory and FLOPs of fine-tuning MODEL with one strategy."""
+    from . import api
+    from .render import export, tables
+
     quiet = json_out == "-" or csv_out == "-"
     out = console(quiet)
     target = target_option(target, old_target, "profile")
     strategy_opts = _strategy_opts(
-        option, blocks=blocks, layers=layers, scheme=scheme, bits=bits, samples=samples, epochs=epochs
+        option, blocks=blocks, layers=layers, scheme=scheme_arg(scheme), bits=bits, samples=samples, epochs=epochs
     )
     capture_opts = _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output)
     mode = cli_peak.target_mode(ctx, mode, target)
@@ -166,6 +191,7 @@ def profile(  # typer command: one parameter per CLI option
 def _conv_update_table(method: str, mode: str) -> bool:
     """Whether ``--per-layer`` also prints each conv's update cost (a property of the strategy or the mode)."""
     from .modes import get_mode
+    from .strategies import STRATEGIES
 
     return STRATEGIES.choose(method).conv_update_table or get_mode(mode).conv_update_table
 
@@ -193,7 +219,7 @@ def verify(  # typer command: one parameter per CLI option
     from .render.reports import print_verify
     from .verify import EXIT_MISMATCH, verify as run_verify
 
-    opts = _strategy_opts(option, blocks=blocks, layers=layers, scheme=scheme)
+    opts = _strategy_opts(option, blocks=blocks, layers=layers, scheme=scheme_arg(scheme))
     report = run_verify(
         model,
         method,
@@ -247,6 +273,9 @@ def compare(  # typer command: one parameter per CLI option
     output: str | None = OutputOpt,
 ) -> None:
     """One row per strategy: trainable params, saved activations, weights, memory, FLOPs."""
+    from . import api
+    from .render import export, tables
+
     quiet = json_out == "-" or csv_out == "-"
     out = console(quiet)
     items = None
@@ -299,12 +328,18 @@ app.command(name="calibrate")(cli_peak.calibrate)
 @app.command()
 def methods() -> None:
     """The fine-tuning strategies and their options."""
-    tables.print_methods(STRATEGIES.values(), console(), TRANSFORMS.values())
+    from .render import tables
+    from .strategies import STRATEGIES, TRANSFORMS
+
+    tables.print_methods(STRATEGIES.values(), console(), TRANSFORMS.values(), flags=STRATEGY_FLAGS)
 
 
 @app.command()
 def models() -> None:
     """The model zoo with parameters and MACs at each model's default resolution."""
+    from . import api
+    from .render import tables
+
     tables.print_models(api.describe_models(), console())
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any
 
 import typer
 from rich.console import Console
 
-from .errors import MemplanError
+from .errors import AssumptionWarning, MemplanError
 from .io import write_text
 
 ModelArg = typer.Argument(..., help="zoo name (see `memplan models`), package.module:attr or path/to/file.py:attr")
@@ -30,7 +31,15 @@ MethodOpt = typer.Option("full", "--method", "-m", help="strategy (see `memplan 
 BatchOpt = typer.Option(1, "--batch", "-b", help="batch size")
 ResOpt = typer.Option(None, "--resolution", "-r", help="input side in px (default: the model's)")
 ClassesOpt = typer.Option(None, "--classes", "-c", help="classifier outputs (default: the model's)")
-ModeOpt = typer.Option("pytorch", "--mode", help="accounting convention: pytorch (eager autograd, byte-exact) or ideal")
+#: the accounting modes of ``memplan.modes.MODES``, named here so that help never imports torch
+#: (tests/test_cli.py checks that the two agree)
+MODE_NAMES = ("pytorch", "applied", "ideal", "tinytraining", "mcu", "mcu-nopatch", "mcu-accum", "tinytl")
+MODES_HELP = " | ".join(MODE_NAMES)
+ModeOpt = typer.Option(
+    "pytorch",
+    "--mode",
+    help=f"accounting convention: {MODES_HELP} (pytorch: eager autograd, byte-exact; README: Accounting modes)",
+)
 OptimOpt = typer.Option("sgd", "--optimizer", help="sgd | sgd-momentum | adam (state counted per trainable weight)")
 #: --optimizer where the input records one (a scheme's, a contribution profile's)
 OwnOptimOpt = typer.Option(
@@ -65,7 +74,11 @@ BinaryOpt = typer.Option(False, "--binary", help="print sizes 1024-based (KiB/Mi
 BlocksOpt = typer.Option(None, "--blocks", "-k", help="number of last blocks that train (lastk, mobiletl, cache-reuse)")
 LayersOpt = typer.Option(None, "--layers", help="number of last conv/linear layers that train (lastk)")
 SchemeOpt = typer.Option(
-    None, "--scheme", help="sparse-update scheme: memplan scheme JSON or tiny-training backward_config"
+    None,
+    "--scheme",
+    help="sparse-update scheme: memplan scheme JSON, tiny-training backward_config, or the name of a shipped "
+    "scheme (e.g. mcunet-5fps-100KB); the model is traced at the scheme's input shape unless "
+    "--resolution / --input-shape say otherwise",
 )
 BitsCacheOpt = typer.Option(None, "--bits", help="bits per cached feature (cache-reuse, minilearn)")
 SamplesOpt = typer.Option(None, "--samples", help="number of training samples (cache-reuse, minilearn)")
@@ -176,6 +189,19 @@ def shape(text: str | None) -> tuple[int, ...] | None:
     return dims
 
 
+def scheme_arg(text: str | None) -> str | None:
+    """``--scheme``: a file as given; a name that is no file, of a scheme shipped with memplan
+    (``memplan/data/schemes``, e.g. ``mcunet-5fps-100KB``), as that scheme's path."""
+    if text is None or os.path.exists(text) or os.sep in text:
+        return text
+    from .plan import shipped_scheme  # the scheme format only where a scheme is read
+
+    try:
+        return str(shipped_scheme(text))
+    except MemplanError as exc:
+        raise MemplanError(f"--scheme {text!r} is neither a file nor a shipped scheme", exc.hint) from None
+
+
 def console(stderr: bool = False) -> Console:
     """A rich console on stdout (or stderr), 160 columns wide when not a terminal."""
     stream = sys.stderr if stderr else sys.stdout
@@ -190,12 +216,30 @@ def emit(text: str, target: str, out: Console) -> None:
         out.print(f"wrote {write_text(target, text)}")
 
 
+def _usage_error(exc: Any, err: Console) -> int:
+    """A typer usage error in one line on stderr (exit code 2); a command given no arguments prints its help (0)."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        print(exc.format_message())
+        return 0
+    err.print(f"error: {' '.join(exc.format_message().split())}", markup=False)
+    return getattr(exc, "exit_code", 2)
+
+
 def run_command(command: Any, argv: list[str] | None) -> int:
     """Run a click command (``typer.main.get_command(app)``) and return the exit code, every failure
     told in one line on stderr: ``error: ...`` and 2 for bad input (a ``MemplanError`` or a usage
     error), 130 when interrupted, 1 and ``internal error: ...`` for a bug (its traceback with
     MEMPLAN_DEBUG=1)."""
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    show = warnings.showwarning
+
+    def one_line(message: Warning | str, category: type[Warning], *rest: Any, **kw: Any) -> None:
+        if issubclass(category, AssumptionWarning):
+            err.print(f"warning: {' '.join(str(message).split())}", markup=False)
+        else:
+            show(message, category, *rest, **kw)
+
+    warnings.showwarning = one_line
     try:
         rv = command.main(args=argv, prog_name="memplan", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
@@ -210,12 +254,7 @@ def run_command(command: Any, argv: list[str] | None) -> int:
         err.print("error: interrupted", markup=False)
         code = 130
     except typer.TyperException as exc:  # usage errors (bad option value, missing argument, ...)
-        if type(exc).__name__ == "NoArgsIsHelpError":
-            print(exc.format_message())
-            code = 0
-        else:
-            err.print(f"error: {' '.join(exc.format_message().split())}", markup=False)
-            code = getattr(exc, "exit_code", 2)
+        code = _usage_error(exc, err)
     except Exception as exc:  # an internal bug: still one line unless debugging
         if os.environ.get("MEMPLAN_DEBUG"):
             raise
@@ -225,4 +264,6 @@ def run_command(command: Any, argv: list[str] | None) -> int:
             markup=False,
         )
         code = 1
+    finally:
+        warnings.showwarning = show
     return code

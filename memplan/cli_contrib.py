@@ -14,7 +14,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from .cli_common import console, floats, ints, positive_int, scalar
+from .cli_common import MODES_HELP, console, floats, ints, positive_int, scalar
 from .errors import MemplanError
 
 
@@ -193,7 +193,7 @@ def validate(  # typer command: one parameter per CLI option
     ),
     per_budget: int = typer.Option(5, "--per-budget", help="random schemes per budget"),
     no_searched: bool = typer.Option(False, "--no-searched", help="leave out the searched optimum of each budget"),
-    mode: str = typer.Option("tinytraining", "--mode", help="accounting mode of the budgets"),
+    mode: str = typer.Option("tinytraining", "--mode", help=f"accounting mode of the budgets: {MODES_HELP}"),
     seeds: str | None = typer.Option(None, "--seeds", help="training seeds (default: the profile's)"),
     bootstrap: int = typer.Option(2000, "--bootstrap", help="bootstrap resamples of the confidence intervals"),
     seed: int = typer.Option(0, "--seed", help="seed of the random schemes and the bootstrap"),

@@ -5,13 +5,16 @@ them): ``memplan calibrate``, the ``--schedule`` / ``--calibration`` / ``--targe
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
-from .costs.records import Profile
+from .cli_common import scheme_arg
 from .errors import MemplanError
+
+if TYPE_CHECKING:
+    from .costs.records import Profile
 
 ScheduleOpt = typer.Option(
     None,
@@ -112,7 +115,7 @@ def calibrate(  # typer command: one parameter per CLI option
         backend=backend,
         threads=threads,
         blocks=blocks,
-        scheme=scheme,
+        scheme=scheme_arg(scheme),
     )
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
+from rich.console import Console
 
 from .cli_common import (
+    MODES_HELP,
     BudgetOpt,
     ClassesOpt,
     FlopsBudgetOpt,
@@ -41,7 +44,9 @@ def search(  # typer command: one parameter per CLI option
     ),
     old_target: str | None = OldTargetOpt,
     mode: str | None = typer.Option(
-        None, "--mode", help="accounting mode of the budget (default: tinytraining, or the target's mode)"
+        None,
+        "--mode",
+        help=f"accounting mode of the budget: {MODES_HELP} (default: tinytraining, or the target's mode)",
     ),
     optimizer: str | None = OwnOptimOpt,
     objective: str | None = typer.Option(
@@ -82,6 +87,7 @@ def search(  # typer command: one parameter per CLI option
     from .render.figures import plot_search
     from .render.reports import print_search
     from .search.run import run_search
+    from .search.space import ProfileError
 
     target = target_option(target, old_target, "search")
     if budget is None and target is None:
@@ -110,9 +116,23 @@ def search(  # typer command: one parameter per CLI option
         batch=batch,
         **extra,
     )
-    result = run_search(model, budget, **options)
+    try:
+        result = run_search(model, budget, **options)
+    except ProfileError as exc:
+        if profile is not None:
+            raise
+        name = model or "MODEL"
+        raise MemplanError(
+            exc.message,
+            f"measure one with `memplan contrib {name} --data DATA --out profile.json` and pass it: "
+            f"`memplan search {name} --profile profile.json ...`",
+        ) from None
     out_console = console()
     print_search(result, out_console)
+    try:
+        print_applied_cost(result, classes, out_console)
+    except MemplanError as exc:  # the search itself is done (and saved): say why this line is missing
+        out_console.print(f"warning: the scheme's applied-mode cost was not computed: {exc}", markup=False)
     if validate is not None:
         from .render.validated import print_validated
 
@@ -124,6 +144,36 @@ def search(  # typer command: one parameter per CLI option
     if plot:
         plot_search(result, plot)
         out_console.print(f"plot written to {plot}")
+    if not out:
+        out_console.print("not saved: add --out scheme.json to write the scheme (for apply_scheme / memplan verify)")
+
+
+def print_applied_cost(result: Any, classes: int | None, out: Console) -> None:
+    """The searched scheme's memory in ``applied`` mode (eager PyTorch after ``memplan.apply_scheme``)
+    and plain ``pytorch`` mode at the training batch (the profile's runs'), beside the budget's mode."""
+    from .api import capture, profile_captured
+    from .contrib.profile import load_profile
+    from .search.space import load_contributions
+    from .units import fmt_bytes
+
+    batch, source = result.scheme.batch, "the scheme's"
+    if result.profile_path is not None:
+        batch, source = load_profile(result.profile_path).protocol.batch_size, "the profile's training"
+        classes = classes or load_contributions(result.profile_path).classes
+    cap = capture(result.model, tuple(result.input_shape), batch=batch, classes=classes)
+    costs = {
+        mode: profile_captured(cap, "sparse", mode=mode, scheme=result.scheme).totals for mode in ("applied", "pytorch")
+    }
+    cost = {
+        mode: f"{fmt_bytes(t.total_bytes)} in all ({fmt_bytes(t.saved_activation_bytes)} saved activations)"
+        for mode, t in costs.items()
+    }
+    out.print(
+        f"the same scheme at {source} batch {batch}: applied mode (PyTorch after memplan.apply_scheme) "
+        f"{cost['applied']}; pytorch mode {cost['pytorch']} (the budget bounds {result.mode} mode at batch "
+        f"{result.scheme.batch})",
+        markup=False,
+    )
 
 
 def _validate(result, n: int, options: dict, lrs: str, seeds: str, folder: str):  # noqa: ANN001, ANN202

@@ -32,3 +32,8 @@ class BadOption(MemplanError):
 
 class SchemeError(MemplanError):
     """A scheme that cannot be read, or does not fit the model."""
+
+
+class AssumptionWarning(UserWarning):
+    """memplan assumed what the input did not say (e.g. a model's input shape); the command line
+    prints it as one line ``warning: ...``."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 import pytest
 import torch
 
+import memplan
 from memplan.cli import main
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "user_models.py")
@@ -59,6 +61,8 @@ def files(tmp_path_factory):
         "weights_evil": d / "evil.pt",
         "unreadable": d / "unreadable.pt",
         "npz_bad": d / "bad.npz",
+        "scheme_48": d / "scheme48.json",
+        "fisher": d / "fisher.json",
     }
     f["empty"].write_text("")
     f["truncated"].write_text(good.read_text()[: len(good.read_text()) // 2])
@@ -78,6 +82,12 @@ def files(tmp_path_factory):
     torch.save({"x": torch.zeros(1)}, f["unreadable"])
     os.chmod(f["unreadable"], 0)
     f["npz_bad"].write_bytes(b"PK\x03\x04 broken")
+    shipped = json.loads(open(memplan.shipped_scheme("mcunet-5fps-50KB")).read())
+    f["scheme_48"].write_text(json.dumps({**shipped, "input_shape": [3, 48, 48]}))  # the fingerprint has no shape
+    grid = json.loads(open("profiles/mcunet-5fps-digits.json").read())
+    f["fisher"].write_text(
+        json.dumps({**grid, "estimator": "fisher", "units": "empirical Fisher (summed squared grads)"})
+    )
     f["dir"] = d
     return f
 
@@ -139,6 +149,15 @@ def cases(f):
         (["profile", "mcunet-5fps", "--json", "/nonexistent/dir/p.json"], "does not exist"),
         (["verify", "mcunet-5fps", "--steps", "0"], "--steps"),
         (["compare", "mcunet-5fps", "--methods", "full,lastk:x"], "lastk:x"),
+        # issue 27: a model without a shipped profile names --profile and the command that makes one
+        (["search", f"{DATA}:TinyNet", "--budget", "100KB", "-r", "32"], "--profile profile.json"),
+        (["search", f"{DATA}:TinyNet", "--budget", "100KB", "-r", "32"], "memplan contrib"),
+        # a shipped scheme is taken by name; a name that is neither is one line listing the shipped ones
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", "mcunet-5fps-9KB"], "mcunet-5fps-100KB"),
+        # mobiletl's options are -o key=value (as `memplan methods` lists them), not flags
+        (["profile", "mobilenetv3-small", "-m", "mobiletl", "--full-norms", "true"], "no such option"),
+        # a model sized for 32x32 does not run at the assumed 224 px: the error says it was assumed
+        (["profile", f"{DATA}:Cifar"], "traced at the assumed 3x224x224 (give --input-shape"),
     ]
 
 
@@ -188,3 +207,104 @@ def test_ctrl_c_during_contrib_exits_130_without_partial_profile(tmp_path):
     assert proc.returncode == 130, err
     assert lines[-1] == "error: interrupted" and "Traceback" not in err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- the CLI tells the truth
+# issue 27: what a new user's first hour met besides errors. Each row: arguments, then texts that must
+# appear in stdout / stderr (whitespace and line wrapping ignored) and texts that must not; exit 0.
+def truths(f) -> list[tuple[list[str], list[str], list[str], list[str]]]:
+    from memplan.modes import MODES
+
+    return [
+        (["--version"], [f"memplan {memplan.__version__}"], [], []),
+        # options are spelt as the command line takes them: flags where profile has one, else -o key=VALUE, once
+        (
+            ["methods"],
+            ["mobiletl --blocks -o full_norms=VALUE -o train_main=VALUE", "minilearn -o cut=VALUE --samples"],
+            [],
+            ["--full-norms", "--cut"],
+        ),
+        (["profile", "--help"], list(MODES), [], []),
+        (["compare", "--help"], list(MODES), [], []),
+        # a file model without --input-shape: which shape was assumed
+        (["profile", f"{DATA}:TinyNet"], ["input 3x224x224"], ["warning:", "assumed 3x224x224", "--input-shape"], []),
+        # the given shape is the one used, by the lite residual transform too
+        (
+            ["profile", f"{DATA}:Cifar", "--input-shape", "3,32,32", "-m", "tinytl-l"],
+            ["input 3x32x32"],
+            [],
+            ["warning"],
+        ),
+        (
+            ["profile", f"{DATA}:Cifar", "--input-shape", "3,32,32", "-o", "lite=true"],
+            ["input 3x32x32"],
+            [],
+            ["warning"],
+        ),
+        # a scheme's recorded input shape (48 px here; the zoo's is 128), and a shipped scheme by name
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["scheme_48"])], ["input 3x48x48"], [], []),
+        (
+            ["verify", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["scheme_48"]), "--steps", "1"],
+            ["input 2x3x48x48"],
+            [],
+            [],
+        ),
+        (
+            ["profile", "mcunet-5fps", "-m", "sparse", "--scheme", "mcunet-5fps-100KB"],
+            ["mcunet-5fps-100KB.json", "input 3x128x128"],
+            [],
+            [],
+        ),
+        # search: classifier only and why (the README quotes this), the budget's convention, the
+        # scheme's applied / pytorch cost at the training batch, and how to save it
+        (
+            ["search", "--budget", "100KB"],
+            [
+                "classifier only: nothing measured above noise fits",
+                "budget convention: tinytraining mode",
+                "at the profile's training batch 32: applied mode",
+                "not saved: add --out",
+            ],
+            [],
+            ["biases of the last 0 convs"],
+        ),
+    ]
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"-\s+(?=\w)", "-", " ".join(text.split()))  # rich / click wrap lines, also at hyphens
+
+
+def test_the_cli_tells_the_truth(files, capsys):
+    problems = []
+    for args, out_has, err_has, absent in truths(files):
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        cap = capsys.readouterr()
+        out, err = _flat(cap.out), _flat(cap.err)
+        missing = [t for t in out_has if _flat(t) not in out] + [t for t in err_has if _flat(t) not in err]
+        present = [t for t in absent if t in out + err]
+        if exc.value.code != 0 or missing or present:
+            problems.append((args[:5], exc.value.code, missing, present, cap.err.strip()[-300:]))
+    assert not problems, "\n".join(map(str, problems))
+
+
+def test_search_plot_axis_names_the_profile_units(files):
+    """A fisher profile's entries are no Δacc: the Figure 13 axis says what they are."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from memplan.render.figures import _figure13
+    from memplan.search.run import run_search
+
+    labels = {}
+    for name, path in (("grid", "profiles/mcunet-5fps-digits.json"), ("fisher", files["fisher"])):
+        r = run_search("mcunet-5fps", "100KB", profile_path=path, curves=True, generations=2, population=6)
+        fig, ax = plt.subplots()
+        _figure13(ax, r)
+        labels[name] = ax.get_ylabel()
+        plt.close(fig)
+    assert labels["grid"] == "best summed Δacc, objective lcb"
+    assert "Δacc" not in labels["fisher"] and "empirical Fisher" in labels["fisher"]

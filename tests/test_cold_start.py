@@ -34,3 +34,36 @@ def test_import_memplan_loads_no_heavy_dependency():
 def test_profiling_zoo_networks_skips_torch_meta_references(model, method):
     code = f"import memplan\nmemplan.profile({model!r}, {method!r}, resolution=64)"
     assert not {"torch._dynamo", "sympy"} & set(loaded_after(code))
+
+
+def torch_loaded_by_cli(*argvs: list[str]) -> bool:
+    """Whether running ``memplan ARGS`` for each of ``argvs``, one after the other in one fresh
+    process, imports torch (their output and exit codes aside)."""
+    probe = (
+        "import sys, contextlib, io\nfrom memplan.cli import main\n"
+        f"for args in {list(argvs)!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n            main(args)\n        except SystemExit:\n            pass\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    return done.stdout.split()[-1] == "True"
+
+
+def test_help_version_and_usage_errors_import_no_torch():
+    """Answered at once (benchmarks/cold_start.py times them against a bare Python start)."""
+    quick = [["--help"], ["--version"], ["profile", "--help"], ["search", "--help"], ["contrib", "--help"], ["profile"]]
+    assert not torch_loaded_by_cli(*quick)
+
+
+def test_a_command_that_runs_does_import_torch():
+    """The probe above can fail: a real command loads torch."""
+    assert torch_loaded_by_cli(["--help"], ["methods"])
+
+
+def test_mode_help_lists_the_mode_registry():
+    """--mode's help names the modes without importing them; the names are the registry's."""
+    from memplan.cli_common import MODE_NAMES
+    from memplan.modes import MODES
+
+    assert MODE_NAMES == tuple(MODES)

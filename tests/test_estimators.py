@@ -156,12 +156,19 @@ def test_probe_runs_the_grid_shortened():
     assert seen["specs"] == env.specs
 
 
-def test_fisher_profile_end_to_end_and_searchable(tmp_path: Path):
+def test_fisher_profile_end_to_end_and_searchable(tmp_path: Path, capsys):
     from tests.test_contrib import make_npz, tiny_model
 
     npz = make_npz(tmp_path / "toy.npz")
     out = tmp_path / "fisher.json"
-    prof = run_contrib(tiny_model(), data=str(npz), out=out, estimator="fisher", batches=2, validation=2, seeds=(0,))
+    prof = run_contrib(
+        tiny_model(), data=str(npz), out=out, estimator="fisher", batches=2, validation=2, seeds=(0,), progress=True
+    )
+    # every step that can take long shows progress (issue 27: 21 s with no output)
+    err = " ".join(capsys.readouterr().err.split())
+    steps = ("done contrib: data, model, backbone weights", "done contrib: linear probe (20 epochs)", "mini-batches")
+    for step in steps:
+        assert step in err, err
     again = load_profile(out)
     assert again.estimator == "fisher" and "Fisher" in again.units and again.runs == []
     assert set(again.channel_importance) == {c.name for c in again.layers}

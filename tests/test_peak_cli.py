@@ -87,3 +87,22 @@ def test_broken_calibration_file_is_one_line(tmp_path, capsys):
     bad.write_text('{"version": 99}')
     code, _, err = run(["profile", "mcunet-5fps", "--calibration", str(bad)], capsys)
     assert code == 2 and "unknown format" in err and err.count("\n") == 1
+
+
+def test_calibrate_keeps_stderr_free_of_profiler_lines(tmp_path):
+    """kineto's ``USDT: ... profiler_start`` lines (one pair per torch.profiler session) are not
+    memplan's output; a KINETO_LOG_LEVEL the user sets is left alone (and shows them: the check can fail)."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "memplan", "calibrate", "mcunet-5fps", "-m", "bias", "-r", "32", "--threads", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    err = {}
+    for level in (None, "5"):
+        extra = {"MEMPLAN_CACHE": str(tmp_path / f"cache-{level}")} | ({"KINETO_LOG_LEVEL": level} if level else {})
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**env, **extra})
+        assert done.returncode == 0, done.stderr
+        err[level] = done.stderr
+    assert "USDT" not in err[None] and "profiler_start" not in err[None]
+    assert "USDT" in err["5"]

@@ -38,6 +38,7 @@ from .description import describe, rates_text
 from .estimators import ESTIMATORS, Env
 from .executors import EXECUTORS, default_threads, execute, num_threads
 from .profile import ContribProfile, Resolution
+from .progress import bar as progress_bar, stage
 from .protocol import Protocol, RunSpec, grid, run_plan, split_layer
 from .rates import select_rates
 from .runner import Context, Worker, linear_probe, resolve_device
@@ -53,30 +54,6 @@ def _protocol(opts: ContribOptions) -> Protocol:
     except ValidationError as exc:
         where, msg = validation_error(exc)
         raise BadOption(f"bad contribution option {'protocol' if where == '(top level)' else where}: {msg}") from None
-
-
-def _progress(enabled: bool, total: int, done: int):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    bar = Progress(
-        TextColumn("contrib"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        disable=not enabled,
-        transient=False,
-    )
-    task = bar.add_task("runs", total=total, completed=done)
-    return bar, task
 
 
 # ----------------------------------------------------------------------------- the entry point
@@ -143,9 +120,9 @@ def run_contrib(
     the feature cache of the frozen prefix. ``threads``: intra-op threads per worker (default:
     the available cores / workers, or ``$MEMPLAN_NUM_THREADS``). ``device``: torch device of the
     probe and the runs (``cpu``, ``cuda``, ``auto``); not part of the checkpoint's identity.
-    ``progress``: a progress bar. ``estimator``: what measures the entries
-    (:data:`memplan.contrib.estimators.ESTIMATORS`: grid, probe, fisher, rgn); ``batches``: the
-    gradient estimators' mini-batches (the probe's steps).
+    ``progress``: progress on stderr for every long step (:mod:`memplan.contrib.progress`).
+    ``estimator``: what measures the entries (:data:`memplan.contrib.estimators.ESTIMATORS`: grid,
+    probe, fisher, rgn); ``batches``: the gradient estimators' mini-batches (the probe's steps).
     """
     opts = ContribOptions(**options)
     if opts.threads is not None and (not isinstance(opts.threads, int) or opts.threads < 1):
@@ -165,6 +142,14 @@ def run_contrib(
         return _measure(model, weights, data, out, protocol, opts)
 
 
+def _setup(model: str | nn.Module, weights: str | os.PathLike | None, data: str, opts: ContribOptions) -> Setup:
+    """:func:`build_setup` under ``opts``, with progress (data, and pretraining where the data asks for
+    it, can take minutes)."""
+    split = dict(train_per_class=opts.train_per_class, validation=opts.validation, test_per_class=opts.test_per_class)
+    with stage(opts.progress, "contrib: data, model, backbone weights"):
+        return build_setup(model, weights, data, resolution=opts.resolution, cache_dir=opts.cache_dir, **split)
+
+
 def _measure(
     model: str | nn.Module,
     weights: str | os.PathLike | None,
@@ -175,8 +160,7 @@ def _measure(
 ) -> ContribProfile:
     """Setup, probe, grid and profile (module docstring, steps 1-4); ``opts`` with device and threads resolved."""
     t_start = time.perf_counter()
-    split = dict(train_per_class=opts.train_per_class, validation=opts.validation, test_per_class=opts.test_per_class)
-    setup = build_setup(model, weights, data, resolution=opts.resolution, cache_dir=opts.cache_dir, **split)
+    setup = _setup(model, weights, data, opts)
     seen = setup.task.validation_task() if setup.task.x_val is not None else setup.task  # what the runs see
     identity = {**setup.identity(), "protocol": protocol.identity()}
     est = ESTIMATORS.choose(opts.estimator)
@@ -184,7 +168,8 @@ def _measure(
         identity["estimator"] = {"name": est.name, "batches": opts.batches}
     ckpt, head_path, finished = _resume(out, identity)
     t_probe = time.perf_counter()
-    probe_acc = _probe(setup, seen, protocol, opts.device, ckpt, head_path, bool(finished))
+    with stage(opts.progress, f"contrib: linear probe ({protocol.probe_epochs} epochs)"):
+        probe_acc = _probe(setup, seen, protocol, opts.device, ckpt, head_path, bool(finished))
     key = identity["backbone"] + identity["data"]["digest"]
     executed = 0
 
@@ -264,6 +249,7 @@ def _env(setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, run
         batches=opts.batches,
         context=lambda d, p: Context(setup.name, setup.net, d, p, opts.cache, opts.threads, opts.device),
         run_grid=run_grid,
+        progress=opts.progress,
     )
 
 
@@ -349,7 +335,7 @@ def _run_grid(  # the grid's context and its bookkeeping, each used once
     ckpt: Checkpoint | None,
 ) -> None:
     """Run ``todo`` on the executor, each record added to ``finished`` and appended to the checkpoint."""
-    bar, bar_task = _progress(opts.progress, total, total - len(todo))
+    bar, bar_task = progress_bar(opts.progress, "contrib runs", total, total - len(todo))
     with bar:
         for record in execute(ctx, todo, workers=opts.workers, executor=opts.executor, address=opts.address, key=key):
             finished[record["id"]] = record

@@ -48,6 +48,7 @@ from ..registry import Registry
 from .adaptive import standard_error
 from .data import Data
 from .profile import DELTA_ACC_UNITS, Noise, RunRecord, from_runs
+from .progress import bar as progress_bar
 from .protocol import Protocol, RunSpec
 from .runner import Context
 
@@ -67,6 +68,7 @@ class Env:
     batches: int
     context: Callable[[Data, Protocol], Context]
     run_grid: Callable[[Context, list[RunSpec]], dict[str, dict[str, Any]]]
+    progress: bool = False  # a bar on stderr over the gradient estimators' mini-batches
 
     @property
     def layers_index(self) -> dict[str, int]:
@@ -179,13 +181,15 @@ def batch_gradients(env: Env) -> list[dict[str, Tensor]]:
             p.requires_grad_(False)
         for p in wanted.values():
             p.requires_grad_(True)
-        for b in range(env.batches):
-            idx = order[b * bs : (b + 1) * bs]
-            if idx.numel() == 0:
-                break
-            loss = nn.functional.cross_entropy(model(env.seen.x_train[idx]), env.seen.y_train[idx])
-            grads = torch.autograd.grad(loss, list(wanted.values()))
-            out.append({n: gr.detach() for n, gr in zip(wanted, grads, strict=True)})
+        n = min(env.batches, -(-order.numel() // bs))  # a small training split has fewer batches
+        bar, task = progress_bar(env.progress, "contrib: gradient mini-batches", n)
+        with bar:
+            for b in range(n):
+                idx = order[b * bs : (b + 1) * bs]
+                loss = nn.functional.cross_entropy(model(env.seen.x_train[idx]), env.seen.y_train[idx])
+                grads = torch.autograd.grad(loss, list(wanted.values()))
+                out.append({n: gr.detach() for n, gr in zip(wanted, grads, strict=True)})
+                bar.advance(task)
     finally:
         for p, flag in was:
             p.requires_grad_(flag)

@@ -35,6 +35,9 @@ GN_CHANNELS_PER_GROUP = 8
 #: every node captured inside a branch carries it in ``Node.tags`` (strategies and modes find lite layers by it)
 LITE_ATTR = "lite_residual"
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+#: per-sample input a transform traces a model at when none is given (the capture pipeline,
+#: ``memplan.strategies.transform_model``, always passes the model's own)
+DEFAULT_SAMPLE_SHAPE = (3, 224, 224)
 
 
 # --------------------------------------------------------------------------- norms
@@ -262,6 +265,20 @@ def _block_io(model: nn.Module, blocks: Sequence[str], input_shape: Sequence[int
     return io
 
 
+def _reference_io(model: nn.Module, blocks: Sequence[str], input_shape: Sequence[int], io: dict) -> dict:
+    """:func:`_block_io` at the reference input the branch kernels are chosen at: C x 224 x 224
+    (:data:`DEFAULT_SAMPLE_SHAPE`; TinyTL's rule, so that the branches of an ImageNet network are
+    the same whatever resolution it is profiled at), or ``io`` itself, at the model's own input,
+    when that is the reference or the model cannot run at it (a classifier sized for its input)."""
+    reference = (input_shape[0], *DEFAULT_SAMPLE_SHAPE[1:])
+    if tuple(input_shape) == reference:
+        return io
+    try:
+        return _block_io(model, blocks, reference)
+    except MemplanError:
+        return io
+
+
 def _norm_kind_of(block: nn.Module) -> str:
     """'group' if the block normalises with GroupNorm, else 'batch'."""
     return "group" if any(isinstance(m, nn.GroupNorm) for m in block.modules()) else "batch"
@@ -274,7 +291,7 @@ def add_lite_residual(  # two thirds docstring (TinyTL's branch rule)
     downsample: int = 2,
     norm: str | None = None,
     blocks: Sequence[str] | None = None,
-    input_shape: Sequence[int] = (3, 224, 224),
+    input_shape: Sequence[int] = DEFAULT_SAMPLE_SHAPE,
 ) -> nn.Module:
     """Wrap the blocks named in ``blocks``, by default every block of ``memplan.graph.find_blocks``
     but the first, in a :class:`LiteResidual`, in place; returns the model.
@@ -286,12 +303,13 @@ def add_lite_residual(  # two thirds docstring (TinyTL's branch rule)
     Branch (TinyTL Sec. 3.2): ``AvgPool2d(downsample)`` -> ``Conv2d(C_in, mid, k, stride,
     groups)`` with ``mid`` = C_in rounded to a multiple of 8 and the block's stride -> norm ->
     ReLU -> ``Conv2d(mid, C_out, 1)`` -> norm (scale 0) -> bilinear resize to the block output.
-    Channels and stride come from a meta trace at the per-sample ``input_shape``; ``k`` is
-    ``kernel`` shrunk by 2 until it fits the pooled input there (TinyTL's rule, fixed for the
-    architecture, not re-chosen per profiling resolution). ``norm``: ``"batch"``, ``"group"``
-    (8 channels per group), or None for the kind the block itself uses. The pooling has no
-    padding (TinyTL's ``AvgPool2d(2, 2)``), so the wrapped model needs block inputs of at least
-    ``downsample`` px (ProxylessNAS-Mobile: a 64 px image or more). A model that already
+    Channels, stride and pooling come from a meta trace at the per-sample ``input_shape`` (the
+    model's own: the capture pipeline passes it); ``k`` is ``kernel`` shrunk by 2 until it fits
+    the pooled input at 224 px (TinyTL's rule, fixed for the architecture, not re-chosen per
+    profiling resolution; at the model's own input when it cannot run at 224 px). ``norm``:
+    ``"batch"``, ``"group"`` (8 channels per group), or None for the kind the block itself uses.
+    The pooling has no padding (TinyTL's ``AvgPool2d(2, 2)``); a block input smaller than the
+    window is not pooled. A model that already
     has branches is returned unchanged (as TinyTL's ``insert_lite_residual`` does).
     """
     if kernel < 1 or kernel % 2 == 0:
@@ -309,6 +327,7 @@ def add_lite_residual(  # two thirds docstring (TinyTL's branch rule)
             "name the blocks explicitly (module qualnames)",
         )
     io = _block_io(model, names, input_shape)
+    ref = _reference_io(model, names, input_shape, io)
     for name in names:
         block = model.get_submodule(name)
         (_, c_in, *in_hw), (_, c_out, *out_hw) = io[name]
@@ -321,7 +340,8 @@ def add_lite_residual(  # two thirds docstring (TinyTL's branch rule)
         if c_in % groups or mid % groups:
             raise BadOption(f"lite_groups={groups} does not divide the {c_in} input channels of block {name!r}")
         down = min(downsample, *in_hw)  # a map smaller than the pooling window is not pooled
-        pooled = [s // down for s in in_hw]
+        ref_hw = ref[name][0][2:]
+        pooled = [s // min(downsample, *ref_hw) for s in ref_hw]  # the kernel rule: at the reference input
         stride = max(1, round(in_hw[0] / out_hw[0]))
         p = next(block.parameters(), None)
         branch = lite_branch(

@@ -99,9 +99,10 @@ def plot_contrib(profile: ContribProfile, path: str | os.PathLike) -> Path:
 
 
 def plot_search(result: SearchResult, path: str | os.PathLike) -> Path:
-    """The 256KB paper's Figure 13 (evolution vs random search: best summed Δacc per evaluation,
-    exact optimum as a line; when both ran) and Figure 11b (which convs update their bias, and
-    which their weight at which channel ratio) side by side, written to ``path``."""
+    """The 256KB paper's Figure 13 (evolution vs random search: best summed gain per evaluation,
+    in the profile's units under the search's objective, exact optimum as a line; when both ran)
+    and Figure 11b (which convs update their bias, and which their weight at which channel
+    ratio) side by side, written to ``path``."""
     plt = _pyplot()
     curves = [t for t in (result.evolution, result.random) if t is not None]
     fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 7, 4), squeeze=False)
@@ -123,7 +124,8 @@ def _figure13(ax: Any, result: SearchResult) -> None:
         ax.axhline(result.exact.value, color="black", lw=0.8, ls=":", label="exact optimum")
     ax.set_xscale("log")
     ax.set_xlabel("evaluations")
-    ax.set_ylabel("best summed Δacc")
+    what = "Δacc" if result.summed_delta_acc is not None else f"estimate ({result.units})"
+    ax.set_ylabel(f"best summed {what}, objective {result.objective}")
     ax.set_title(f"{result.model}, {result.budget_bytes / 1000:g} kB ({result.mode}): evolution vs random")
     ax.legend(loc="lower right")
 

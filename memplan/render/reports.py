@@ -12,6 +12,7 @@ from dataclasses import asdict
 from rich.console import Console
 from rich.table import Table
 
+from ..modes import get_mode
 from ..reproduce import Reproduction
 from ..search.exact import relative_gap
 from ..search.result import SearchResult
@@ -139,6 +140,37 @@ def _summed_text(r: SearchResult) -> str:
     return f"summed estimate {r.summed:.4g} ({r.scheme.provenance.estimator}: {r.units})"
 
 
+#: why a search keeps the classifier only although an update fits the budget, by objective
+_NOTHING_GAINS = {
+    "lcb": "nothing measured above noise fits (lcb counts an entry only as far as it lies above one standard error)",
+    "shrink": "nothing that fits keeps a gain once shrunk toward 0 by its standard error",
+    "mean": "nothing that fits has a positive measured gain",
+}
+
+
+def _scheme_text(r: SearchResult, weights: str) -> str:
+    """What the scheme trains besides the classifier; "classifier only" and why, when nothing."""
+    s = r.scheme
+    if s.bias_update or s.weight_updates:
+        return f"biases of the last {s.bias_update} convs; weights: {weights}"
+    return f"classifier only: {_why_classifier_only(r)}"
+
+
+def _why_classifier_only(r: SearchResult) -> str:
+    """No update fits a budget (memory, or FLOPs), or none that fits gains under the objective."""
+    tables = [(r.table, r.budget_bytes, "memory budget", fmt_bytes)]
+    if r.flops_table is not None and r.flops_budget is not None:
+        tables.append((r.flops_table, r.flops_budget, "FLOPs budget", fmt_flops))
+    for table, budget, what, fmt in tables:
+        cheapest = min((cost for k, cost in table.base.items() if k > 0), default=None)
+        if cheapest is not None and cheapest > budget:
+            return (
+                f"no update fits the {what} (the cheapest, the last conv's bias, makes {fmt(cheapest)} "
+                f"of {fmt(budget)})"
+            )
+    return _NOTHING_GAINS.get(r.objective, f"nothing that fits gains under the {r.objective} objective")
+
+
 def print_search(result: SearchResult, console: Console) -> None:
     """Render a search result: budget, scheme, memory breakdown, methods compared."""
     r = result
@@ -148,6 +180,7 @@ def print_search(result: SearchResult, console: Console) -> None:
         f"({r.metric}) · budget {r.budget_bytes} B = {fmt_bytes(r.budget_bytes)} "
         f"= {fmt_bytes(r.budget_bytes, binary=True)}{dev} · read as {r.budget_convention}"
     )
+    console.print(f"budget convention: {r.mode} mode, {r.metric}: {get_mode(r.mode).description}", markup=False)
     for warning in getattr(r, "warnings", ()):
         console.print(f"warning: {warning}", style="yellow", markup=False)
     console.print(
@@ -170,7 +203,7 @@ def print_search(result: SearchResult, console: Console) -> None:
         )
         or "none"
     )
-    console.print(f"[bold]scheme[/] ({r.method}): biases of the last {s.bias_update} convs; weights: {weights}")
+    console.print(f"[bold]scheme[/] ({r.method}): {_scheme_text(r, weights)}")
     objective = (
         f"objective {r.objective} (summed {r.objective_value:.4g}) · "
         if r.objective != "mean" and r.objective_value is not None

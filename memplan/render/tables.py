@@ -244,14 +244,23 @@ def print_conv_update_costs(rows: Sequence[ConvUpdateCost], console: Console) ->
     console.print(table)
 
 
-def print_methods(strategies: Iterable[Strategy], console: Console, transforms: Iterable[Transform] = ()) -> None:
+def print_methods(
+    strategies: Iterable[Strategy], console: Console, transforms: Iterable[Transform] = (), flags: Iterable[str] = ()
+) -> None:
     """``memplan methods``: each strategy with its options and description, then the architecture
-    options every strategy takes."""
+    options every strategy takes. An option the command line names (``flags``: ``blocks`` ->
+    ``--blocks``) is shown as that flag, any other as ``-o key=VALUE``; each once."""
+    named = set(flags)
+
+    def spell(option: str) -> str:
+        return f"--{option.replace('_', '-')}" if option in named else f"-o {option}=VALUE"
+
     for st in strategies:
-        opts = " ".join(f"--{o.replace('_', '-')}" for o in st.options + st.transform_options)
-        console.print(f"[bold]{st.name}[/] {opts}\n    {st.description}")
+        opts = " ".join(spell(o) for o in dict.fromkeys(st.options + st.transform_options))
+        console.print(f"[bold]{st.name}[/] {opts}\n    {st.description}", highlight=False)
     for t in transforms:
-        console.print(f"[bold]every method[/] {' '.join('-o ' + o + '=' for o in t.options)}\n    {t.description}")
+        opts = " ".join(f"-o {o}=VALUE" for o in t.options)
+        console.print(f"[bold]every method[/] {opts}\n    {t.description}", highlight=False)
 
 
 def print_models(rows: Sequence[dict[str, Any]], console: Console) -> None:

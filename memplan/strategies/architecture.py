@@ -13,11 +13,14 @@ applied to the model before tracing (and by ``apply_strategy`` on a real model):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch.nn as nn
 
 from ..errors import BadOption
 from ..graph import find_blocks
 from ..nn import transforms
+from ..nn.transforms import DEFAULT_SAMPLE_SHAPE
 from .base import architecture, positive
 
 #: options of the lite residual branches (``lite_transform``)
@@ -43,15 +46,23 @@ def lite_transform(
     lite_downsample: int = 2,
     lite_norm: str | None = None,
     lite_blocks: int | None = None,
+    input_shape: Sequence[int] = DEFAULT_SAMPLE_SHAPE,
 ) -> nn.Module:
     """``add_lite_residual`` under the strategies' option names; ``lite_blocks`` = K puts the
-    branches in the last K blocks (default: every block but the first)."""
+    branches in the last K blocks (default: every block but the first). ``input_shape``: the
+    per-sample input the block shapes are traced at (the pipeline passes the model's)."""
     names = None
     if lite_blocks is not None:
         blocks = find_blocks(model)
         names = blocks[-positive("lite_blocks", lite_blocks, len(blocks) or None) :]
     return transforms.add_lite_residual(
-        model, kernel=lite_kernel, groups=lite_groups, downsample=lite_downsample, norm=lite_norm, blocks=names
+        model,
+        kernel=lite_kernel,
+        groups=lite_groups,
+        downsample=lite_downsample,
+        norm=lite_norm,
+        blocks=names,
+        input_shape=input_shape,
     )
 
 
@@ -61,8 +72,10 @@ def lite_transform(
     "lite_norm; lite_blocks=K: in the last K blocks only)",
     ("lite", *LITE_OPTIONS),
 )
-def lite_option(model: nn.Module, lite: bool = False, **options) -> nn.Module:
-    return lite_transform(model, **options) if flag("lite", lite) else model
+def lite_option(
+    model: nn.Module, lite: bool = False, input_shape: Sequence[int] = DEFAULT_SAMPLE_SHAPE, **options
+) -> nn.Module:
+    return lite_transform(model, input_shape=input_shape, **options) if flag("lite", lite) else model
 
 
 def flag(name: str, value: object) -> bool:

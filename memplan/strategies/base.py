@@ -14,7 +14,8 @@ Figures of a strategy beyond per-layer costs (cache bytes, FLOPs per epoch) are 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,16 +126,28 @@ def changes_architecture(method: str, options: dict[str, Any]) -> bool:
     return get_strategy(method).transform is not None or bool(split_options(method, options)[1])
 
 
-def transform_model(model: nn.Module, method: str, **options: Any) -> nn.Module:
+def transform_model(
+    model: nn.Module, method: str, *, input_shape: Sequence[int] | None = None, **options: Any
+) -> nn.Module:
     """Apply the registered architecture transforms (``TRANSFORMS``, with their options) and then
-    ``method``'s own transform (if any) to ``model``; returns the model."""
+    ``method``'s own transform (if any) to ``model``; returns the model. ``input_shape``: the
+    per-sample input the model runs on, passed to every transform that traces the model for its
+    shapes (one with an ``input_shape`` parameter: the lite residual branches)."""
     st = get_strategy(method)
     _, topts = split_options(method, options)
     for t in TRANSFORMS.values():
-        model = t.fn(model, **{k: v for k, v in topts.items() if k in t.options})
+        model = t.fn(model, **{k: v for k, v in topts.items() if k in t.options}, **_shape_of(t.fn, input_shape))
     if st.transform is None:
         return model
-    return st.transform(model, **{k: v for k, v in topts.items() if k in st.transform_options})
+    chosen = {k: v for k, v in topts.items() if k in st.transform_options}
+    return st.transform(model, **chosen, **_shape_of(st.transform, input_shape))
+
+
+def _shape_of(fn: TransformFn, input_shape: Sequence[int] | None) -> dict[str, tuple[int, ...]]:
+    """``{"input_shape": ...}`` for a transform that takes it (and when it is known), else nothing."""
+    if input_shape is None or "input_shape" not in inspect.signature(fn).parameters:
+        return {}
+    return {"input_shape": tuple(input_shape)}
 
 
 def make_plan(graph: LayerGraph, method: str, **options: Any) -> Plan:

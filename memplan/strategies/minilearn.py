@@ -268,7 +268,7 @@ def layers_from(graph: LayerGraph, start: int) -> int:
 
 @strategy(
     "minilearn",
-    "retrain the last --cut conv layers + FC head in fp32 from int8 features cached in flash, "
+    "retrain the last cut (-o cut=N) conv layers + FC head in fp32 from int8 features cached in flash, "
     "with L1/L2 filter pruning (-o prune=0.5); -o stage=finetune: stage III, the FC head alone",
     ("cut", "samples", "bits", "stage"),
     transform=prune_filters,

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from ..accounting.engine import compute
-from ..api import Built, build_model
+from ..api import Built, build_model, scheme_input_shape
 from ..apply import apply_plain, apply_plan, plan_strategy
 from ..errors import BadOption
 from ..modes import get_mode
@@ -168,7 +168,8 @@ def verify(  # public keyword API: one keyword per option of memplan verify
     (``memplan.nn.transforms.swap_norm``, TinyTL's setting). The model goes through the capture
     pipeline of ``memplan.api`` (built once, transformed and traced per setup). ``device``:
     ``auto`` (CUDA when present), ``cpu``, ``cuda``. ``tolerance``: allowed |measured -
-    predicted| saved bytes.
+    predicted| saved bytes. A ``scheme`` option sets the input shape it was planned at, unless
+    ``resolution`` is given.
     """
     if steps < 1 or batch < 1 or tolerance < 0:
         raise BadOption("--steps and --batch must be positive and --tolerance non-negative")
@@ -178,9 +179,11 @@ def verify(  # public keyword API: one keyword per option of memplan verify
         copy.deepcopy(model) if isinstance(model, nn.Module) else model,
         resolution=resolution,
         classes=classes,
+        input_shape=scheme_input_shape(options.get("scheme")) if resolution is None else None,
         norm=norm,
         meta=False,
     )
+    built.warn_assumed()
     shape = (batch, *built.sample_shape)
     results = {s: _run_setup(built, s, method, options, shape, dev, optimizer, lr, steps, seed) for s in SETUPS}
     return VerifyReport(

@@ -17,6 +17,7 @@ so calibrating the whole zoo costs about one step per distinct configuration.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -113,6 +114,10 @@ def _cpu_regions(prof: Any) -> dict[str, list[int]]:
     return {k: [s for _, s in sorted(v)] for k, v in found.items()}
 
 
+#: KINETO_LOG_LEVEL above kineto's highest level (USDT = 5): no log lines on stderr
+KINETO_QUIET = 6
+
+
 def measure_ops(ops: Sequence[OpView], device: torch.device | str = "cpu") -> list[tuple[int, int] | Exception]:
     """(forward, backward) workspace bytes of each op, run alone (module docstring); an op that
     cannot run gets its exception. On CPU all ops share one torch.profiler session (its start and
@@ -131,6 +136,10 @@ def measure_ops(ops: Sequence[OpView], device: torch.device | str = "cpu") -> li
         return results
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    # kineto prints a "USDT: ... profiler_start / profiler_stop" pair on stderr for every session; its
+    # levels go VERBOSE 0 .. USDT 5, so only 6 quiets them (its ERROR lines too: a session that fails
+    # raises here anyway). Read when kineto starts; a level the user set is left alone.
+    os.environ.setdefault("KINETO_LOG_LEVEL", str(KINETO_QUIET))
     produced: dict[int, int | None] = {}
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for j, op in enumerate(ops):

@@ -54,3 +54,26 @@ class TupleOut(nn.Module):
 
 
 NOT_A_MODEL = 42
+
+
+class CifarBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1)
+        self.bn = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 1)
+
+    def forward(self, x):
+        return self.conv2(self.bn(self.conv1(x)).relu())
+
+
+class Cifar(nn.Module):
+    """A CNN sized for 32x32 inputs: its classifier reads the flattened 8x8 map, so it runs at no other size."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.blocks = nn.Sequential(CifarBlock(3, 16, 1), CifarBlock(16, 32, 2), CifarBlock(32, 32, 2))
+        self.fc = nn.Linear(32 * 8 * 8, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.blocks(x).flatten(1))

@@ -34,6 +34,9 @@ What each op saves for backward, in bytes (``numel`` = elements of the activatio
 ``LeanAvgPool2d``      0  (PyTorch's avg-pool keeps its input, though backward needs only its shape)
 =====================  ===============================================================
 
+``state_dict`` of every class has the keys of the module it replaces (``SubChannelConv`` folds
+``weight_sel`` into ``weight``), and ``restore`` (``memplan.unapply``) gives that module back.
+
 Every class declares the op kind it is costed as (``memplan_kind``), so a model holding lean
 modules traces to the same kinds as the plain one, whatever has been imported.
 """
@@ -43,6 +46,7 @@ from .bits import packbits, unpackbits
 from .conv import FrozenConv, FrozenLinear, SubChannelConv, select_channels, top_channels
 from .norm import ShiftOnlyNorm
 from .pool import LeanAvgPool2d, MaskedDropout
+from .restore import remember, restore
 
 #: every lean module class (``apply_plan`` refuses a model that already holds one)
 LEAN_MODULES = (
@@ -76,4 +80,6 @@ __all__ = [
     "MaskedDropout",
     "LeanAvgPool2d",
     "LEAN_MODULES",
+    "remember",
+    "restore",
 ]

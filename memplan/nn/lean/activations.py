@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .bits import packbits, unpackbits
+from .restore import remember
 
 
 class _MaskActFn(torch.autograd.Function):
@@ -70,7 +71,7 @@ class MaskedReLU(_MaskedActivation):
 
     @classmethod
     def from_module(cls, m: nn.ReLU) -> MaskedReLU:
-        return cls(inplace=m.inplace)
+        return remember(cls(inplace=m.inplace), m)
 
     def fn(self, x: Tensor) -> Tensor:
         return x.relu_() if self.inplace else x.relu()
@@ -96,7 +97,7 @@ class MaskedHardtanh(_MaskedActivation):
 
     @classmethod
     def from_module(cls, m: nn.Hardtanh) -> MaskedHardtanh:
-        return cls(m.min_val, m.max_val, m.inplace)
+        return remember(cls(m.min_val, m.max_val, m.inplace), m)
 
     def fn(self, x: Tensor) -> Tensor:
         return F.hardtanh(x, self.min_val, self.max_val, self.inplace)
@@ -118,7 +119,7 @@ class MaskedReLU6(MaskedHardtanh):
     def from_module(cls, m: nn.Hardtanh) -> MaskedHardtanh:
         """nn.ReLU6 -> MaskedReLU6; any other nn.Hardtanh -> MaskedHardtanh."""
         if (m.min_val, m.max_val) == (0.0, 6.0):
-            return cls(m.inplace)
+            return remember(cls(m.inplace), m)
         return MaskedHardtanh.from_module(m)
 
 
@@ -134,7 +135,7 @@ class MaskedLeakyReLU(_MaskedActivation):
 
     @classmethod
     def from_module(cls, m: nn.LeakyReLU) -> MaskedLeakyReLU:
-        return cls(m.negative_slope, m.inplace)
+        return remember(cls(m.negative_slope, m.inplace), m)
 
     def fn(self, x: Tensor) -> Tensor:
         return F.leaky_relu(x, self.negative_slope, self.inplace)
@@ -173,7 +174,7 @@ class SignHardswish(_MaskedActivation):
 
     @classmethod
     def from_module(cls, m: nn.Hardswish, threshold: float = 0.0) -> SignHardswish:
-        return cls(m.inplace, threshold)
+        return remember(cls(m.inplace, threshold), m)
 
     def fn(self, x: Tensor) -> Tensor:
         return F.hardswish(x, self.inplace)

@@ -17,6 +17,7 @@ from torch.autograd.function import once_differentiable
 from ...errors import BadOption
 from ...graph import EXPLICIT_SELECT, SELECT_RULES, channel_index_problem, conv_padding, sub_channels
 from .checks import check_frozen, check_versions, share_frozen, versions
+from .restore import remember
 
 
 def _conv_padding(m: nn.Module) -> tuple[int, ...]:
@@ -123,7 +124,7 @@ class FrozenConv(_ConvGeometry):
     @classmethod
     def from_module(cls, m: nn.Module) -> FrozenConv:
         """Wrap ``m`` (sharing its weight/bias Parameters; the weight gets requires_grad=False)."""
-        return cls(m)
+        return remember(cls(m), m)
 
     def forward(self, x: Tensor) -> Tensor:
         check_frozen(self)
@@ -169,7 +170,7 @@ class FrozenLinear(nn.Module):
     @classmethod
     def from_module(cls, m: nn.Linear) -> FrozenLinear:
         """Wrap ``m`` (sharing its Parameters; the weight gets requires_grad=False)."""
-        return cls(m)
+        return remember(cls(m), m)
 
     def forward(self, x: Tensor) -> Tensor:
         check_frozen(self)
@@ -285,6 +286,10 @@ class SubChannelConv(_ConvGeometry):
     ``weight`` is the original Parameter, frozen (requires_grad False): its entries outside
     the selection never change; inside it they are stale until :meth:`write_back`.
 
+    ``state_dict()`` holds the plain conv's keys (``weight``, ``bias``), ``weight_sel`` folded into
+    ``weight``; ``load_state_dict`` takes them (the selected slots of the loaded weight become
+    ``weight_sel``), so checkpoints move freely between the plain and the applied model.
+
     Saves: the selected input channels ``x[:, idx]``, B x n x spatial x itemsize bytes
     (nothing when ``weight_sel`` does not require grad). grad-input uses the merged weight;
     grad-bias is computed when the bias trains.
@@ -311,7 +316,7 @@ class SubChannelConv(_ConvGeometry):
                 raise BadOption(f"sub-channel update of a {self.in_channels}-channel conv: {problem}")
             idx = torch.tensor(listed, dtype=torch.int64, device=m.weight.device)
         share_frozen(self, m)
-        self.register_buffer("idx", idx)
+        self.register_buffer("idx", idx, persistent=False)  # state_dict: the plain conv's keys
         self.all_selected: bool = idx.numel() == self.in_channels
         with torch.no_grad():
             sel = m.weight.index_select(*self._sel_dim_index()).clone()
@@ -322,7 +327,7 @@ class SubChannelConv(_ConvGeometry):
         cls, m: nn.Module, ratio: float, rule: str = "magnitude+", seed: int = 0, channels: Sequence[int] | None = None
     ) -> SubChannelConv:
         """Wrap ``m``: shares its weight (frozen) and bias; ``weight_sel`` is a new Parameter."""
-        return cls(m, ratio, rule, seed, channels)
+        return remember(cls(m, ratio, rule, seed, channels), m)
 
     @property
     def rows(self) -> Tensor:
@@ -343,6 +348,22 @@ class SubChannelConv(_ConvGeometry):
     def write_back(self) -> None:
         """Copy ``weight_sel`` into the shared ``weight`` Parameter in place."""
         self.weight.index_copy_(*self._sel_dim_index(), self.weight_sel)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """The plain conv's entries: ``weight`` is :meth:`merged_weight` (with ``keep_vars``, a
+        Parameter that trains when ``weight_sel`` does), no ``weight_sel``."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination.pop(prefix + "weight_sel")
+        merged = self.merged_weight()
+        destination[prefix + "weight"] = nn.Parameter(merged, self.weight_sel.requires_grad) if keep_vars else merged
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        """A plain conv's entries: ``weight_sel`` is taken from the loaded ``weight``'s selected slots."""
+        weight = state_dict.get(prefix + "weight")
+        if prefix + "weight_sel" not in state_dict and weight is not None and weight.shape == self.weight.shape:
+            dim, index = self._sel_dim_index()
+            state_dict[prefix + "weight_sel"] = weight.index_select(dim, index.to(weight.device))
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(self, x: Tensor) -> Tensor:
         check_frozen(self)

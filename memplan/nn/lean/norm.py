@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .checks import check_frozen, check_versions, share_frozen, versions
+from .restore import remember
 
 
 class _ShiftNormFn(torch.autograd.Function):
@@ -49,6 +50,7 @@ class ShiftOnlyNorm(nn.Module):
     """
 
     memplan_kind = "batchnorm"
+    _version = 2  # BatchNorm's state_dict version (num_batches_tracked), so its checkpoints load as BatchNorm's
 
     def __init__(self, m: nn.modules.batchnorm._BatchNorm):
         super().__init__()
@@ -63,7 +65,7 @@ class ShiftOnlyNorm(nn.Module):
     @classmethod
     def from_module(cls, m: nn.modules.batchnorm._BatchNorm) -> ShiftOnlyNorm:
         """Wrap ``m`` sharing its Parameters and buffers; the scale gets requires_grad=False."""
-        return cls(m)
+        return remember(cls(m), m)
 
     @torch.no_grad()
     def invstd(self) -> Tensor:

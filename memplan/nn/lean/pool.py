@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .bits import packbits, unpackbits
+from .restore import remember
 
 
 class _DropoutFn(torch.autograd.Function):
@@ -49,7 +50,7 @@ class MaskedDropout(nn.Module):
     def from_module(cls, m: nn.Dropout) -> MaskedDropout:
         if type(m) is not nn.Dropout or m.inplace:
             raise NotImplementedError(f"MaskedDropout wraps an out-of-place nn.Dropout, not {m!r}")
-        return cls(m.p)
+        return remember(cls(m.p), m)
 
     def forward(self, x: Tensor) -> Tensor:
         if not (self.training and torch.is_grad_enabled() and x.requires_grad):
@@ -99,7 +100,8 @@ class LeanAvgPool2d(nn.AvgPool2d):
 
     @classmethod
     def from_module(cls, m: nn.AvgPool2d) -> LeanAvgPool2d:
-        return cls(m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad, m.divisor_override)
+        lean = cls(m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad, m.divisor_override)
+        return remember(lean, m)
 
     def forward(self, x: Tensor) -> Tensor:
         if not (torch.is_grad_enabled() and x.requires_grad):
