@@ -161,9 +161,10 @@ def apply_plan(
         graph = _capture(model, input_shape).graph
     names = _module_names(model, graph)
     _check_plan(graph, plan)
+    ops = list(grad_flow(graph, plan))
     apply_plain(model, graph, plan)
     swaps: dict[str, nn.Module] = {}
-    for op in grad_flow(graph, plan):
+    for op in ops:
         cls = lean_class(op)
         qual = names.get(id(op.node.module), "")
         if cls is None or type(op.node.module) is cls or qual in swaps:

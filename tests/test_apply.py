@@ -476,3 +476,32 @@ def test_fit_is_seeded_and_independent_of_what_ran_before():
 
     (l1, w1), (l2, w2) = run(1), run(1000)
     assert l1 == l2 and torch.equal(w1, w2)
+
+
+def test_a_sub_channel_update_memplan_cannot_realise_is_refused_not_trained_whole():
+    """A conv subclass with its own forward is traced through, so no SubChannelConv replaces it: a
+    0.5 update of it would train the whole weight. apply_plan refuses it in one line, before
+    changing the model; at ratio 1 it applies. (``apply_plain``, plain PyTorch's flags for
+    ``verify``'s comparison, trains such a weight whole by definition: its docstring says so.)"""
+    from memplan.api import capture as cap_model
+    from memplan.plan.plan import Plan, Train
+
+    class PaddedConv(nn.Conv2d):
+        def forward(self, x):
+            return super().forward(nn.functional.pad(x, (1, 1, 1, 1)))
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(PaddedConv(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 2))
+
+    model = build()
+    graph = cap_model(model, (3, 6, 6), batch=2).graph
+    conv = next(n for n in graph.nodes if n.kind.startswith("conv"))
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    half = Plan("x", {conv.layer: Train(0.5, False), "3": Train(1.0, True)})
+    with pytest.raises(BadOption, match="not a stock Conv1d / Conv2d"):
+        apply_plan(model, half, graph)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == before  # untouched
+    whole = Plan("x", {conv.layer: Train(1.0, False), "3": Train(1.0, True)})
+    apply_plan(model, whole, graph)
+    assert model[0].weight.requires_grad
