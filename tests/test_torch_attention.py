@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 import memplan
-from memplan.costs.engine import compute
+from memplan.accounting.engine import compute
 from memplan.graph.capture import capture_graph
 from memplan.modes import get_mode
 from memplan.strategies import make_plan
