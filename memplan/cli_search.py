@@ -93,6 +93,7 @@ def search(  # typer command: one parameter per CLI option
     if budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
     extra = {"ratios": floats(ratios, "ratios")} if ratios else {}
+    stage = _stage(validate, validate_lrs, validate_seeds, validate_dir)
     options = dict(
         profile_path=profile,
         device=target,
@@ -136,7 +137,7 @@ def search(  # typer command: one parameter per CLI option
     if validate is not None:
         from .render.validated import print_validated
 
-        validated = _validate(result, validate, options, validate_lrs, validate_seeds, validate_dir)
+        validated = _validate(result, validate, options, stage)
         print_validated(validated, out_console)
         if out:
             validated.scheme.save(out)
@@ -176,12 +177,23 @@ def print_applied_cost(result: Any, classes: int | None, out: Console) -> None:
     )
 
 
-def _validate(result, n: int, options: dict, lrs: str, seeds: str, folder: str):  # noqa: ANN001, ANN202
+def _stage(n: int | None, lrs: str, seeds: str, folder: str):  # noqa: ANN202
+    """The validation stage's schedule, checked before any work (None without --validate)."""
+    if n is None:
+        return None
+    from .search.select import Stage
+
+    if n < 1:
+        raise MemplanError(f"--validate needs at least 1 searched candidate, got {n}")
+    return Stage(tuple(floats(lrs, "validate-lrs")), tuple(_ints(seeds, "validate-seeds")), folder)
+
+
+def _validate(result, n: int, options: dict, stage):  # noqa: ANN001, ANN202
     """The validation stage with a progress bar (``memplan.search.select.validate_search``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .search.run import run_search
-    from .search.select import Stage, validate_search
+    from .search.select import validate_search
 
     def again(objective: str, budget: int):  # noqa: ANN202
         return run_search(result.model, budget, **{**options, "objective": objective, "out": None, "curves": False})
@@ -194,7 +206,7 @@ def _validate(result, n: int, options: dict, lrs: str, seeds: str, folder: str):
             result,
             n,
             again,
-            stage=Stage(tuple(floats(lrs, "validate-lrs")), tuple(_ints(seeds, "validate-seeds")), folder),
+            stage=stage,
             on_start=lambda total: bar.update(task, total=total),
             on_run=lambda: bar.advance(task),
             options={

@@ -268,6 +268,12 @@ class Stage:
     checkpoint_dir: str | Path = ".memplan-validate"
     threads: int = 1
 
+    def __post_init__(self) -> None:
+        if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
+            raise BadOption(f"the validation stage's learning rates must be positive, got {list(self.lrs)}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise BadOption(f"the validation stage's seeds must be distinct, got {list(self.seeds)}")
+
 
 def validate_search(
     result: SearchResult,
