@@ -155,22 +155,11 @@ def plan_scheme_fields(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
     if other:
         raise SchemeError(f"plan {plan.method!r} trains layer {other[0]!r}, which a scheme cannot name")
     fields["activation_approx"] = sorted(plan.approx)
-    back = scheme_to_plan(graph, _Fields(graph, fields), method=plan.method)
-    if back.train != {k: v for k, v in plan.train.items() if v.any} or back.norm_train != plan.norm_train:
-        raise SchemeError(f"plan {plan.method!r} is not exactly a scheme (it trains a part of a layer no field names)")
     return fields
 
 
-class _Fields:
-    """The attributes :func:`scheme_to_plan` reads, from plain fields (the round-trip check above)."""
-
-    def __init__(self, graph: LayerGraph, fields: dict[str, Any]):
-        self.model, self.fingerprint = graph.model_name, fingerprint(graph)
-        self.bias_update, self.norm_modes = fields["bias_update"], fields["norm_modes"]
-        self.activation_approx = fields["activation_approx"]
-        self.weight_updates = [_Update(**w) for w in fields["weight_updates"]]
-
-
-class _Update:
-    def __init__(self, layer: str, conv_index: int, ratio: float, select: str, channels: list[int] | None = None):
-        self.layer, self.conv_index, self.ratio, self.select, self.channels = layer, conv_index, ratio, select, channels
+def check_round_trip(graph: LayerGraph, plan: Plan, scheme: Any) -> None:
+    """SchemeError unless ``scheme`` (from :func:`plan_scheme_fields`) maps back to exactly ``plan``."""
+    back = scheme_to_plan(graph, scheme, method=plan.method)
+    if back.train != {k: v for k, v in plan.train.items() if v.any} or back.norm_train != plan.norm_train:
+        raise SchemeError(f"plan {plan.method!r} is not exactly a scheme (it trains a part of a layer no field names)")

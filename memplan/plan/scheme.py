@@ -28,7 +28,7 @@ from ..errors import SchemeError
 from ..graph import EXPLICIT_SELECT, SELECT_RULES, LayerGraph, channel_index_problem
 from ..io import read_json, shipped, validated, write_text
 from ..version import __version__
-from .convert import NORM_MODES, fingerprint, plan_scheme_fields, scheme_to_plan
+from .convert import NORM_MODES, check_round_trip, fingerprint, plan_scheme_fields, scheme_to_plan
 from .plan import Plan
 from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
 
@@ -216,7 +216,9 @@ class Scheme(BaseModel):
         set the other fields (mode, provenance, ...). SchemeError when no scheme says it."""
         base = dict(model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:]))
         parsed = plan_scheme_fields(graph, plan)
-        return validated(lambda: cls(**{**base, **fields, **parsed}), f"plan {plan.method!r}", SchemeError)
+        scheme = validated(lambda: cls(**{**base, **fields, **parsed}), f"plan {plan.method!r}", SchemeError)
+        check_round_trip(graph, plan, scheme)
+        return scheme
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the scheme as JSON (schema version :data:`SCHEMA_VERSION`, also for one read from

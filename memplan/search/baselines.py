@@ -20,17 +20,10 @@ from ..strategies import make_plan
 BASELINES: Registry[Callable[[LayerGraph], Plan]] = Registry("baseline")
 
 
-@BASELINES.register("classifier only")
-def _classifier(graph: LayerGraph) -> Plan:
-    return make_plan(graph, "last")
+def _strategy(name: str) -> Callable[[LayerGraph], Plan]:
+    return lambda graph: make_plan(graph, name)
 
 
-@BASELINES.register("bias only")
-def _bias(graph: LayerGraph) -> Plan:
-    return make_plan(graph, "bias")
-
-
-@BASELINES.register("norm + bias, running statistics")
 def _norm_running(graph: LayerGraph) -> Plan:
     """Every norm's scale and shift train, each norm in eval mode: it keeps the running statistics
     the backbone (and the linear-probe head) were fit with."""
@@ -38,22 +31,13 @@ def _norm_running(graph: LayerGraph) -> Plan:
     return Plan("norm-running", plan.train, set(), plan.approx)
 
 
-@BASELINES.register("norm + bias")
-def _norm(graph: LayerGraph) -> Plan:
-    """Norms in train mode (batch statistics), as the ``norm`` strategy."""
-    return make_plan(graph, "norm")
-
-
-@BASELINES.register("last blocks")
-def _lastk(graph: LayerGraph) -> Plan:
-    return make_plan(graph, "lastk")
-
-
-@BASELINES.register("MobileTL")
-def _mobiletl(graph: LayerGraph) -> Plan:
-    return make_plan(graph, "mobiletl")
-
-
-@BASELINES.register("full fine-tuning")
-def _full(graph: LayerGraph) -> Plan:
-    return make_plan(graph, "full")
+for _name, _plan in (
+    ("classifier only", _strategy("last")),
+    ("bias only", _strategy("bias")),
+    ("norm + bias, running statistics", _norm_running),
+    ("norm + bias", _strategy("norm")),  # norms in train mode (batch statistics)
+    ("last blocks", _strategy("lastk")),
+    ("MobileTL", _strategy("mobiletl")),
+    ("full fine-tuning", _strategy("full")),
+):
+    BASELINES.add(_name, _plan)

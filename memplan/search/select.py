@@ -113,6 +113,8 @@ def searched_candidates(result: SearchResult, n: int, search: Callable[[str, int
         for objective in OBJECTIVES:
             if len(out) >= n:
                 return out
+            if fraction == 1 and objective == result.objective:
+                continue  # that search is ``result`` itself
             budget = int(result.budget_bytes * fraction)
             try:
                 r = search(objective, budget)
