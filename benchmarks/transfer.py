@@ -11,12 +11,14 @@ Protocol, the same for every method:
 * a linear probe first (classifier from zero on frozen features, ``--probe-epochs``), which every
   method starts from (the 256KB paper's Sec. 2.2 protocol);
 * ``--optimizer`` (default ``adam``; SGD diverges on this backbone's biases at any learning rate
-  that also trains its classifier) with one learning rate for every trained tensor, cosine decay
+  that also trains its classifier) at the learning rates of a grid point (one rate for every
+  trained tensor, or rates per parameter family: ``memplan.rates.Rates``), cosine decay
   to 0 over ``--epochs`` epochs of batch ``--batch-size``, no augmentation, norms in eval mode
   unless the method trains them with batch statistics, dropout active for every method (a cached
   frozen prefix ends before the first dropout: ``Worker.cache_point``);
 * learning rate: chosen on **validation** by successive halving over ``--val-seeds`` (every
-  ``--lrs`` rate at the first seed, the better half at the next; a run whose last loss is not
+  ``--lrs`` point at the first seed, the better half at the next; points that differ only in a
+  family the method does not train are one; a run whose last loss is not
   finite, or whose accuracy is at chance, is diverged and never chosen); then ``--seeds`` runs at
   that rate on the **test** split. A chosen rate at the edge of the grid is flagged;
 * memory, bytes, optimizer state counted: ``applied`` (the run as trained: memplan's lean
@@ -46,6 +48,7 @@ Run: python benchmarks/transfer.py [--profile P] [--shard 0/2] [--report]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -74,6 +77,7 @@ from memplan.graph.kinds import NORM_KINDS
 from memplan.io import write_text
 from memplan.optim import OPTIMIZERS
 from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, load_scheme, scheme_to_plan
+from memplan.rates import Rates
 from memplan.search import run_search
 from memplan.search.select import choose, collect_candidates
 from memplan.strategies import make_plan, transform_model
@@ -124,12 +128,17 @@ class Method:
     arch: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     runs_as: str | None = None  # an earlier method that trains exactly the same: its runs are this one's
-    lr: float | None = None  # the rate the validation stage chose (None: the method's own grid chooses)
+    lr: Rates | None = None  # the rates the validation stage chose (None: the method's own grid chooses)
+    families: frozenset[str] = frozenset(("classifier", "bias", "norm", "weight"))  # what it trains
 
     @property
     def key(self) -> str:
         """The name its runs are recorded under."""
         return self.runs_as or self.name
+
+    def settings(self, grid: list[Rates]) -> list[Rates]:
+        """The distinct trainings of ``grid`` for this method (rates of untrained families dropped)."""
+        return list(dict.fromkeys(r.restrict(self.families) for r in grid))
 
 
 def what_trains(method: Method, graph: LayerGraph) -> tuple:
@@ -221,14 +230,16 @@ class BenchTrainer:
         p = run.protocol
         self.optimizer, self.epochs, self.batch_size = p.optimizer, p.epochs, p.batch_size
         self.data = f"{run.setup.task.name} (validation split)"
+        self.classifier = run.setup.head
         self.checkpoint, self.trained = str(run.ckpt.path), 0
 
     def method(self, candidate: Any) -> Method:
         m = scheme_method(f"candidate {candidate.key}", "candidate", candidate.scheme)
         m.runs_as = self.known.get(what_trains(m, self.graph))
+        m.families = candidate.families
         return m
 
-    def __call__(self, candidate: Any, lr: float, seed: int) -> float:
+    def __call__(self, candidate: Any, lr: Rates, seed: int) -> float:
         m = self.method(candidate)
         rid = run_id("grid", m.key, lr, seed)
         done = self.run.done
@@ -276,7 +287,7 @@ def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool
         m.plan,
         v.scheme,
         runs_as=m.runs_as or m.name,
-        lr=v.scheme.training.lr,
+        lr=v.halving.best.lr,
         detail={
             "budget": budget,
             "chosen": v.chosen.name,
@@ -319,10 +330,10 @@ class Bench:
             self.workers[key] = Worker(ctx)
         return self.workers[key]
 
-    def run(self, method: Method, lr: float, seed: int, split: str) -> dict[str, Any]:
-        """Train ``method`` at ``lr`` with ``seed``; accuracy (%) on ``split`` and seconds."""
+    def run(self, method: Method, lr: Rates, seed: int, split: str) -> dict[str, Any]:
+        """Train ``method`` at rates ``lr`` with ``seed``; accuracy (%) on ``split`` and seconds."""
         w = self.worker(method.arch, split)
-        proto = self.protocol.model_copy(update=dict(lr_classifier=lr, lr_bias=lr, lr_weight=lr, seeds=(seed,)))
+        proto = self.protocol.at(lr, seed)
         rec = w.train_plan(method.plan, first_trained(w.graph, method.plan(w.graph)), proto)
         acc = rec["accuracy"][0]
         return {
@@ -336,12 +347,13 @@ class Bench:
         }
 
 
-def run_id(stage: str, method: str, lr: float, seed: int) -> str:
-    return f"{stage}|{method}|{lr:g}|{seed}"
+def run_id(stage: str, method: str, lr: Rates, seed: int) -> str:
+    """``stage|method|rates|seed`` (one rate for every family reads as that rate: ``0.0025``)."""
+    return f"{stage}|{method}|{lr}|{seed}"
 
 
-def grid_rungs(method: str, lrs: list[float], val_seeds: list[int], done: dict[str, dict]) -> list[list[float]]:
-    """The learning rates each validation seed trains (successive halving): every rate at the first
+def grid_rungs(method: str, lrs: list[Rates], val_seeds: list[int], done: dict[str, dict]) -> list[list[Rates]]:
+    """The learning rates each validation seed trains (successive halving): every point at the first
     seed, then the better half (at least two) of the rates still in at each further seed, ranked by
     their mean validation accuracy over the seeds so far (a diverged run drops its rate). Stops at
     the first rung that is not finished."""
@@ -359,7 +371,7 @@ def grid_rungs(method: str, lrs: list[float], val_seeds: list[int], done: dict[s
     return rungs
 
 
-def choose_lr(method: str, lrs: list[float], done: dict[str, dict], val_seeds: list[int] = (0,)) -> float | None:
+def choose_lr(method: str, lrs: list[Rates], done: dict[str, dict], val_seeds: list[int] = (0,)) -> Rates | None:
     """The rate with the best mean validation accuracy over every validation seed (None until the
     last rung of :func:`grid_rungs` is finished, or when every rate diverged)."""
     val_seeds = list(val_seeds)
@@ -407,15 +419,17 @@ def memory_of(caps: Callable[[str | None, int], Any], method: Method, optimizer:
 def assemble(
     methods: list[Method],
     memory: dict[str, dict[str, int]],
-    lrs: list[float],
+    lrs: list[Rates],
     seeds: list[int],
     done: dict,
     val_seeds: list[int] = (0,),
 ) -> list[dict]:
     rows = []
+    singles = [r.single for r in lrs if r.single is not None]
     for m in methods:
-        lr = m.lr if m.lr is not None else choose_lr(m.key, lrs, done, val_seeds)
-        grid_runs = {f"{x:g}": [r for s in val_seeds if (r := done.get(run_id("grid", m.key, x, s)))] for x in lrs}
+        grid = m.settings(lrs)
+        lr = m.lr if m.lr is not None else choose_lr(m.key, grid, done, val_seeds)
+        grid_runs = {str(x): [r for s in val_seeds if (r := done.get(run_id("grid", m.key, x, s)))] for x in grid}
         finals = [done.get(run_id("final", m.key, lr, s)) for s in seeds] if lr is not None else []
         if lr is None or any(f is None for f in finals):
             continue
@@ -432,8 +446,8 @@ def assemble(
                 "accuracy_mean": mean,
                 "accuracy_ci": half,  # the 95% Student-t CI half-width (the plot's error bar)
                 "accuracy_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,  # over seeds
-                "lr": lr,
-                "lr_at_grid_edge": lr in (min(lrs), max(lrs)),
+                "lr": str(lr),
+                "lr_at_grid_edge": bool(singles) and lr.single in (min(singles), max(singles)),
                 "grid_validation": {k: [r["accuracy"] for r in v] for k, v in grid_runs.items()},
                 "grid_diverged": [k for k, v in grid_runs.items() if any(r["diverged"] for r in v)],
                 "final_diverged": any(f["diverged"] for f in finals),
@@ -512,7 +526,7 @@ def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: 
         out.append(
             f"| {r['name']}{alias} | {r['memory']['applied']:,} | {r['memory']['tinytraining']:,} | "
             f"{r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f} | "
-            f"{len(r['accuracy'])} | {r['lr']:g}{'*' if r['lr_at_grid_edge'] else ''} | {r['trainable_params']:,} | "
+            f"{len(r['accuracy'])} | {r['lr']}{'*' if r['lr_at_grid_edge'] else ''} | {r['trainable_params']:,} | "
             f"{r['wall_s']:.0f} | {'P' if r['name'] in front else ''} |"
         )
     stage = [r for r in rows if r["method"] == VALIDATED]
@@ -524,7 +538,7 @@ def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: 
                 f"{x['name']} {x['accuracy']:.2f}" for x in val["runners_up"] if x["accuracy"] is not None
             )
             out.append(
-                f"- {r['name']}: chose **{r['chosen']}** at lr {r['lr']:g}, validation {val['accuracy']:.2f} ± "
+                f"- {r['name']}: chose **{r['chosen']}** at lr {r['lr']}, validation {val['accuracy']:.2f} ± "
                 f"{val['se']:.2f}% (seeds {val['seeds']}); runners-up: {runners}. The stage compared "
                 f"{r['stage_runs']} runs: {r['stage_run_s']:,.0f} s of training and evaluation one after another "
                 f"({r['stage_cpu_s']:,.0f} CPU s)"
@@ -581,7 +595,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--optimizer", default="adam", choices=list(OPTIMIZERS))
     ap.add_argument(
-        "--lrs", default="0.0001,0.0005,0.0025,0.0125,0.0625", help="the learning-rate grid of every method"
+        "--lrs",
+        default="1e-4,5e-4,2.5e-3,1.25e-2,6.25e-2,1.25e-2/weight=5e-4,1.25e-2/weight=2.5e-3",
+        help="the learning-rate grid of every method: one rate for every tensor, or rates per family "
+        "(1.25e-2/weight=5e-4: memplan.rates.Rates)",
     )
     ap.add_argument("--seeds", default="0,1,2,3,4", help="seeds of the final (test) runs")
     ap.add_argument(
@@ -600,8 +617,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--validate", type=int, default=2, help="searched candidates of the validation stage per budget")
     ap.add_argument(
         "--stage-lrs",
-        default="0.0005,0.0025,0.0125",
-        help="the validation stage's rates (a subset of --lrs: the baselines' own grid is never smaller)",
+        default="5e-4,2.5e-3,1.25e-2,1.25e-2/weight=5e-4,1.25e-2/weight=2.5e-3",
+        help="the validation stage's grid (a subset of --lrs: the baselines' own grid is never smaller)",
     )
     ap.add_argument("--methods", default=None, help="comma-separated method names to run (default: all)")
     ap.add_argument(
@@ -619,17 +636,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     try:
-        a.lrs = [float(x) for x in a.lrs.split(",")]
+        a.lrs = [Rates.parse(x) for x in a.lrs.split(",")]
         a.seeds = [int(x) for x in a.seeds.split(",")]
         a.val_seeds = [int(x) for x in a.val_seeds.split(",")]
-        a.stage_lrs = [float(x) for x in a.stage_lrs.split(",")]
+        a.stage_lrs = [Rates.parse(x) for x in a.stage_lrs.split(",")]
         a.shard = tuple(int(x) for x in a.shard.split("/"))
-    except ValueError as exc:
+    except (ValueError, MemplanError) as exc:
         ap.error(f"cannot read --lrs / --seeds / --shard: {exc}")
     if len(a.shard) != 2 or not 0 <= a.shard[0] < a.shard[1]:
         ap.error(f"--shard must be i/n with 0 <= i < n, got {'/'.join(map(str, a.shard))}")
-    if any(not (lr > 0 and math.isfinite(lr)) for lr in a.lrs) or len(set(a.seeds)) != len(a.seeds):
-        ap.error("--lrs must be positive and --seeds distinct")
+    if len(set(a.seeds)) != len(a.seeds):
+        ap.error("--seeds must be distinct")
     if not a.val_seeds or len(set(a.val_seeds)) != len(a.val_seeds):
         ap.error("--val-seeds must be distinct and not empty")
     if a.profile is not None and not set(a.stage_lrs) <= set(a.lrs):
@@ -735,6 +752,10 @@ def choose_methods(run: Run) -> None:
 
     run.methods = methods
     run.memory = {m.name: memory_of(cap_at, m, a.optimizer, a.batch_size) for m in methods}
+    for m in methods:  # what each trains decides which grid points are distinct for it
+        g = cap_at(m.arch, 1).graph
+        with contextlib.suppress(MemplanError):  # not applicable to this model: it fails where it is trained
+            m.families = m.plan(g).families(g)
 
 
 def train(run: Run, t_start: float) -> None:
@@ -756,15 +777,16 @@ def train(run: Run, t_start: float) -> None:
         for m in mine:
             progress.update(bar, description=m.name)
             done.update(ckpt.finished() or {})  # what other processes finished meanwhile
+            grid = m.settings(a.lrs)
             for i, seed in enumerate(a.val_seeds if m.lr is None else ()):  # successive halving over the seeds
-                rungs = grid_rungs(m.key, a.lrs, a.val_seeds, done)
+                rungs = grid_rungs(m.key, grid, a.val_seeds, done)
                 for lr in rungs[i] if i < len(rungs) else ():
                     rid = run_id("grid", m.key, lr, seed)
                     if rid not in done:
                         done[rid] = {"id": rid, **bench.run(m, lr, seed, "validation")}
                         ckpt.append(done[rid])
                 progress.advance(bar, len(a.lrs) // (i + 1))
-            best = m.lr if m.lr is not None else choose_lr(m.key, a.lrs, done, a.val_seeds)
+            best = m.lr if m.lr is not None else choose_lr(m.key, grid, done, a.val_seeds)
             if best is None:
                 print(f"{m.name}: every learning rate of the grid diverged; widen --lrs", file=sys.stderr)
                 progress.advance(bar, len(a.seeds))
@@ -806,7 +828,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "optimizer": a.optimizer,
         "seeds": a.seeds,
         "val_seeds": a.val_seeds,
-        "lrs": a.lrs,
+        "lrs": [str(x) for x in a.lrs],
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} torch thread(s) per process, "
         f"torch {torch.__version__}, CPU only (no GPU lent)",
     }

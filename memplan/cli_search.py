@@ -77,7 +77,12 @@ def search(  # typer command: one parameter per CLI option
         help="train the search's N best candidates and every baseline that fits on the profile's validation "
         "split (successive halving over seeds and a learning-rate grid) and return the validated best",
     ),
-    validate_lrs: str = typer.Option("5e-4,2.5e-3,1.25e-2", "--validate-lrs", help="learning-rate grid of --validate"),
+    validate_lrs: str = typer.Option(
+        "5e-4,2.5e-3,1.25e-2,1.25e-2/weight=5e-4,1.25e-2/weight=2.5e-3",
+        "--validate-lrs",
+        help="learning-rate grid of --validate, comma-separated points: one rate for every tensor (2.5e-3) or rates "
+        "per family, a bare rate for the rest (1.25e-2/weight=5e-4; families: classifier, bias, norm, weight)",
+    ),
     validate_seeds: str = typer.Option("0,1", "--validate-seeds", help="seeds of --validate (one rung each)"),
     validate_dir: str = typer.Option(
         ".memplan-validate", "--validate-dir", help="checkpoint folder of --validate (reruns resume from it)"
@@ -185,7 +190,10 @@ def _stage(n: int | None, lrs: str, seeds: str, folder: str):  # noqa: ANN202
 
     if n < 1:
         raise MemplanError(f"--validate needs at least 1 searched candidate, got {n}")
-    return Stage(tuple(floats(lrs, "validate-lrs")), tuple(_ints(seeds, "validate-seeds")), folder)
+    from .rates import Rates
+
+    grid = tuple(Rates.parse(x) for x in lrs.split(",") if x.strip())
+    return Stage(grid, tuple(_ints(seeds, "validate-seeds")), folder)
 
 
 def _validate(result, n: int, options: dict, stage):  # noqa: ANN001, ANN202

@@ -6,6 +6,9 @@ without momentum none, SGD with momentum its velocity, Adam its two moments). Tr
 (:func:`make_optimizer`: contribution runs, the linear probe, ``verify``, benchmarks) and
 accounting (``memplan.accounting.engine``: ``optimizer_bytes``, ``tinytraining``'s state bits) read the
 same entry, so a profile never counts another optimizer than the one that trains.
+
+Given a model and a scheme, :func:`make_optimizer` trains each parameter family at the scheme's
+rate for it (:mod:`memplan.rates`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .errors import BadOption
+from .rates import FAMILIES, Rates, param_groups
 from .registry import Registry
 
 #: SGD momentum of ``sgd-momentum``
@@ -69,7 +73,7 @@ def states(name: str) -> int:
 
 
 def make_optimizer(
-    params: Iterable[Tensor] | Iterable[dict[str, Any]],
+    params: torch.nn.Module | Iterable[Tensor] | Iterable[dict[str, Any]],
     name: str | None = None,
     lr: float | None = None,
     *,
@@ -77,15 +81,24 @@ def make_optimizer(
     scheme: Any = None,
 ) -> torch.optim.Optimizer:
     """Optimizer ``name`` (:data:`OPTIMIZERS`) over the parameters of ``params`` that require grad
-    (the others are left out, so they never change). ``params`` may also be torch parameter groups
-    (dicts with ``params`` and, say, their own ``lr``: per-role learning rates). ``scheme``: a
+    (the others are left out, so they never change). ``params``: a model, tensors, or torch
+    parameter groups (dicts with ``params`` and, say, their own ``lr``). ``scheme``: a
     ``memplan.plan.Scheme`` whose ``training`` (what ``memplan search --validate`` measured) gives
-    the optimizer and rate that ``name`` / ``lr`` leave out; without one, ``sgd`` at 0.01."""
+    the optimizer and rate that ``name`` / ``lr`` leave out; given a model, its per-family rates
+    too (:func:`param_groups`: the scheme's ``training.rates``, the head ``training.classifier``).
+    Without a scheme: ``sgd`` at 0.01."""
     training = getattr(scheme, "training", None)
     name = name or (training.optimizer if training else None) or getattr(scheme, "optimizer", None) or "sgd"
-    lr = lr if lr is not None else (training.lr if training else 0.01)
     spec = OPTIMIZERS.choose(name)
-    items = list(params)
+    if isinstance(params, torch.nn.Module):
+        if lr is None and training is not None and training.rates:
+            rates = Rates(**{f: training.rates.get(f, training.lr) for f in FAMILIES})
+            items: list[Any] = param_groups(params, rates, training.classifier)
+        else:
+            items = list(params.parameters())
+    else:
+        items = list(params)
+    lr = lr if lr is not None else (training.lr if training else 0.01)
     if items and isinstance(items[0], dict):
         groups: list[Any] = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in items]
         groups = [g for g in groups if g["params"]]

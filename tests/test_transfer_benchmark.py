@@ -12,6 +12,7 @@ import torch
 
 from memplan.contrib.analysis import run_contrib
 from memplan.errors import MemplanError
+from memplan.rates import Rates
 
 from .helpers import load_benchmark
 from .test_real import TINY_GRID, make_npz
@@ -51,7 +52,8 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     argv = [
         "--model", "minilearn-cifar10", "--weights", "none", "--data", str(npz), "--resolution", "32",
         "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
-        "--lrs", "0.001,0.01", "--stage-lrs", "0.001,0.01", "--seeds", "0,1", "--profile", str(profile),
+        "--lrs", "0.001,0.01,0.01/weight=0.001", "--stage-lrs", "0.001,0.01,0.01/weight=0.001", "--seeds", "0,1",
+        "--profile", str(profile),
         "--budgets", "300KB", "--validate", "2",
         "--methods", "classifier only,bias only,last-1 weights+biases,searched + validated",
         "--out", str(out), "--no-progress",
@@ -61,9 +63,16 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     assert names == {"classifier only", "bias only", "last-1 weights+biases", "validated 300KB"}
     assert not result["missing"]
     for r in result["rows"]:
-        assert len(r["accuracy"]) == 2 and r["lr"] in (0.001, 0.01) and r["memory_bytes"] > 0
-        assert set(r["grid_validation"]) == {"0.001", "0.01"}
-        assert all(len(accs) == 2 for accs in r["grid_validation"].values())  # both rates at both validation seeds
+        # a per-family point is its own setting only for a method that trains weights; for the others it is
+        # the uniform 0.01 (the weights' rate of a model whose weights are frozen changes nothing)
+        trains_weights = r["name"] == "last-1 weights+biases" or bool(r.get("weights"))
+        grid = {"0.001", "0.01"} | ({"0.01/weight=0.001"} if trains_weights else set())
+        assert len(r["accuracy"]) == 2 and r["lr"] in grid and r["memory_bytes"] > 0
+        if r["name"] != "validated 300KB":
+            assert set(r["grid_validation"]) == grid
+            # successive halving: every point at the first seed, the better half (at least two) at the second
+            assert all(accs for accs in r["grid_validation"].values())
+            assert sum(len(accs) == 2 for accs in r["grid_validation"].values()) == 2
         assert r["memory_bytes"] == r["memory"]["applied"] and set(r["memory"]) == {"applied", "tinytraining"}
         assert r["accuracy_std"] == pytest.approx(statistics.stdev(r["accuracy"]))
     chosen = next(r for r in result["rows"] if r["name"] == "validated 300KB")
@@ -99,11 +108,11 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
         ),
     )
     wider = list(argv)
-    wider[wider.index("--lrs") + 1] = "0.001,0.01,0.1"
+    wider[wider.index("--lrs") + 1] = "0.001,0.01,0.01/weight=0.001,0.1"
     key = lambda rows: [(r["name"], r["lr"], r["accuracy"]) for r in rows]  # noqa: E731
     assert key(transfer.main(wider)["rows"]) == key(result["rows"])  # the new rate diverged: same choices
     distinct = [r for r in result["rows"] if r["same_runs_as"] is None]  # a method that trains what another does
-    assert calls == [(0.1, "validation")] * len(distinct)  # shares its runs
+    assert calls == [(Rates.uniform(0.1), "validation")] * len(distinct)  # shares its runs
     bad = list(argv)
     bad[bad.index("--methods") + 1] = "magic"
     with pytest.raises(MemplanError, match="unknown method 'magic'"):
@@ -116,6 +125,8 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
         ["--shard", "2/2"],
         ["--shard", "x"],
         ["--lrs", "0.01,-1"],
+        ["--lrs", "0.01/momentum=0.9"],
+        ["--lrs", "weight=0.01"],
         ["--seeds", "0,0"],
         ["--profile", "/nonexistent.json"],
     ],

@@ -1,5 +1,9 @@
 """Successive halving over (candidate, learning rate) configurations, one seed per rung.
 
+A learning rate here is any hashable setting: one rate, or rates per parameter family
+(:class:`memplan.rates.Rates`); ``lrs`` gives the same settings to every candidate, or, as a
+mapping, each candidate its own.
+
 Rung i trains every configuration still in at seed ``seeds[i]``; then the configurations are
 ranked by their mean accuracy over the seeds so far, and the better ``keep`` fraction (at least
 ``min_keep``) goes on, together with the best configuration of every *protected* candidate (the
@@ -15,8 +19,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -24,7 +29,7 @@ class Config:
     """One candidate at one learning rate, with its accuracy (%) per seed trained."""
 
     candidate: Hashable
-    lr: float
+    lr: Hashable  # a rate, or rates per family
     accuracy: dict[int, float] = field(default_factory=dict)
 
     @property
@@ -48,7 +53,7 @@ class Halving:
     trained) and the winner (None when every configuration diverged)."""
 
     configs: list[Config]
-    rungs: list[list[tuple[Hashable, float]]]
+    rungs: list[list[tuple[Hashable, Hashable]]]
     best: Config | None
 
     def best_of(self, candidate: Hashable) -> Config | None:
@@ -59,9 +64,9 @@ class Halving:
 
 def successive_halving(
     candidates: Iterable[Hashable],
-    lrs: Sequence[float],
+    lrs: Sequence[Hashable] | Mapping[Hashable, Sequence[Hashable]],
     seeds: Sequence[int],
-    train: Callable[[Hashable, float, int], float],
+    train: Callable[[Hashable, Any, int], float],
     *,
     protected: Iterable[Hashable] = (),
     keep: float = 0.5,
@@ -69,10 +74,11 @@ def successive_halving(
     on_run: Callable[[], None] | None = None,
 ) -> Halving:
     """Run the schedule (module docstring); ``on_run`` is called after every run (a progress bar)."""
-    if not seeds or not lrs:
-        raise ValueError("successive halving needs at least one seed and one learning rate")
+    own = lrs if isinstance(lrs, Mapping) else dict.fromkeys(dict.fromkeys(candidates), lrs)
+    if not seeds or not all(own.get(c) for c in dict.fromkeys(candidates)):
+        raise ValueError("successive halving needs at least one seed and one learning rate per candidate")
     protected = set(protected)
-    configs = [Config(c, lr) for c in dict.fromkeys(candidates) for lr in lrs]
+    configs = [Config(c, lr) for c in dict.fromkeys(candidates) for lr in dict.fromkeys(own[c])]
     alive = list(configs)
     rungs = []
     for seed in seeds:

@@ -31,11 +31,12 @@ from ..errors import BadOption
 from ..graph import COMPUTED_SELECT_RULES, ConvLayer, LayerGraph
 from ..optim import MOMENTUM, OPTIMIZERS
 from ..plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
+from ..rates import Rates
 from ..units import ratio_label
 
 RunKind = Literal["classifier", "bias", "weight"]
 #: protocol fields added after checkpoints were written, with the value those checkpoints imply
-LATER_FIELDS = {"lr_grid": None, "weight_reference": "depth"}
+LATER_FIELDS = {"lr_grid": None, "weight_reference": "depth", "lr_norm": None}
 PAPER_RATIOS = (0.125, 0.25, 0.5, 1.0)
 #: the ``momentum`` of profiles written before ``optimizer`` -> the optimizer it meant
 LEGACY_MOMENTUM = {0.0: "sgd", MOMENTUM: "sgd-momentum"}
@@ -59,6 +60,7 @@ class Protocol(BaseModel):
     lr_classifier: float = Field(0.05, gt=0, description="learning rate of the classifier, in every run")
     lr_bias: float = Field(0.02, gt=0, description="learning rate of biases / norm shifts, in every run")
     lr_weight: float = Field(0.1, gt=0, description="learning rate of the analysed conv weight (weight runs)")
+    lr_norm: float | None = Field(None, gt=0, description="learning rate of norm scales; None: lr_bias")
     optimizer: str = Field(
         "sgd",
         description="memplan.optim name of the one optimizer of the linear probe and every run (its state is what "
@@ -128,9 +130,20 @@ class Protocol(BaseModel):
         data = self.model_dump(mode="json", exclude=set(exclude))
         return {k: v for k, v in data.items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
 
-    def lr(self, role: str) -> float:
-        """Learning rate of a parameter role: ``classifier``, ``bias`` or ``weight``."""
-        return {"classifier": self.lr_classifier, "bias": self.lr_bias, "weight": self.lr_weight}[role]
+    @property
+    def rates(self) -> Rates:
+        """The learning rate of each parameter family (:mod:`memplan.rates`)."""
+        norm = self.lr_bias if self.lr_norm is None else self.lr_norm
+        return Rates(classifier=self.lr_classifier, bias=self.lr_bias, norm=norm, weight=self.lr_weight)
+
+    def at(self, rates: Rates | float, seed: int | None = None) -> Protocol:
+        """This protocol at ``rates`` (one rate: every family), and at the one ``seed`` if given."""
+        r = Rates.of(rates)
+        update: dict[str, Any] = dict(lr_classifier=r.classifier, lr_bias=r.bias, lr_weight=r.weight)
+        update["lr_norm"] = None if r.norm == r.bias else r.norm
+        if seed is not None:
+            update["seeds"] = (seed,)
+        return self.model_copy(update=update)
 
 
 @dataclass(frozen=True)

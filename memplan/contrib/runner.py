@@ -31,6 +31,7 @@ from ..graph import ConvLayer, LayerGraph, conv_table
 from ..nn.train import fit
 from ..optim import make_optimizer
 from ..plan import Plan
+from ..rates import param_groups
 from . import cache as fcache
 from .data import Data
 from .protocol import Protocol, RunSpec, run_plan, split_layer
@@ -72,18 +73,6 @@ def accuracy(forward: Callable[..., Tensor], inputs: Callable[[Tensor | None], l
             idx = torch.arange(start, min(n, start + fcache.EVAL_CHUNK))
             correct += int((forward(*inputs(idx)).argmax(1) == y[idx]).sum())
     return 100.0 * correct / n
-
-
-def param_groups(model: nn.Module, classifier: str, protocol: Protocol) -> list[dict]:
-    """Trainable parameters by role, each with its own learning rate, the same in every run:
-    the classifier at ``lr_classifier``, biases (and norm shifts) at ``lr_bias``, conv weights
-    at ``lr_weight``. So a weight run differs from its bias-only reference in one tensor only."""
-    roles: dict[str, list[nn.Parameter]] = {"classifier": [], "bias": [], "weight": []}
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            role = "classifier" if name.startswith(classifier + ".") else "bias" if name.endswith("bias") else "weight"
-            roles[role].append(p)
-    return [{"params": ps, "lr": protocol.lr(role)} for role, ps in roles.items() if ps]
 
 
 def channels_last(t: Tensor) -> Tensor:
@@ -179,7 +168,7 @@ class Worker:
             forward = model
             train_in = lambda idx: [self.x_train[idx]]  # noqa: E731
             test_in = lambda idx: [self.x_test[idx]]  # noqa: E731
-        groups = param_groups(model, self.classifier, proto)
+        groups = param_groups(model, proto.rates, self.classifier)
         params = [p for g in groups for p in g["params"]]
         initial = [p.detach().clone() for p in params]
         buffers = [(b, b.detach().clone()) for b in model.buffers()]  # norm statistics of train-mode norms

@@ -67,6 +67,22 @@ class Plan:
             return self.train[node.name]
         return self.train.get(node.layer, FROZEN) if node.layer else FROZEN
 
+    def families(self, graph: LayerGraph) -> frozenset[str]:
+        """The parameter families (``memplan.rates.FAMILIES``) this plan trains in ``graph``: the
+        classifier's layers, biases and norm shifts, norm scales, and the other weights."""
+        head = set(graph.classifier_layers)
+        out = set()
+        for node in graph.param_nodes():
+            t = self.of(node)
+            if node in head:
+                out |= {"classifier"} if t.any else set()
+                continue
+            if t.bias:
+                out.add("bias")
+            if t.weight > 0:
+                out.add("norm" if node.kind in NORM_KINDS else "weight")
+        return frozenset(out)
+
     def uses_batch_stats(self, node: Node) -> bool:
         return node.kind in NORM_KINDS and (node.name in self.norm_train or node.layer in self.norm_train)
 

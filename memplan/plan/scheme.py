@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from ..errors import SchemeError
 from ..graph import EXPLICIT_SELECT, SELECT_RULES, LayerGraph, channel_index_problem
 from ..io import read_json, shipped, validated, write_text
+from ..rates import FAMILIES
 from ..version import __version__
 from .convert import NORM_MODES, check_round_trip, fingerprint, plan_scheme_fields, scheme_to_plan
 from .plan import Plan
@@ -121,20 +122,39 @@ def new_provenance(
 
 
 class Training(BaseModel):
-    """How the scheme trains: what its validation measured, or the rates its profile chose per
-    family (``lr``: the rate of the deepest family it trains), and what training code uses
-    (``memplan.train.make_optimizer(params, scheme=...)``)."""
+    """How the scheme trains: what its validation stage chose (``memplan search --validate``), or
+    the rates its profile chose per family (``contrib --lr-grid``); training code gets it from
+    ``memplan.train.make_optimizer(model, scheme=...)``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     optimizer: str = Field(description="memplan.optim name (sgd, sgd-momentum, adam)")
-    lr: float = Field(gt=0, description="learning rate of every trained tensor")
+    lr: float = Field(gt=0, description="learning rate of every trained tensor whose family rates leaves out")
     epochs: int = Field(ge=1, description="epochs it was validated with (cosine decay to 0 over them)")
     batch_size: int = Field(ge=1, description="training batch it was validated with")
     rates: dict[str, float] = Field(
         default_factory=dict,
-        description="family (classifier, bias, weight) -> the rate its profile chose on validation (contrib --lr-grid)",
+        description="parameter family (memplan.optim.FAMILIES: classifier, bias, norm, weight) -> its learning rate",
     )
+    classifier: str | None = Field(
+        None, description="the head's module name (its parameters are the classifier family); None: no head family"
+    )
+
+    @model_validator(mode="after")
+    def _families(self) -> Training:
+        unknown = set(self.rates) - set(FAMILIES)
+        if unknown:
+            raise ValueError(f"unknown parameter families {sorted(unknown)} (families: {', '.join(FAMILIES)})")
+        if any(not (v > 0) for v in self.rates.values()):
+            raise ValueError("learning rates must be positive")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("classifier") is None:  # documents written before it stay as they were
+            data.pop("classifier", None)
+        return data
 
 
 class Validation(BaseModel):

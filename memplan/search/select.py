@@ -10,13 +10,18 @@ candidates:
 * every baseline of :data:`memplan.search.baselines.BASELINES` whose memory (the search's mode,
   metric, optimizer and options) fits the budget;
 
-each at every rate of a small learning-rate grid (one rate for every trained tensor), by
-successive halving over the validation seeds (:mod:`memplan.contrib.halving`). Baselines are
-never halved away, so the returned scheme's validation accuracy is at least that of every
-baseline that fits, on the same seeds. The scheme records the rate and optimizer it was
-validated with (``training``) and its validation accuracy ± SE with the runners-up
-(``validation``). Runs are checkpointed (JSONL, one line per finished run, keyed by what the
-candidate trains, so budgets and reruns share them): an interrupted stage resumes where it was.
+each at every point of a small learning-rate grid, by successive halving over the validation
+seeds (:mod:`memplan.contrib.halving`). A point is one rate for every trained tensor or rates
+per parameter family (:class:`memplan.rates.Rates`): the default grid is one rate in {5e-4,
+2.5e-3, 1.25e-2} for everything, and the biases, norms and head at 1.25e-2 with the weights at
+5e-4 or 2.5e-3 (schemes that mix biases with early conv weights diverge at the rate the biases
+need). A candidate gets each distinct training only once: points that differ only in a family
+it does not train are one. Baselines are never halved away, so the returned scheme's
+validation accuracy is at least that of every baseline that fits, on the same seeds and grid.
+The scheme records the rates and optimizer it was validated with (``training``) and its
+validation accuracy ± SE with the runners-up (``validation``). Runs are checkpointed (JSONL,
+one line per finished run, keyed by what the candidate trains, its rates and seed, so budgets
+and reruns share them): an interrupted stage resumes where it was.
 Runs execute one after another in this process (``threads`` torch threads).
 """
 
@@ -27,7 +32,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +45,13 @@ from ..contrib.runner import Context, Worker, first_trained, linear_probe
 from ..contrib.setup import setup_of
 from ..errors import BadOption, MemplanError, SchemeError
 from ..plan import Scheme, Training, Validation, scheme_to_plan
+from ..rates import Rates
 from .baselines import BASELINES
 from .objective import OBJECTIVES
 from .result import SearchResult
 
-#: the learning-rate grid of the stage (one rate for every trained tensor)
-DEFAULT_LRS = (5e-4, 2.5e-3, 1.25e-2)
+#: the learning-rate grid of the stage (module docstring)
+DEFAULT_LRS = tuple(map(Rates.parse, ("5e-4", "2.5e-3", "1.25e-2", "1.25e-2/weight=5e-4", "1.25e-2/weight=2.5e-3")))
 DEFAULT_SEEDS = (0, 1)
 #: budget fractions the extra searched candidates are taken at
 FRACTIONS = (1.0, 0.5, 0.25)
@@ -59,6 +65,11 @@ class Candidate:
     scheme: Scheme
     memory_bytes: int
     baseline: bool
+    families: frozenset[str] = frozenset()  # the parameter families it trains (memplan.rates.FAMILIES)
+
+    def settings(self, grid: Sequence[Rates]) -> list[Rates]:
+        """The distinct trainings of ``grid`` for this candidate (rates of untrained families dropped)."""
+        return list(dict.fromkeys(r.restrict(self.families) for r in grid))
 
     @property
     def key(self) -> str:
@@ -74,7 +85,7 @@ class Validated:
     chosen: Candidate
     candidates: list[Candidate]
     halving: Halving
-    lrs: list[float]
+    lrs: list[Rates]
     seeds: list[int]
     runs_trained: int  # runs trained now (the rest came from the checkpoint)
     seconds: float
@@ -90,7 +101,7 @@ class Validated:
                     "name": c.name,
                     "baseline": c.baseline,
                     "memory_bytes": c.memory_bytes,
-                    "lr": None if best is None else best.lr,
+                    "lr": None if best is None else str(best.lr),
                     "accuracy": None if best is None else round(best.mean, 3),
                     "se": None if best is None else round(best.se, 3),
                     "seeds": [] if best is None else sorted(best.accuracy),
@@ -175,14 +186,15 @@ class ProfileTrainer:
             self.worker = Worker(Context(setup.name, setup.net, setup.task.validation_task(), protocol, True, threads))
         self.optimizer, self.epochs, self.batch_size = protocol.optimizer, protocol.epochs, protocol.batch_size
         self.data = setup.task.description.split(" [")[0] + " (validation split)"
+        self.classifier = setup.head
         self.checkpoint = str(self.ckpt.path)
         self.trained = 0
 
-    def __call__(self, candidate: Candidate, lr: float, seed: int) -> float:
-        rid = f"{candidate.key}|{lr:g}|{seed}"
+    def __call__(self, candidate: Candidate, rates: Rates, seed: int) -> float:
+        rid = f"{candidate.key}|{rates}|{seed}"
         if rid not in self.done:
             make = lambda g: scheme_to_plan(g, candidate.scheme, method="sparse")  # noqa: E731
-            proto = self.protocol.model_copy(update=dict(lr_classifier=lr, lr_bias=lr, lr_weight=lr, seeds=(seed,)))
+            proto = self.protocol.at(rates, seed)
             with num_threads(self.threads):
                 rec = self.worker.train_plan(make, first_trained(self.worker.graph, make(self.worker.graph)), proto)
             ok = math.isfinite(rec["final_loss"][0])
@@ -200,36 +212,41 @@ def collect_candidates(
     classes: int | None,
 ) -> list[Candidate]:
     """The searched candidates and the baselines that fit, one per training, cheapest first (a tie
-    on validation goes to the cheaper one)."""
+    on validation goes to the cheaper one), each with the parameter families it trains."""
     if n < 1:
         raise BadOption(f"--validate needs at least 1 searched candidate, got {n}")
     cap = capture(result.model, result.input_shape, batch=result.scheme.batch, classes=classes)
     found = searched_candidates(result, n, search) + baseline_candidates(result, cap, options)
-    return sorted(dedupe(found), key=lambda c: c.memory_bytes)
+    found = [replace(c, families=scheme_to_plan(cap.graph, c.scheme).families(cap.graph)) for c in dedupe(found)]
+    return sorted(found, key=lambda c: c.memory_bytes)
 
 
 def choose(  # the stage's schedule, one keyword each
     candidates: Sequence[Candidate],
     trainer: Any,
     *,
-    lrs: Sequence[float] = DEFAULT_LRS,
+    lrs: Sequence[Rates] = DEFAULT_LRS,
     seeds: Sequence[int] = DEFAULT_SEEDS,
     budget_bytes: int | None = None,
     on_start: Callable[[int], None] | None = None,
     on_run: Callable[[], None] | None = None,
 ) -> Validated:
-    """Successive halving of ``candidates`` x ``lrs`` over ``seeds`` with ``trainer`` (baselines
-    protected); the winner as a scheme with ``training`` and ``validation`` filled in."""
-    if len(set(seeds)) != len(seeds) or not seeds or not lrs or any(not (lr > 0) for lr in lrs):
-        raise BadOption("the validation stage needs distinct seeds and positive learning rates")
+    """Successive halving of every candidate at each of its :meth:`Candidate.settings` of ``lrs``
+    over ``seeds`` with ``trainer`` (baselines protected); the winner as a scheme with
+    ``training`` and ``validation`` filled in."""
+    if len(set(seeds)) != len(seeds) or not seeds or not lrs:
+        raise BadOption("the validation stage needs distinct seeds and at least one learning rate")
     t0 = time.perf_counter()
+    lrs = [Rates.of(r) for r in lrs]
     by_key = {c.key: c for c in candidates}
+    settings = {c.key: c.settings(lrs) for c in candidates}
     if on_start is not None:
         n_protected = sum(c.baseline for c in candidates)
-        on_start(planned_runs(len(candidates) * len(lrs), len(seeds)) + n_protected * (len(seeds) - 1))
+        n_configs = sum(map(len, settings.values()))
+        on_start(planned_runs(n_configs, len(seeds)) + n_protected * (len(seeds) - 1))
     halving = successive_halving(
         list(by_key),
-        list(lrs),
+        settings,
         list(seeds),
         lambda key, lr, seed: trainer(by_key[key], lr, seed),
         protected=[c.key for c in candidates if c.baseline],
@@ -241,8 +258,14 @@ def choose(  # the stage's schedule, one keyword each
     validated = Validated(
         chosen.scheme, chosen, list(candidates), halving, list(lrs), list(seeds), 0, 0.0, trainer.checkpoint
     )
+    rates: Rates = halving.best.lr
     training = Training(
-        optimizer=trainer.optimizer, lr=halving.best.lr, epochs=trainer.epochs, batch_size=trainer.batch_size
+        optimizer=trainer.optimizer,
+        lr=rates.classifier,
+        epochs=trainer.epochs,
+        batch_size=trainer.batch_size,
+        rates={} if rates.single else {f: v for f, v in rates.as_dict().items() if f in chosen.families},
+        classifier=trainer.classifier,
     )
     validation = Validation(
         name=chosen.name,
@@ -262,17 +285,18 @@ def choose(  # the stage's schedule, one keyword each
 
 @dataclass(frozen=True)
 class Stage:
-    """The validation stage's schedule: the learning-rate grid (one rate for every trained tensor),
-    the seeds (one rung each), the checkpoint folder and torch threads."""
+    """The validation stage's schedule: the learning-rate grid (module docstring), the seeds (one
+    rung each), the checkpoint folder and torch threads."""
 
-    lrs: tuple[float, ...] = DEFAULT_LRS
+    lrs: tuple[Rates, ...] = DEFAULT_LRS
     seeds: tuple[int, ...] = DEFAULT_SEEDS
     checkpoint_dir: str | Path = ".memplan-validate"
     threads: int = 1
 
     def __post_init__(self) -> None:
-        if not self.lrs or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lrs):
-            raise BadOption(f"the validation stage's learning rates must be positive, got {list(self.lrs)}")
+        if not self.lrs:
+            raise BadOption("the validation stage needs at least one learning rate")
+        object.__setattr__(self, "lrs", tuple(Rates.of(r) for r in self.lrs))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise BadOption(f"the validation stage's seeds must be distinct, got {list(self.seeds)}")
 
