@@ -62,7 +62,7 @@ def test_torch_modules_fall_in_the_family_of_their_owner():
     norms = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
     expected = {}
     for mname, mod in net.named_modules():
-        for pname, p in mod.named_parameters(recurse=False):
+        for pname, _ in mod.named_parameters(recurse=False):
             name = f"{mname}.{pname}"
             if mname == "fc":
                 expected[name] = "classifier"
