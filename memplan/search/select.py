@@ -27,6 +27,7 @@ Runs execute one after another in this process (``threads`` torch threads).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import capture, profile_captured
+from ..apply import add_modules
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.executors import num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
@@ -46,6 +48,7 @@ from ..contrib.setup import setup_of
 from ..errors import BadOption, MemplanError, SchemeError
 from ..plan import Scheme, Training, Validation, scheme_to_plan
 from ..rates import Rates
+from ..strategies import changes_architecture
 from .baselines import BASELINES
 from .objective import OBJECTIVES
 from .result import SearchResult
@@ -111,9 +114,20 @@ class Validated:
 
 
 def trains_key(scheme: Scheme) -> str:
-    """16 hex digits over what ``scheme`` trains (biases, weights, norms, approximations)."""
-    data = scheme.model_dump(mode="json", include={"bias_update", "weight_updates", "norm_modes", "activation_approx"})
+    """16 hex digits over what ``scheme`` trains (biases, weights, norms, approximations, and the
+    added modules of a scheme that has them)."""
+    fields = {"bias_update", "weight_updates", "norm_modes", "activation_approx"}
+    data = scheme.model_dump(mode="json", include=fields | ({"added_modules"} if scheme.added_modules else set()))
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def capture_scheme(result: SearchResult, scheme: Scheme, classes: int | None) -> Any:
+    """The capture of ``result``'s model at its input shape and batch with ``scheme``'s added
+    modules built (``--method sparse --scheme``: the pipeline adds them)."""
+    options = {"scheme": scheme} if scheme.added_modules else None
+    return capture(
+        result.model, result.input_shape, batch=scheme.batch, classes=classes, method="sparse", method_options=options
+    )
 
 
 def searched_candidates(result: SearchResult, n: int, search: Callable[[str, int], SearchResult]) -> list[Candidate]:
@@ -139,14 +153,20 @@ def searched_candidates(result: SearchResult, n: int, search: Callable[[str, int
 
 def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any]) -> list[Candidate]:
     """Every baseline that fits ``result``'s budget, costed like the search costs (``options``:
-    optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`)."""
+    optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`). ``cap``: the
+    plain model's capture; a baseline that changes the architecture (TinyTL's lite residual
+    branches) is planned on a capture with its transform."""
     out = []
-    for name, make in BASELINES.items():
+    for name, baseline in BASELINES.items():
         try:
-            scheme = Scheme.from_plan(cap.graph, make(cap.graph), model=result.model, mode=result.mode)
+            own = cap
+            if changes_architecture(baseline.method, {}):
+                shape, batch = cap.graph.input_shape[1:], cap.graph.batch
+                own = capture(result.model, shape, batch=batch, classes=cap.classes, method=baseline.method)
+            scheme = Scheme.from_plan(own.graph, baseline.plan(own.graph), model=result.model, mode=result.mode)
         except (SchemeError, BadOption):  # not a point of this model's space (e.g. no blocks)
             continue
-        prof = profile_captured(cap, "sparse", mode=result.mode, scheme=scheme, **options)
+        prof = profile_captured(own, "sparse", mode=result.mode, scheme=scheme, **options)
         memory = prof.totals.peak_bytes if result.metric == "peak" else prof.totals.total_bytes
         if memory <= result.budget_bytes:
             out.append(Candidate(name, scheme, memory, True))
@@ -182,13 +202,28 @@ class ProfileTrainer:
             if done is None:
                 self.ckpt.start()
             self.done = done or {}
-            linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
-            self.worker = Worker(Context(setup.name, setup.net, setup.task.validation_task(), protocol, True, threads))
+            self.seen = setup.task.validation_task()
+            linear_probe(setup.net, setup.head, self.seen, protocol)
+            self.worker = Worker(Context(setup.name, setup.net, self.seen, protocol, True, threads))
+        self.name, self.net = setup.name, setup.net
+        self.added: tuple[str, Worker] | None = None  # the worker of one set of added modules at a time
         self.optimizer, self.epochs, self.batch_size = protocol.optimizer, protocol.epochs, protocol.batch_size
         self.data = setup.task.description.split(" [")[0] + " (validation split)"
         self.classifier = setup.head
         self.checkpoint = str(self.ckpt.path)
         self.trained = 0
+
+    def worker_for(self, scheme: Scheme) -> Worker:
+        """The plain model's worker, or one on the model with ``scheme``'s added modules built
+        (``memplan.apply.add_modules``; one such worker at a time, the previous one freed first)."""
+        if not scheme.added_modules:
+            return self.worker
+        key = json.dumps([a.model_dump(mode="json") for a in scheme.added_modules], sort_keys=True)
+        if self.added is None or self.added[0] != key:
+            self.added = None
+            net = add_modules(copy.deepcopy(self.net), scheme, self.seen.x_train.shape[1:])
+            self.added = (key, Worker(Context(self.name, net, self.seen, self.protocol, True, self.threads)))
+        return self.added[1]
 
     def __call__(self, candidate: Candidate, rates: Rates, seed: int) -> float:
         rid = f"{candidate.key}|{rates}|{seed}"
@@ -196,7 +231,8 @@ class ProfileTrainer:
             make = lambda g: scheme_to_plan(g, candidate.scheme, method="sparse")  # noqa: E731
             proto = self.protocol.at(rates, seed)
             with num_threads(self.threads):
-                rec = self.worker.train_plan(make, first_trained(self.worker.graph, make(self.worker.graph)), proto)
+                worker = self.worker_for(candidate.scheme)
+                rec = worker.train_plan(make, first_trained(worker.graph, make(worker.graph)), proto)
             ok = math.isfinite(rec["final_loss"][0])
             self.done[rid] = {"id": rid, "accuracy": rec["accuracy"][0] if ok else math.nan, "train_s": rec["train_s"]}
             self.ckpt.append(self.done[rid])
@@ -217,8 +253,11 @@ def collect_candidates(
         raise BadOption(f"--validate needs at least 1 searched candidate, got {n}")
     cap = capture(result.model, result.input_shape, batch=result.scheme.batch, classes=classes)
     found = searched_candidates(result, n, search) + baseline_candidates(result, cap, options)
-    found = [replace(c, families=scheme_to_plan(cap.graph, c.scheme).families(cap.graph)) for c in dedupe(found)]
-    return sorted(found, key=lambda c: c.memory_bytes)
+    out = []
+    for c in dedupe(found):
+        graph = capture_scheme(result, c.scheme, classes).graph if c.scheme.added_modules else cap.graph
+        out.append(replace(c, families=scheme_to_plan(graph, c.scheme).families(graph)))
+    return sorted(out, key=lambda c: c.memory_bytes)
 
 
 def choose(  # the stage's schedule, one keyword each
