@@ -81,3 +81,25 @@ def test_search_validate_end_to_end_and_resume(tmp_path):
     opt = make_optimizer(model.parameters(), scheme=scheme)
     assert type(opt) is torch.optim.SGD and opt.defaults["lr"] == scheme.training.lr
     assert make_optimizer(model.parameters(), "adam", 0.5, scheme=scheme).defaults["lr"] == 0.5  # given wins
+
+
+def test_validate_trains_tinytl_and_reestimated_statistics(tmp_path):
+    """The two baselines that are not a plain plan on the plain model: TinyTL-L+B (its lite residual
+    branches built on a worker of their own) and norm + bias with the statistics re-estimated on the
+    training split (then the head re-fit): both fit a loose budget, are trained and ranked."""
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    profile = tmp_path / "profile.json"
+    run_contrib("mcunet-5fps", data=str(npz), out=profile, validation=4, resolution=32, **TINY_GRID)
+    out = tmp_path / "scheme.json"
+    argv = [
+        "search", "mcunet-5fps", "--budget", "50MB", "--profile", str(profile), "--validate", "1",
+        "--validate-lrs", "0.01", "--validate-seeds", "0", "--validate-dir", str(tmp_path / "val"), "--out", str(out),
+    ]  # fmt: skip
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    scheme = load_scheme(out)
+    rows = {x["name"]: x for x in scheme.validation.runners_up} | {scheme.validation.name: {"accuracy": 0.0}}
+    for name in ("TinyTL (lite residual + bias)", "norm + bias, re-estimated statistics"):
+        assert name in rows and math.isfinite(rows[name]["accuracy"])
+    if scheme.validation.name == "TinyTL (lite residual + bias)":
+        assert scheme.added_modules  # the chosen scheme builds its branches when applied
