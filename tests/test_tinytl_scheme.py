@@ -15,7 +15,7 @@ from memplan.graph import conv_layers
 from memplan.models import zoo
 from memplan.nn.transforms import LITE_ATTR, LiteResidual
 from memplan.plan import Plan, Scheme, Train, fingerprint, load_scheme, scheme_from_dict
-from memplan.strategies import make_plan
+from memplan.strategies import changes_architecture, make_plan
 
 torch.set_num_threads(1)
 MODEL, RES = "mcunet-5fps", 48
@@ -135,3 +135,11 @@ def test_refusals_are_one_line(scheme, lite):
     unrecorded = Plan("unrecorded", plan.train, plan.norm_train)
     with pytest.raises(SchemeError, match="records no architecture"):
         Scheme.from_plan(lite.graph, unrecorded)
+
+
+def test_sparse_transforms_the_model_only_for_a_scheme_with_added_modules(scheme):
+    base = capture(MODEL, resolution=RES, batch=2)
+    bias_only = Scheme.from_plan(base.graph, make_plan(base.graph, "bias"))
+    assert changes_architecture("sparse", {"scheme": scheme})
+    assert not changes_architecture("sparse", {"scheme": bias_only}) and not changes_architecture("sparse", {})
+    assert changes_architecture("tinytl-lb", {}) and changes_architecture("bias", {"lite": True})

@@ -45,6 +45,9 @@ class Strategy:
     transform_options: tuple[str, ...] = ()
     conv_update_table: bool = False  # profile --per-layer also prints each conv's update cost (Figure 11a)
     added: AddedFn | None = None  # the record of the modules ``transform`` adds (``AddedFn``)
+    #: ``changes(**transform_options)``: whether ``transform`` changes the model with those options
+    #: (``sparse``: only for a scheme with added modules); None: always
+    changes: Callable[..., bool] | None = None
 
 
 STRATEGIES: Registry[Strategy] = Registry("method")
@@ -127,11 +130,14 @@ def strategy(
     transform_options: tuple[str, ...] = (),
     conv_update_table: bool = False,
     added: AddedFn | None = None,
+    changes: Callable[..., bool] | None = None,
 ) -> Callable[[StrategyFn], StrategyFn]:
     """Decorator registering a plan function as strategy ``name`` (fields of :class:`Strategy`)."""
 
     def register(fn: StrategyFn) -> StrategyFn:
-        entry = Strategy(name, fn, description, options, transform, transform_options, conv_update_table, added)
+        entry = Strategy(
+            name, fn, description, options, transform, transform_options, conv_update_table, added, changes
+        )
         STRATEGIES.add(name, entry)
         return fn
 
@@ -168,8 +174,16 @@ def split_options(method: str, options: dict[str, Any]) -> tuple[dict[str, Any],
 
 
 def changes_architecture(method: str, options: dict[str, Any]) -> bool:
-    """Whether ``method`` with ``options`` transforms the model before tracing."""
-    return get_strategy(method).transform is not None or bool(split_options(method, options)[1])
+    """Whether ``method`` with ``options`` transforms the model before tracing: a registered
+    transform's option is given, or the strategy has a transform that changes the model with them
+    (``Strategy.changes``)."""
+    st = get_strategy(method)
+    _, topts = split_options(method, options)
+    if set(topts) - set(st.transform_options):
+        return True
+    if st.transform is None:
+        return False
+    return st.changes is None or st.changes(**{k: v for k, v in topts.items() if k in st.transform_options})
 
 
 def transform_model(

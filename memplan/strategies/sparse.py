@@ -72,6 +72,7 @@ def scheme_transform(
     transform=scheme_transform,
     transform_options=("scheme",),
     conv_update_table=True,
+    changes=lambda scheme=None: bool(added_modules_of(scheme)),
 )
 def sparse(graph: LayerGraph, scheme: SchemeSource | None = None) -> Plan:
     if scheme is None:
