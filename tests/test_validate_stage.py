@@ -11,11 +11,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from memplan.api import capture
 from memplan.cli import app
 from memplan.contrib.analysis import run_contrib
+from memplan.contrib.final import Evaluator
 from memplan.contrib.halving import planned_runs, successive_halving
+from memplan.contrib.profile import load_profile
 from memplan.nn.train import make_optimizer
-from memplan.plan import load_scheme
+from memplan.plan import Scheme, load_scheme
+from memplan.search.baselines import BASELINES
 
 from .test_real import TINY_GRID, make_npz
 
@@ -103,3 +107,8 @@ def test_validate_trains_tinytl_and_reestimated_statistics(tmp_path):
         assert name in rows and math.isfinite(rows[name]["accuracy"])
     if scheme.validation.name == "TinyTL (lite residual + bias)":
         assert scheme.added_modules  # the chosen scheme builds its branches when applied
+    # the final evaluation on the test split trains it too (its branches built on a copy)
+    cap = capture("mcunet-5fps", resolution=32, method="tinytl-lb")
+    tinytl = Scheme.from_plan(cap.graph, BASELINES.choose("TinyTL (lite residual + bias)").plan(cap.graph))
+    result = Evaluator(load_profile(profile), seeds=(0,)).scheme("tinytl", tinytl)
+    assert len(result.accuracy) == 1 and math.isfinite(result.mean)
