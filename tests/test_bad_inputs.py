@@ -114,7 +114,7 @@ def cases(f):
         (["search", "--budget", "100KB", "--method", "magic"], "unknown search method"),
         (["search", "--budget", "100KB", "--out", "/nonexistent/dir/s.json"], "does not exist"),
         (["search", "--budget", "100KB", "--validate", "0"], "at least 1 searched candidate"),
-        (["search", "--budget", "100KB", "--validate", "2", "--validate-lrs", "0.01,-1"], "must be positive"),
+        (["search", "--budget", "100KB", "--validate", "2", "--validate-lrs", "0.01,-1"], "must be a positive number"),
         (["search", "--budget", "100KB", "--validate", "2", "--validate-seeds", "0,0"], "must be distinct"),
         (["search", "--budget", "100KB", "--validate", "2", "--validate-seeds", "a"], "cannot read --validate-seeds"),
         (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["empty"])], "empty"),
