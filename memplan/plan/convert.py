@@ -187,8 +187,9 @@ def _added_to_plan(graph: LayerGraph, added: list[Any], plan: Plan) -> None:
     for tag, a in wanted.items():
         if a.layers != added_fingerprint(graph, tag):
             raise SchemeError(
-                f"this model's {tag} layers differ from those scheme was planned with",
-                f"let apply_scheme build them ({a.architecture} {a.options}) at the scheme's input shape",
+                f"this model's {tag} layers differ from those the scheme was planned with (added_modules layers)",
+                f"build them on the plain model at the scheme's input shape with its {a.architecture!r} options as "
+                "written (apply_scheme does); an edited option builds other layers",
             )
         for node in added_layers(graph, tag):
             plan.train[node.name] = _whole(node)
