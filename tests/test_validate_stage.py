@@ -11,11 +11,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from memplan.api import capture
 from memplan.cli import app
 from memplan.contrib.analysis import run_contrib
+from memplan.contrib.final import Evaluator
 from memplan.contrib.halving import planned_runs, successive_halving
+from memplan.contrib.profile import load_profile
 from memplan.nn.train import make_optimizer
-from memplan.plan import load_scheme
+from memplan.plan import Scheme, load_scheme
+from memplan.search.baselines import BASELINES
 
 from .test_real import TINY_GRID, make_npz
 
@@ -110,3 +114,30 @@ def test_the_pool_trains_the_same_runs_per_family_and_chooses_the_same(tmp_path,
     per_family = [i for i in ids if "weight=0.001" in i]
     # a candidate that trains no weight never runs the per-family point: it is its 0.01 run
     assert len({i.split("|")[0] for i in per_family}) < len({i.split("|")[0] for i in ids})
+
+
+def test_validate_trains_tinytl_and_reestimated_statistics(tmp_path):
+    """The two baselines that are not a plain plan on the plain model: TinyTL-L+B (its lite residual
+    branches built on a worker of their own) and norm + bias with the statistics re-estimated on the
+    training split (then the head re-fit): both fit a loose budget, are trained and ranked."""
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    profile = tmp_path / "profile.json"
+    run_contrib("mcunet-5fps", data=str(npz), out=profile, validation=4, resolution=32, **TINY_GRID)
+    out = tmp_path / "scheme.json"
+    argv = [
+        "search", "mcunet-5fps", "--budget", "50MB", "--profile", str(profile), "--validate", "1",
+        "--validate-lrs", "0.01", "--validate-seeds", "0", "--validate-dir", str(tmp_path / "val"), "--out", str(out),
+    ]  # fmt: skip
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    scheme = load_scheme(out)
+    rows = {x["name"]: x for x in scheme.validation.runners_up} | {scheme.validation.name: {"accuracy": 0.0}}
+    for name in ("TinyTL (lite residual + bias)", "norm + bias, re-estimated statistics"):
+        assert name in rows and math.isfinite(rows[name]["accuracy"])
+    if scheme.validation.name == "TinyTL (lite residual + bias)":
+        assert scheme.added_modules  # the chosen scheme builds its branches when applied
+    # the final evaluation on the test split trains it too (its branches built on a copy)
+    cap = capture("mcunet-5fps", resolution=32, method="tinytl-lb")
+    tinytl = Scheme.from_plan(cap.graph, BASELINES.choose("TinyTL (lite residual + bias)").plan(cap.graph))
+    result = Evaluator(load_profile(profile), seeds=(0,)).scheme("tinytl", tinytl)
+    assert len(result.accuracy) == 1 and math.isfinite(result.mean)

@@ -28,6 +28,7 @@ analysis's executors (``Stage.workers``: a local process pool or Ray).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import capture, profile_captured
+from ..apply import add_modules
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.executors import EXECUTORS, execute, num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
@@ -47,6 +49,7 @@ from ..contrib.setup import setup_of
 from ..errors import BadOption, MemplanError, SchemeError
 from ..plan import Scheme, Training, Validation, scheme_to_plan
 from ..rates import Rates
+from ..strategies import changes_architecture
 from .baselines import BASELINES
 from .objective import OBJECTIVES
 from .result import SearchResult
@@ -112,9 +115,20 @@ class Validated:
 
 
 def trains_key(scheme: Scheme) -> str:
-    """16 hex digits over what ``scheme`` trains (biases, weights, norms, approximations)."""
-    data = scheme.model_dump(mode="json", include={"bias_update", "weight_updates", "norm_modes", "activation_approx"})
+    """16 hex digits over what ``scheme`` trains (biases, weights, norms, approximations, and the
+    added modules of a scheme that has them)."""
+    fields = {"bias_update", "weight_updates", "norm_modes", "activation_approx"}
+    data = scheme.model_dump(mode="json", include=fields | ({"added_modules"} if scheme.added_modules else set()))
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def capture_scheme(result: SearchResult, scheme: Scheme, classes: int | None) -> Any:
+    """The capture of ``result``'s model at its input shape and batch with ``scheme``'s added
+    modules built (``--method sparse --scheme``: the pipeline adds them)."""
+    options = {"scheme": scheme} if scheme.added_modules else None
+    return capture(
+        result.model, result.input_shape, batch=scheme.batch, classes=classes, method="sparse", method_options=options
+    )
 
 
 def searched_candidates(result: SearchResult, n: int, search: Callable[[str, int], SearchResult]) -> list[Candidate]:
@@ -140,14 +154,20 @@ def searched_candidates(result: SearchResult, n: int, search: Callable[[str, int
 
 def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any]) -> list[Candidate]:
     """Every baseline that fits ``result``'s budget, costed like the search costs (``options``:
-    optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`)."""
+    optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`). ``cap``: the
+    plain model's capture; a baseline that changes the architecture (TinyTL's lite residual
+    branches) is planned on a capture with its transform."""
     out = []
-    for name, make in BASELINES.items():
+    for name, baseline in BASELINES.items():
         try:
-            scheme = Scheme.from_plan(cap.graph, make(cap.graph), model=result.model, mode=result.mode)
+            own = cap
+            if changes_architecture(baseline.method, {}):
+                shape, batch = cap.graph.input_shape[1:], cap.graph.batch
+                own = capture(result.model, shape, batch=batch, classes=cap.classes, method=baseline.method)
+            scheme = Scheme.from_plan(own.graph, baseline.plan(own.graph), model=result.model, mode=result.mode)
         except (SchemeError, BadOption):  # not a point of this model's space (e.g. no blocks)
             continue
-        prof = profile_captured(cap, "sparse", mode=result.mode, scheme=scheme, **options)
+        prof = profile_captured(own, "sparse", mode=result.mode, scheme=scheme, **options)
         memory = prof.totals.peak_bytes if result.metric == "peak" else prof.totals.total_bytes
         if memory <= result.budget_bytes:
             out.append(Candidate(name, scheme, memory, True))
@@ -185,10 +205,12 @@ class ProfileTrainer:
             if done is None:
                 self.ckpt.start()
             self.done = done or {}
-            linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
-        self.ctx = Context(setup.name, setup.net, setup.task.validation_task(), protocol, True, stage.threads)
-        self.key = f"validate:{setup.name}:{identity['backbone'] if 'backbone' in identity else ''}"
-        self.worker: Worker | None = None  # this process's, made on first use
+            self.seen = setup.task.validation_task()
+            linear_probe(setup.net, setup.head, self.seen, protocol)
+        self.name, self.net = setup.name, setup.net
+        self.key = f"validate:{setup.name}:{identity.get('backbone', '')}"
+        self.contexts: dict[str, Context] = {}  # "" (the plain model) and one set of added modules at a time
+        self.workers: dict[str, Worker] = {}  # this process's, made on first use, the same keys
         self.optimizer, self.epochs, self.batch_size = protocol.optimizer, protocol.epochs, protocol.batch_size
         self.data = setup.task.description.split(" [")[0] + " (validation split)"
         self.classifier = setup.head
@@ -204,6 +226,25 @@ class ProfileTrainer:
         self.ckpt.append(rec)
         self.trained += 1
 
+    def context_for(self, scheme: Scheme) -> tuple[str, Context]:
+        """(key, context): the plain model's, or one on the model with ``scheme``'s added modules built
+        (``memplan.apply.add_modules``; one such set at a time, the previous one freed first)."""
+        key = json.dumps([a.model_dump(mode="json") for a in scheme.added_modules], sort_keys=True)
+        key = "" if not scheme.added_modules else key
+        if key not in self.contexts:
+            self.contexts = {"": self.contexts[""]} if "" in self.contexts else {}
+            self.workers = {"": self.workers[""]} if "" in self.workers else {}
+            net = add_modules(copy.deepcopy(self.net), scheme, self.seen.x_train.shape[1:]) if key else self.net
+            self.contexts[key] = Context(self.name, net, self.seen, self.protocol, True, self.stage.threads)
+        return key, self.contexts[key]
+
+    def worker_for(self, scheme: Scheme) -> Worker:
+        """This process's worker for ``scheme`` (:meth:`context_for`)."""
+        key, ctx = self.context_for(scheme)
+        if key not in self.workers:
+            self.workers[key] = Worker(ctx)
+        return self.workers[key]
+
     def prefetch(self, rung: Sequence[tuple[Candidate, Rates, int]]) -> None:
         """Train the runs of ``rung`` not in the checkpoint, on the stage's workers (one worker: nothing
         here, each run trains when it is read)."""
@@ -212,16 +253,20 @@ class ProfileTrainer:
         if self.stage.workers == 1 or not jobs:
             return
         st = self.stage
-        for rec in execute(self.ctx, jobs, workers=st.workers, executor=st.executor, address=st.address, key=self.key):
-            self._record(rec)
+        groups: dict[str, list[SchemeRun]] = {}
+        for job in jobs:  # one pool per model: the plain one, and each set of added modules
+            groups.setdefault(self.context_for(job.scheme)[0], []).append(job)
+        for key, group in groups.items():
+            ctx = self.context_for(group[0].scheme)[1]
+            tag = f"{self.key}:{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+            for rec in execute(ctx, group, workers=st.workers, executor=st.executor, address=st.address, key=tag):
+                self._record(rec)
 
     def __call__(self, candidate: Candidate, rates: Rates, seed: int) -> float:
         rid = self.run_id(candidate, rates, seed)
         if rid not in self.done:
             with num_threads(self.stage.threads):
-                if self.worker is None:
-                    self.worker = Worker(self.ctx)
-                self._record(SchemeRun(rid, candidate.scheme, rates, seed).run_on(self.worker))
+                self._record(SchemeRun(rid, candidate.scheme, rates, seed).run_on(self.worker_for(candidate.scheme)))
         return self.done[rid]["accuracy"]
 
 
@@ -238,8 +283,11 @@ def collect_candidates(
         raise BadOption(f"--validate needs at least 1 searched candidate, got {n}")
     cap = capture(result.model, result.input_shape, batch=result.scheme.batch, classes=classes)
     found = searched_candidates(result, n, search) + baseline_candidates(result, cap, options)
-    found = [replace(c, families=scheme_to_plan(cap.graph, c.scheme).families(cap.graph)) for c in dedupe(found)]
-    return sorted(found, key=lambda c: c.memory_bytes)
+    out = []
+    for c in dedupe(found):
+        graph = capture_scheme(result, c.scheme, classes).graph if c.scheme.added_modules else cap.graph
+        out.append(replace(c, families=scheme_to_plan(graph, c.scheme).families(graph)))
+    return sorted(out, key=lambda c: c.memory_bytes)
 
 
 def choose(  # the stage's schedule, one keyword each

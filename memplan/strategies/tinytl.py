@@ -20,7 +20,7 @@ from ..graph import LayerGraph
 from ..graph.kinds import NORM_KINDS
 from ..nn.transforms import is_lite
 from ..plan import Plan, Train
-from .architecture import LITE_OPTIONS, lite_transform
+from .architecture import LITE_OPTIONS, lite_added, lite_transform
 from .base import bias, full_train, strategy, train_classifier
 
 
@@ -49,6 +49,7 @@ def tinytl_b(graph: LayerGraph) -> Plan:
     "backbone frozen, branch norms use batch statistics",
     transform=lite_transform,
     transform_options=LITE_OPTIONS,
+    added=lite_added,
 )
 def tinytl_l(graph: LayerGraph) -> Plan:
     return _lite_plan(graph, "tinytl-l", biases=False)
@@ -60,6 +61,7 @@ def tinytl_l(graph: LayerGraph) -> Plan:
     "backbone norms in eval mode, branch norms use batch statistics",
     transform=lite_transform,
     transform_options=LITE_OPTIONS,
+    added=lite_added,
 )
 def tinytl_lb(graph: LayerGraph) -> Plan:
     return _lite_plan(graph, "tinytl-lb", biases=True)
