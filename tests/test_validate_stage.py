@@ -141,3 +141,37 @@ def test_validate_trains_tinytl_and_reestimated_statistics(tmp_path):
     tinytl = Scheme.from_plan(cap.graph, BASELINES.choose("TinyTL (lite residual + bias)").plan(cap.graph))
     result = Evaluator(load_profile(profile), seeds=(0,)).scheme("tinytl", tinytl)
     assert len(result.accuracy) == 1 and math.isfinite(result.mean)
+
+
+def test_union_trains_what_both_train_and_refuses_what_it_cannot_say():
+    """The union of two baselines written as schemes, applied to a real model, trains exactly the
+    parameters that either one trains (compared through requires_grad on torch modules)."""
+    import copy
+
+    from memplan.api import capture
+    from memplan.apply import apply_scheme
+    from memplan.models.zoo import build
+    from memplan.plan import Scheme
+    from memplan.search.baselines import BASELINES
+    from memplan.search.candidates import union
+
+    cap = capture("mcunet-5fps", resolution=64, classes=10)
+    schemes = {
+        name: Scheme.from_plan(cap.graph, BASELINES[name].plan(cap.graph), model="mcunet-5fps", mode="pytorch")
+        for name in ("bias only", "MobileTL", "norm + bias")
+    }
+    torch.manual_seed(0)
+    plain = build("mcunet-5fps", 10)
+
+    def trained(scheme):
+        model = apply_scheme(copy.deepcopy(plain), scheme)
+        return {n for n, p in model.named_parameters() if p.requires_grad}
+
+    u = union(schemes["bias only"], schemes["MobileTL"])
+    assert trained(u) == trained(schemes["bias only"]) | trained(schemes["MobileTL"])
+    assert trained(u) > trained(schemes["MobileTL"])  # MobileTL + every bias trains more than MobileTL
+    # one norm in two modes (batch statistics here, running statistics there) has no union
+    a = schemes["norm + bias"]
+    norm = next(iter(a.norm_modes))
+    assert a.norm_modes[norm] == "train"
+    assert union(a, a.model_copy(update={"norm_modes": {norm: "affine"}})) is None

@@ -3,12 +3,14 @@
 The search's optimum is the optimum of a model of accuracy (summed profile entries). This stage
 trains, on the held-aside **validation** split of the profile's own setup (same backbone, data,
 linear-probe head, optimizer, epochs and batch: ``memplan.contrib.setup.setup_of``), the
-candidates:
+candidates (:mod:`memplan.search.candidates`):
 
 * the search's scheme and up to N - 1 more from the search (the optimum under every objective,
   then at 1/2 and 1/4 of the budget), distinct in what they train;
 * every baseline of :data:`memplan.search.baselines.BASELINES` whose memory (the search's mode,
   metric, optimizer and options) fits the budget;
+* every union of two of those that fits the budget and trains something neither trains alone (a
+  baseline extended by another or by the search: MobileTL + every bias);
 
 each at every point of a small learning-rate grid, by successive halving over the validation
 seeds (:mod:`memplan.contrib.halving`). A point is one rate for every trained tensor or rates
@@ -34,11 +36,10 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..api import capture, profile_captured
 from ..apply import add_modules
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.executors import EXECUTORS, execute, num_threads
@@ -46,39 +47,15 @@ from ..contrib.halving import Halving, planned_runs, successive_halving
 from ..contrib.profile import load_profile
 from ..contrib.runner import Context, SchemeRun, Worker, linear_probe
 from ..contrib.setup import setup_of
-from ..errors import BadOption, MemplanError, SchemeError
-from ..plan import Scheme, Training, Validation, scheme_to_plan
+from ..errors import BadOption, MemplanError
+from ..plan import Scheme, Training, Validation
 from ..rates import Rates
-from ..strategies import changes_architecture
-from .baselines import BASELINES
-from .objective import OBJECTIVES
+from .candidates import Candidate, collect_candidates
 from .result import SearchResult
 
 #: the learning-rate grid of the stage (module docstring)
 DEFAULT_LRS = tuple(map(Rates.parse, ("5e-4", "2.5e-3", "1.25e-2", "1.25e-2/weight=5e-4", "1.25e-2/weight=2.5e-3")))
 DEFAULT_SEEDS = (0, 1)
-#: budget fractions the extra searched candidates are taken at
-FRACTIONS = (1.0, 0.5, 0.25)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A scheme to train, with its memory in the search's mode and metric (bytes)."""
-
-    name: str
-    scheme: Scheme
-    memory_bytes: int
-    baseline: bool
-    families: frozenset[str] = frozenset()  # the parameter families it trains (memplan.rates.FAMILIES)
-
-    def settings(self, grid: Sequence[Rates]) -> list[Rates]:
-        """The distinct trainings of ``grid`` for this candidate (rates of untrained families dropped)."""
-        return list(dict.fromkeys(r.restrict(self.families) for r in grid))
-
-    @property
-    def key(self) -> str:
-        """What it trains, hashed: runs of the same training share their checkpoint lines."""
-        return trains_key(self.scheme)
 
 
 @dataclass
@@ -112,74 +89,6 @@ class Validated:
                 }
             )
         return sorted(rows, key=lambda r: -(r["accuracy"] if r["accuracy"] is not None else -math.inf))
-
-
-def trains_key(scheme: Scheme) -> str:
-    """16 hex digits over what ``scheme`` trains (biases, weights, norms, approximations, and the
-    added modules of a scheme that has them)."""
-    fields = {"bias_update", "weight_updates", "norm_modes", "activation_approx"}
-    data = scheme.model_dump(mode="json", include=fields | ({"added_modules"} if scheme.added_modules else set()))
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def capture_scheme(result: SearchResult, scheme: Scheme, classes: int | None) -> Any:
-    """The capture of ``result``'s model at its input shape and batch with ``scheme``'s added
-    modules built (``--method sparse --scheme``: the pipeline adds them)."""
-    options = {"scheme": scheme} if scheme.added_modules else None
-    return capture(
-        result.model, result.input_shape, batch=scheme.batch, classes=classes, method="sparse", method_options=options
-    )
-
-
-def searched_candidates(result: SearchResult, n: int, search: Callable[[str, int], SearchResult]) -> list[Candidate]:
-    """The search's scheme, then the optimum of ``search(objective, budget_bytes)`` for every
-    objective at every budget fraction, until ``n`` distinct ones (what they train) are found."""
-    out = [Candidate(f"searched ({result.objective})", result.scheme, result.memory_bytes, False)]
-    for fraction in FRACTIONS:
-        for objective in OBJECTIVES:
-            if len(out) >= n:
-                return out
-            if fraction == 1 and objective == result.objective:
-                continue  # that search is ``result`` itself
-            budget = int(result.budget_bytes * fraction)
-            try:
-                r = search(objective, budget)
-            except MemplanError:  # below the classifier-only floor
-                continue
-            if r.scheme is not None and trains_key(r.scheme) not in {c.key for c in out}:
-                label = f"searched ({objective}{'' if fraction == 1 else f', {fraction:g} x budget'})"
-                out.append(Candidate(label, r.scheme, r.memory_bytes, False))
-    return out
-
-
-def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any]) -> list[Candidate]:
-    """Every baseline that fits ``result``'s budget, costed like the search costs (``options``:
-    optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`). ``cap``: the
-    plain model's capture; a baseline that changes the architecture (TinyTL's lite residual
-    branches) is planned on a capture with its transform."""
-    out = []
-    for name, baseline in BASELINES.items():
-        try:
-            own = cap
-            if changes_architecture(baseline.method, {}):
-                shape, batch = cap.graph.input_shape[1:], cap.graph.batch
-                own = capture(result.model, shape, batch=batch, classes=cap.classes, method=baseline.method)
-            scheme = Scheme.from_plan(own.graph, baseline.plan(own.graph), model=result.model, mode=result.mode)
-        except (SchemeError, BadOption):  # not a point of this model's space (e.g. no blocks)
-            continue
-        prof = profile_captured(own, "sparse", mode=result.mode, scheme=scheme, **options)
-        memory = prof.totals.peak_bytes if result.metric == "peak" else prof.totals.total_bytes
-        if memory <= result.budget_bytes:
-            out.append(Candidate(name, scheme, memory, True))
-    return out
-
-
-def dedupe(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """One candidate per training (a searched scheme that is a baseline takes the baseline's name)."""
-    by_key: dict[str, Candidate] = {}
-    for c in sorted(candidates, key=lambda c: not c.baseline):
-        by_key.setdefault(c.key, c)
-    return list(by_key.values())
 
 
 class ProfileTrainer:
@@ -268,26 +177,6 @@ class ProfileTrainer:
             with num_threads(self.stage.threads):
                 self._record(SchemeRun(rid, candidate.scheme, rates, seed).run_on(self.worker_for(candidate.scheme)))
         return self.done[rid]["accuracy"]
-
-
-def collect_candidates(
-    result: SearchResult,
-    n: int,
-    search: Callable[[str, int], SearchResult],
-    options: dict[str, Any],
-    classes: int | None,
-) -> list[Candidate]:
-    """The searched candidates and the baselines that fit, one per training, cheapest first (a tie
-    on validation goes to the cheaper one), each with the parameter families it trains."""
-    if n < 1:
-        raise BadOption(f"--validate needs at least 1 searched candidate, got {n}")
-    cap = capture(result.model, result.input_shape, batch=result.scheme.batch, classes=classes)
-    found = searched_candidates(result, n, search) + baseline_candidates(result, cap, options)
-    out = []
-    for c in dedupe(found):
-        graph = capture_scheme(result, c.scheme, classes).graph if c.scheme.added_modules else cap.graph
-        out.append(replace(c, families=scheme_to_plan(graph, c.scheme).families(graph)))
-    return sorted(out, key=lambda c: c.memory_bytes)
 
 
 def choose(  # the stage's schedule, one keyword each
