@@ -11,6 +11,9 @@ registry):
 * ``method="evolution"`` (the default otherwise) or ``"random"``: DEAP search with the same
   operators; with additive memory the exact optimum is also computed to report the gap.
 
+Which method is the default, which one the gap is measured to and which ones draw curves are
+fields of the methods' entries (``memplan.search.methods.Method``); this module names none.
+
 The returned scheme is re-profiled with ``compute()``: its memory must fit the budget, and, when
 the table was used, equal the table's estimate (else the mode is declared non-additive for this
 run and the search is redone with ``compute()`` as the memory function).
@@ -38,8 +41,8 @@ from .devices import Device, load_device
 from .exact import relative_gap
 from .inputs import SearchOptions, capture_inputs, profile_training, resolution_warnings
 from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
-from .methods import METHODS, Prepared, run_methods
-from .objective import default_objective
+from .methods import METHODS, Prepared, default_method, general_methods, run_methods, wanted_methods
+from .objective import OBJECTIVES, default_objective
 from .result import SearchResult, space_size
 from .space import (
     Contributions,
@@ -126,7 +129,7 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
     opts, seconds = search.opts, search.seconds
     if opts.objective is None:
         search.opts = opts = replace(opts, objective=default_objective(contributions.bias_se, contributions.weight_se))
-        if opts.objective == "mean":
+        if not OBJECTIVES[opts.objective].needs_se:  # the default fell back to one that ignores noise
             search.warnings.append(
                 "the profile has no standard errors (one seed per entry): the search maximises the measured "
                 "summed Δacc, which chases noise; measure with several seeds for a noise-aware objective"
@@ -181,26 +184,20 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
     return prepared, additivity
 
 
-def _wanted(method: str, additive: bool, curves: bool) -> set[str]:
-    """The methods one search runs: ``method``, exact too when additive (for the gap), evolution
-    and random for their curves."""
-    return {method} | ({"exact"} if additive else set()) | ({"evolution", "random"} if curves else set())
-
-
 def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[str, dict[str, Any], int]:
     """(method, results by method, measured memory of the best candidate in bytes). The table's
     estimate of the best is checked against ``compute()`` (and the FLOPs table's, with a FLOPs
     budget); where they differ the mode is declared non-additive for this run and the search
     redone with ``compute()`` as the memory (and FLOPs) function."""
     opts = search.opts
-    method = opts.method or ("exact" if prepared.additive else "evolution")
-    if METHODS[method].additive_only and not prepared.additive:
+    method = opts.method or default_method(prepared.additive)
+    if not METHODS[method].applies(prepared.additive):
         what = "memory is" if not additivity.additive else "backward FLOPs are"
         raise BadOption(
-            f"{what} not additive under mode {search.mode} ({opts.metric}): the exact solver does not apply",
-            "use method evolution or random",
+            f"{what} not additive under mode {search.mode} ({opts.metric}): the {method} solver does not apply",
+            f"use method {' or '.join(general_methods())}",
         )
-    runs = run_methods(prepared, _wanted(method, prepared.additive, opts.curves), search.seconds)
+    runs = run_methods(prepared, wanted_methods(method, prepared.additive, opts.curves), search.seconds)
     cand = runs[method].candidate
     measured = prepared.memory.measure(cand)
     if prepared.additive:
@@ -208,9 +205,9 @@ def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[s
         if additivity.flops is not None:
             additivity.flops.record(cand, prepared.flops_table.estimate(cand), prepared.memory.flops(cand))
         if not all_additive(additivity):
-            method = "evolution"  # the table misled: search again with compute() itself
+            method = default_method(False)  # the table misled: search again with compute() itself
             prepared = replace(prepared, additive=False, runs={}, _toolbox=None)
-            runs = run_methods(prepared, _wanted(method, False, opts.curves), search.seconds)
+            runs = run_methods(prepared, wanted_methods(method, False, opts.curves), search.seconds)
             cand = runs[method].candidate
             measured = prepared.memory.measure(cand)
     if measured > search.budget_bytes:  # repair guarantees feasibility; this is a bug, never a user error
@@ -255,7 +252,6 @@ def _result(  # the steps' products, each used once here
         provenance=new_provenance(opts.command, contributions.sha256, opts.objective, contributions.estimator),
         training=profile_training(contributions, cand, opts.optimizer),
     )
-    exact = runs.get("exact")
     result = SearchResult(
         model=cap.name,
         input_shape=list(cap.graph.input_shape[1:]),
@@ -277,10 +273,7 @@ def _result(  # the steps' products, each used once here
         additivity=additivity,
         space_size=space_size(space),
         table=prepared.table,
-        exact=exact,
-        gap_to_exact=relative_gap(value, exact.value) if exact is not None and all_additive(additivity) else None,
-        evolution=runs.get("evolution"),
-        random=runs.get("random"),
+        runs=dict(runs),
         compute_calls=memory.calls,
         seconds=search.seconds,
         warnings=search.warnings,
@@ -291,6 +284,8 @@ def _result(  # the steps' products, each used once here
         flops_budget_text=search.flops_text,
         flops_table=prepared.flops_table,
     )
+    if result.reference is not None and result.additive:
+        result.gap_to_exact = relative_gap(value, result.reference.value)
     if opts.out is not None:
         scheme.save(opts.out)
         result.out = str(opts.out)

@@ -47,6 +47,7 @@ from ..errors import BadOption, MemplanError, SchemeError
 from ..plan import Scheme, Training, Validation, scheme_to_plan
 from ..rates import Rates
 from .baselines import BASELINES
+from .memory import METRICS
 from .objective import OBJECTIVES
 from .result import SearchResult
 
@@ -147,7 +148,7 @@ def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any])
         except (SchemeError, BadOption):  # not a point of this model's space (e.g. no blocks)
             continue
         prof = profile_captured(cap, "sparse", mode=result.mode, scheme=scheme, **options)
-        memory = prof.totals.peak_bytes if result.metric == "peak" else prof.totals.total_bytes
+        memory = METRICS[result.metric].read(prof)
         if memory <= result.budget_bytes:
             out.append(Candidate(name, scheme, memory, True))
     return out
