@@ -22,6 +22,7 @@ from .cli_common import (
     console,
     floats,
     key_values,
+    positive_int,
     target_option,
 )
 from .errors import MemplanError
@@ -87,6 +88,13 @@ def search(  # typer command: one parameter per CLI option
     validate_dir: str = typer.Option(
         ".memplan-validate", "--validate-dir", help="checkpoint folder of --validate (reruns resume from it)"
     ),
+    validate_workers: int = typer.Option(
+        1, "--validate-workers", help="runs of --validate trained at once (a rung's runs on a local process pool)"
+    ),
+    validate_executor: str = typer.Option("process", "--validate-executor", help="--validate's runs: process | ray"),
+    validate_address: str | None = typer.Option(
+        None, "--validate-address", help="Ray cluster address (with --validate-executor ray)"
+    ),
 ) -> None:
     """Search the sparse-update scheme of largest summed (noise-aware) Δacc under a memory (and FLOPs) budget."""
     from .render.figures import plot_search
@@ -98,7 +106,9 @@ def search(  # typer command: one parameter per CLI option
     if budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
     extra = {"ratios": floats(ratios, "ratios")} if ratios else {}
-    stage = _stage(validate, validate_lrs, validate_seeds, validate_dir)
+    stage = _stage(
+        validate, validate_lrs, validate_seeds, validate_dir, validate_workers, validate_executor, validate_address
+    )
     options = dict(
         profile_path=profile,
         device=target,
@@ -182,18 +192,22 @@ def print_applied_cost(result: Any, classes: int | None, out: Console) -> None:
     )
 
 
-def _stage(n: int | None, lrs: str, seeds: str, folder: str):  # noqa: ANN202
+def _stage(  # noqa: ANN202
+    n: int | None, lrs: str, seeds: str, folder: str, workers: int, executor: str, address: str | None
+):
     """The validation stage's schedule, checked before any work (None without --validate)."""
     if n is None:
         return None
+    from .contrib.executors import default_threads
+    from .rates import Rates
     from .search.select import Stage
 
     if n < 1:
         raise MemplanError(f"--validate needs at least 1 searched candidate, got {n}")
-    from .rates import Rates
-
+    positive_int("validate-workers", workers)
     grid = tuple(Rates.parse(x) for x in lrs.split(",") if x.strip())
-    return Stage(grid, tuple(_ints(seeds, "validate-seeds")), folder)
+    seeds_ = tuple(_ints(seeds, "validate-seeds"))
+    return Stage(grid, seeds_, folder, default_threads(workers), workers, executor, address)
 
 
 def _validate(result, n: int, options: dict, stage):  # noqa: ANN001, ANN202

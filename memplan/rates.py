@@ -38,7 +38,7 @@ class Rates:
         for f in fields(self):
             v = getattr(self, f.name)
             if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
-                raise BadOption(f"learning rate of {f.name} must be a positive number, got {v!r}")
+                raise BadOption(f"learning rate of {f.name} must be positive and finite, got {v!r}")
 
     @classmethod
     def uniform(cls, lr: float) -> Rates:

@@ -81,3 +81,32 @@ def test_search_validate_end_to_end_and_resume(tmp_path):
     opt = make_optimizer(model.parameters(), scheme=scheme)
     assert type(opt) is torch.optim.SGD and opt.defaults["lr"] == scheme.training.lr
     assert make_optimizer(model.parameters(), "adam", 0.5, scheme=scheme).defaults["lr"] == 0.5  # given wins
+
+
+def test_the_pool_trains_the_same_runs_per_family_and_chooses_the_same(tmp_path, monkeypatch):
+    """--validate-workers 2: each rung's runs on contribution analysis's process pool; the same runs
+    (ids and accuracies, one torch thread everywhere) and the same choice as one after another. The
+    grid has a per-family point: it is a training of its own only for candidates that train weights."""
+    monkeypatch.setenv("MEMPLAN_NUM_THREADS", "1")
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    profile = tmp_path / "profile.json"
+    run_contrib("minilearn-cifar10", data=str(npz), out=profile, validation=4, **{**TINY_GRID, "seeds": (0, 1)})
+    lines, chosen = {}, {}
+    for workers in (1, 2):
+        folder, out = tmp_path / f"val{workers}", tmp_path / f"scheme{workers}.json"
+        argv = [
+            "search", "minilearn-cifar10", "--budget", "30KB", "--profile", str(profile), "--validate", "2",
+            "--validate-lrs", "0.001,0.01,0.01/weight=0.001", "--validate-seeds", "0,1", "--validate-dir", str(folder),
+            "--validate-workers", str(workers), "--out", str(out),
+        ]  # fmt: skip
+        r = CliRunner().invoke(app, argv)
+        assert r.exit_code == 0, r.output
+        runs = [json.loads(x) for x in (folder / "validate.runs.jsonl").read_text().splitlines()[1:]]
+        lines[workers] = {x["run"]["id"]: x["run"]["accuracy"] for x in runs}
+        chosen[workers] = load_scheme(out)
+    assert lines[1] == lines[2] and len(lines[1]) >= 4
+    assert chosen[1].validation == chosen[2].validation and chosen[1].training == chosen[2].training
+    ids = list(lines[1])
+    per_family = [i for i in ids if "weight=0.001" in i]
+    # a candidate that trains no weight never runs the per-family point: it is its 0.01 run
+    assert len({i.split("|")[0] for i in per_family}) < len({i.split("|")[0] for i in ids})

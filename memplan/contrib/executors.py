@@ -1,6 +1,7 @@
 """Where runs execute: in this process, a local process pool, or a Ray cluster.
 
-Every executor runs :meth:`memplan.contrib.runner.Worker.execute` on long-lived workers
+Every executor runs :meth:`memplan.contrib.runner.Worker.execute` (a grid run, ``RunSpec``, or a
+whole scheme, ``SchemeRun``) on long-lived workers
 that received the :class:`~memplan.contrib.runner.Context` once, so a worker's feature cache
 is reused by the consecutive runs it gets (the grid is ordered by split point). At most
 ``2 x workers`` runs are in flight at a time; records are yielded as runs finish, in
@@ -28,9 +29,10 @@ import torch
 from ..errors import BadOption, MemplanError
 from ..registry import Registry
 from .protocol import RunSpec
-from .runner import Context, Worker
+from .runner import Context, SchemeRun, Worker
 
-Run = Callable[[Context, Sequence[RunSpec], int, "str | None", str], Iterator[dict]]
+Job = RunSpec | SchemeRun
+Run = Callable[[Context, Sequence[Job], int, "str | None", str], Iterator[dict]]
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def num_threads(n: int) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------- in this process
-def run_here(ctx: Context, specs: Sequence[RunSpec]) -> Iterator[dict]:
+def run_here(ctx: Context, specs: Sequence[Job]) -> Iterator[dict]:
     """Runs one after another in this process (``workers=1``), with ``ctx.threads`` threads."""
     with num_threads(ctx.threads):
         worker = Worker(ctx)
@@ -102,12 +104,12 @@ def _init_process(ctx: Context, parent: int) -> None:
     _WORKER = Worker(ctx)
 
 
-def _run_in_process(spec: RunSpec) -> dict:
+def _run_in_process(spec: Job) -> dict:
     assert _WORKER is not None, "worker not initialised"
     return _WORKER.execute(spec)
 
 
-def run_pool(ctx: Context, specs: Sequence[RunSpec], workers: int) -> Iterator[dict]:
+def run_pool(ctx: Context, specs: Sequence[Job], workers: int) -> Iterator[dict]:
     """Runs on ``workers`` spawned processes (spawn: safe with torch's thread pools)."""
     pending = list(reversed(specs))
     pool = ProcessPoolExecutor(
@@ -132,7 +134,7 @@ def run_pool(ctx: Context, specs: Sequence[RunSpec], workers: int) -> Iterator[d
 _RAY_WORKERS: dict[str, Worker] = {}
 
 
-def _run_on_ray(key: str, ctx_ref: list, spec: RunSpec) -> dict:
+def _run_on_ray(key: str, ctx_ref: list, spec: Job) -> dict:
     """Ray task body: the context travels by reference (wrapped in a list, so Ray does not
     resolve it) and is fetched once per Ray worker process."""
     import ray
@@ -144,7 +146,7 @@ def _run_on_ray(key: str, ctx_ref: list, spec: RunSpec) -> dict:
     return worker.execute(spec)
 
 
-def run_ray(ctx: Context, specs: Sequence[RunSpec], workers: int, address: str | None, key: str) -> Iterator[dict]:
+def run_ray(ctx: Context, specs: Sequence[Job], workers: int, address: str | None, key: str) -> Iterator[dict]:
     """Runs as Ray tasks (``threads`` CPUs each) on the cluster at ``address`` (None: an already
     initialised Ray, else a local instance started here and shut down at the end)."""
     try:
@@ -180,7 +182,7 @@ def run_ray(ctx: Context, specs: Sequence[RunSpec], workers: int, address: str |
             ray.shutdown()
 
 
-def run_local(ctx: Context, specs: Sequence[RunSpec], workers: int, address: str | None, key: str) -> Iterator[dict]:
+def run_local(ctx: Context, specs: Sequence[Job], workers: int, address: str | None, key: str) -> Iterator[dict]:
     """In this process for one worker, else on a local process pool."""
     return run_here(ctx, specs) if workers == 1 else run_pool(ctx, specs, workers)
 
@@ -191,7 +193,7 @@ EXECUTORS.add("ray", Executor(run_ray, remote=True))
 
 def execute(
     ctx: Context,
-    specs: Sequence[RunSpec],
+    specs: Sequence[Job],
     *,
     workers: int = 1,
     executor: str = "process",

@@ -5,8 +5,8 @@ A learning rate here is any hashable setting: one rate, or rates per parameter f
 mapping, each candidate its own.
 
 Rung i trains every configuration still in at seed ``seeds[i]``; then the configurations are
-ranked by their mean accuracy over the seeds so far, and the better ``keep`` fraction (at least
-``min_keep``) goes on, together with the best configuration of every *protected* candidate (the
+ranked by their mean accuracy over the seeds so far, and the better ``KEEP`` fraction (at least
+``MIN_KEEP``) goes on, together with the best configuration of every *protected* candidate (the
 baselines: they are never halved away, so the winner has been compared with each of them on
 the same seeds). A run whose accuracy is not finite is diverged and drops its configuration.
 After the last rung the configuration of highest mean wins.
@@ -22,6 +22,9 @@ import statistics
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+#: the fraction of configurations a rung keeps, and the fewest it keeps
+KEEP, MIN_KEEP = 0.5, 2
 
 
 @dataclass
@@ -69,11 +72,12 @@ def successive_halving(
     train: Callable[[Hashable, Any, int], float],
     *,
     protected: Iterable[Hashable] = (),
-    keep: float = 0.5,
-    min_keep: int = 2,
     on_run: Callable[[], None] | None = None,
+    on_rung: Callable[[list[tuple[Hashable, Any, int]]], None] | None = None,
 ) -> Halving:
-    """Run the schedule (module docstring); ``on_run`` is called after every run (a progress bar)."""
+    """Run the schedule (module docstring); ``on_run`` is called after every run (a progress bar),
+    ``on_rung`` with every ``(candidate, lr, seed)`` of a rung before it trains (a trainer that
+    runs them in parallel: ``train`` then reads their results)."""
     own = lrs if isinstance(lrs, Mapping) else dict.fromkeys(dict.fromkeys(candidates), lrs)
     if not seeds or not all(own.get(c) for c in dict.fromkeys(candidates)):
         raise ValueError("successive halving needs at least one seed and one learning rate per candidate")
@@ -83,12 +87,14 @@ def successive_halving(
     rungs = []
     for seed in seeds:
         rungs.append([(c.candidate, c.lr) for c in alive])
+        if on_rung is not None:
+            on_rung([(c.candidate, c.lr, seed) for c in alive])
         for c in alive:
             c.accuracy[seed] = float(train(c.candidate, c.lr, seed))
             if on_run is not None:
                 on_run()
         ranked = sorted((c for c in alive if not c.diverged), key=lambda c: -c.mean)
-        survivors = ranked[: max(min_keep, math.ceil(len(ranked) * keep))]
+        survivors = ranked[: max(MIN_KEEP, math.ceil(len(ranked) * KEEP))]
         for cand in protected:
             own = next((c for c in ranked if c.candidate == cand), None)
             if own is not None and own not in survivors:
@@ -99,7 +105,7 @@ def successive_halving(
     return Halving(configs, rungs, best)
 
 
-def planned_runs(n_configs: int, n_seeds: int, keep: float = 0.5, min_keep: int = 2) -> int:
+def planned_runs(n_configs: int, n_seeds: int, keep: float = KEEP, min_keep: int = MIN_KEEP) -> int:
     """Runs of the schedule without protection and divergence (each protected candidate adds at most one
     run per later seed)."""
     total, alive = 0, n_configs

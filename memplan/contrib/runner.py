@@ -15,6 +15,7 @@ in eval mode. The trainable tensors are reset to their initial values before eac
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ from ..errors import BadOption
 from ..graph import ConvLayer, LayerGraph, conv_table
 from ..nn.train import fit
 from ..optim import make_optimizer
-from ..plan import Plan
-from ..rates import param_groups
+from ..plan import Plan, Scheme, scheme_to_plan
+from ..rates import Rates, param_groups
 from . import cache as fcache
 from .data import Data
 from .protocol import Protocol, RunSpec, run_plan, split_layer
@@ -131,8 +132,10 @@ class Worker:
                 return split_at
         return split_at
 
-    def execute(self, spec: RunSpec) -> dict:
+    def execute(self, spec: RunSpec | SchemeRun) -> dict:
         """Train and evaluate ``spec`` for every seed; returns its record."""
+        if isinstance(spec, SchemeRun):
+            return spec.run_on(self)
         proto = self.ctx.protocol
         if spec.seeds is not None:
             proto = proto.model_copy(update={"seeds": spec.seeds})
@@ -210,6 +213,26 @@ class Worker:
             "cache_bytes": cache_bytes,
             "cpu_s": round(time.process_time() - cpu0, 4),
         }
+
+
+@dataclass(frozen=True)
+class SchemeRun:
+    """One run of a whole scheme at rates per family and one seed (the validation stage's unit of
+    work, ``memplan.search.select``): executors run it like a :class:`RunSpec`. ``id``: its
+    checkpoint id."""
+
+    id: str
+    scheme: Scheme
+    rates: Rates
+    seed: int
+
+    def run_on(self, worker: Worker) -> dict:
+        """The record: ``id``, ``accuracy`` (%, NaN when diverged), ``final_loss``, seconds."""
+        make = lambda g: scheme_to_plan(g, self.scheme, method="sparse")  # noqa: E731
+        proto = worker.ctx.protocol.at(self.rates, self.seed)
+        rec = worker.train_plan(make, first_trained(worker.graph, make(worker.graph)), proto)
+        ok = math.isfinite(rec["final_loss"][0])
+        return {"id": self.id, "accuracy": rec["accuracy"][0] if ok else math.nan, "train_s": rec["train_s"]}
 
 
 def first_trained(graph: LayerGraph, plan: Plan) -> str | None:

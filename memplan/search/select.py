@@ -22,7 +22,8 @@ The scheme records the rates and optimizer it was validated with (``training``) 
 validation accuracy ± SE with the runners-up (``validation``). Runs are checkpointed (JSONL,
 one line per finished run, keyed by what the candidate trains, its rates and seed, so budgets
 and reruns share them): an interrupted stage resumes where it was.
-Runs execute one after another in this process (``threads`` torch threads).
+Runs execute one after another in this process, or each rung's runs at once on contribution
+analysis's executors (``Stage.workers``: a local process pool or Ray).
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ from typing import Any
 
 from ..api import capture, profile_captured
 from ..contrib.checkpoint import Checkpoint
-from ..contrib.executors import num_threads
+from ..contrib.executors import EXECUTORS, execute, num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
 from ..contrib.profile import load_profile
-from ..contrib.runner import Context, Worker, first_trained, linear_probe
+from ..contrib.runner import Context, SchemeRun, Worker, linear_probe
 from ..contrib.setup import setup_of
 from ..errors import BadOption, MemplanError, SchemeError
 from ..plan import Scheme, Training, Validation, scheme_to_plan
@@ -164,14 +165,16 @@ def dedupe(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 class ProfileTrainer:
     """Trains candidates from a profile's setup on its validation split (the linear probe first, as
-    contribution analysis does), one run per call, each checkpointed as one JSONL line keyed by
-    what the candidate trains, its rate and seed. ``trainer(candidate, lr, seed)`` -> accuracy, %
-    (NaN: diverged). Any object with this call and these attributes can stand in (the transfer
-    benchmark trains through its own checkpoint)."""
+    contribution analysis does), each run checkpointed as one JSONL line keyed by what the
+    candidate trains, its rates and seed. ``trainer(candidate, rates, seed)`` -> accuracy, % (NaN:
+    diverged); ``trainer.prefetch(rung)`` trains a rung's missing runs on ``workers`` workers of
+    ``executor`` (contribution analysis's local process pool or Ray: ``memplan.contrib.executors``)
+    before the schedule reads them. Any object with this call and these attributes can stand in
+    (the transfer benchmark trains through its own checkpoint)."""
 
-    def __init__(self, profile_path: str | Path, checkpoint_dir: str | Path, threads: int = 1):
-        self.threads = threads
-        with num_threads(threads):
+    def __init__(self, profile_path: str | Path, checkpoint_dir: str | Path, stage: Stage):
+        self.stage = stage
+        with num_threads(stage.threads):
             profile = load_profile(profile_path)
             setup = setup_of(profile)
             self.protocol = protocol = profile.protocol
@@ -184,24 +187,42 @@ class ProfileTrainer:
                 self.ckpt.start()
             self.done = done or {}
             linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
-            self.worker = Worker(Context(setup.name, setup.net, setup.task.validation_task(), protocol, True, threads))
+        self.ctx = Context(setup.name, setup.net, setup.task.validation_task(), protocol, True, stage.threads)
+        self.key = f"validate:{setup.name}:{identity['backbone'] if 'backbone' in identity else ''}"
+        self.worker: Worker | None = None  # this process's, made on first use
         self.optimizer, self.epochs, self.batch_size = protocol.optimizer, protocol.epochs, protocol.batch_size
         self.data = setup.task.description.split(" [")[0] + " (validation split)"
         self.classifier = setup.head
         self.checkpoint = str(self.ckpt.path)
         self.trained = 0
 
+    @staticmethod
+    def run_id(candidate: Candidate, rates: Rates, seed: int) -> str:
+        return f"{candidate.key}|{rates}|{seed}"
+
+    def _record(self, rec: dict[str, Any]) -> None:
+        self.done[rec["id"]] = rec
+        self.ckpt.append(rec)
+        self.trained += 1
+
+    def prefetch(self, rung: Sequence[tuple[Candidate, Rates, int]]) -> None:
+        """Train the runs of ``rung`` not in the checkpoint, on the stage's workers (one worker: nothing
+        here, each run trains when it is read)."""
+        jobs = [SchemeRun(self.run_id(c, r, s), c.scheme, r, s) for c, r, s in rung]
+        jobs = [j for j in dict((j.id, j) for j in jobs).values() if j.id not in self.done]
+        if self.stage.workers == 1 or not jobs:
+            return
+        st = self.stage
+        for rec in execute(self.ctx, jobs, workers=st.workers, executor=st.executor, address=st.address, key=self.key):
+            self._record(rec)
+
     def __call__(self, candidate: Candidate, rates: Rates, seed: int) -> float:
-        rid = f"{candidate.key}|{rates}|{seed}"
+        rid = self.run_id(candidate, rates, seed)
         if rid not in self.done:
-            make = lambda g: scheme_to_plan(g, candidate.scheme, method="sparse")  # noqa: E731
-            proto = self.protocol.at(rates, seed)
-            with num_threads(self.threads):
-                rec = self.worker.train_plan(make, first_trained(self.worker.graph, make(self.worker.graph)), proto)
-            ok = math.isfinite(rec["final_loss"][0])
-            self.done[rid] = {"id": rid, "accuracy": rec["accuracy"][0] if ok else math.nan, "train_s": rec["train_s"]}
-            self.ckpt.append(self.done[rid])
-            self.trained += 1
+            with num_threads(self.stage.threads):
+                if self.worker is None:
+                    self.worker = Worker(self.ctx)
+                self._record(SchemeRun(rid, candidate.scheme, rates, seed).run_on(self.worker))
         return self.done[rid]["accuracy"]
 
 
@@ -245,6 +266,7 @@ def choose(  # the stage's schedule, one keyword each
         n_protected = sum(c.baseline for c in candidates)
         n_configs = sum(map(len, settings.values()))
         on_start(planned_runs(n_configs, len(seeds)) + n_protected * (len(seeds) - 1))
+    prefetch = getattr(trainer, "prefetch", None)
     halving = successive_halving(
         list(by_key),
         settings,
@@ -252,6 +274,7 @@ def choose(  # the stage's schedule, one keyword each
         lambda key, lr, seed: trainer(by_key[key], lr, seed),
         protected=[c.key for c in candidates if c.baseline],
         on_run=on_run,
+        on_rung=None if prefetch is None else lambda rung: prefetch([(by_key[k], r, s) for k, r, s in rung]),
     )
     if halving.best is None:
         raise MemplanError("every candidate diverged at every learning rate of the validation stage", "widen the rates")
@@ -292,11 +315,17 @@ class Stage:
     lrs: tuple[Rates, ...] = DEFAULT_LRS
     seeds: tuple[int, ...] = DEFAULT_SEEDS
     checkpoint_dir: str | Path = ".memplan-validate"
-    threads: int = 1
+    threads: int = 1  # torch threads per worker
+    workers: int = 1  # runs of a rung trained at once (1: one after another in this process)
+    executor: str = "process"  # memplan.contrib.executors: a local process pool or ray
+    address: str | None = None  # a Ray cluster (executor ray)
 
     def __post_init__(self) -> None:
         if not self.lrs:
             raise BadOption("the validation stage needs at least one learning rate")
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise BadOption(f"the validation stage's workers must be a positive integer, got {self.workers!r}")
+        EXECUTORS.choose(self.executor)
         object.__setattr__(self, "lrs", tuple(Rates.of(r) for r in self.lrs))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise BadOption(f"the validation stage's seeds must be distinct, got {list(self.seeds)}")
@@ -318,7 +347,7 @@ def validate_search(
     mode_options: the search's). ``on_start(total)`` / ``on_run()``: progress."""
     if result.profile_path is None:
         raise BadOption("the validation stage trains from the profile's setup: search with a profile file")
-    trainer = ProfileTrainer(result.profile_path, stage.checkpoint_dir, stage.threads)
+    trainer = ProfileTrainer(result.profile_path, stage.checkpoint_dir, stage)
     classes = load_profile(result.profile_path).dataset.get("classes")
     candidates = collect_candidates(result, n, search, options or {}, classes)
     return choose(
