@@ -206,6 +206,7 @@ PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "ints": ints,
     "floats": floats,
     "text": lambda text, name: text,
+    "texts": lambda text, name: [t.strip() for t in text.split(",") if t.strip()],
     "validation": validation_arg,
     "key_values": lambda items, name: key_values(items, f"--{name}"),
 }

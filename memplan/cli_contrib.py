@@ -14,8 +14,9 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from .cli_common import MODES_HELP, console, ints, options_command, positive_int
+from .cli_common import console, options_command, positive_int
 from .contrib.options import ContribOptions
+from .search.options import ValidateOptions
 
 
 class DefaultMeasure(TyperGroup):
@@ -66,49 +67,26 @@ def measure(
 
 
 @app.command()
-def validate(  # typer command: one parameter per CLI option
+@options_command(ValidateOptions)
+def validate(
     profile: str = typer.Argument(..., help="contribution profile JSON (measured with a validation split)"),
-    budgets: str | None = typer.Option(
-        None,
-        "--budgets",
-        help='comma-separated memory budgets, e.g. "20KB,50KB,100KB" (default: 4 spread over the profile\'s range)',
-    ),
-    per_budget: int = typer.Option(5, "--per-budget", help="random schemes per budget"),
-    no_searched: bool = typer.Option(False, "--no-searched", help="leave out the searched optimum of each budget"),
-    mode: str = typer.Option("tinytraining", "--mode", help=f"accounting mode of the budgets: {MODES_HELP}"),
-    seeds: str | None = typer.Option(None, "--seeds", help="training seeds (default: the profile's)"),
-    bootstrap: int = typer.Option(2000, "--bootstrap", help="bootstrap resamples of the confidence intervals"),
-    seed: int = typer.Option(0, "--seed", help="seed of the random schemes and the bootstrap"),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto"),
     json_out: str | None = typer.Option(None, "--json", help="write the result as JSON to PATH"),
     plot: str | None = typer.Option(None, "--plot", help="draw Figure 5(c) to PATH"),
-    checkpoint: str | None = typer.Option(
-        None, "--checkpoint", help="JSONL of trained schemes to resume from (default: beside --json, .runs.jsonl)"
-    ),
+    *,
+    opts: ValidateOptions,
 ) -> None:
     """The additivity check (Figure 5c): train random schemes over several budgets end to end and
     correlate their summed Δacc with their real test-accuracy gain (Pearson, Spearman, bootstrap CIs)."""
     from .contrib.profile import load_profile
     from .render.figures import plot_additivity
-    from .search.validate import default_budgets, save, summary, validate_profile
+    from .search.validate import save, summary, validate_profile
 
     out_console = console()
-    positive_int("bootstrap", bootstrap)
+    positive_int("bootstrap", opts.bootstrap)
     prof = load_profile(profile)
-    chosen: list[Any] = [b.strip() for b in budgets.split(",") if b.strip()] if budgets else default_budgets(prof, mode)
-    check = validate_profile(
-        prof,
-        chosen,
-        per_budget=per_budget,
-        searched=not no_searched,
-        mode=mode,
-        seeds=ints(seeds, "seeds"),
-        bootstrap=bootstrap,
-        seed=seed,
-        device=device,
-        progress=lambda text: out_console.print(text, markup=False),
-        checkpoint=checkpoint or (Path(json_out).with_suffix(".runs.jsonl") if json_out else None),
-    )
+    checkpoint = opts.checkpoint or (Path(json_out).with_suffix(".runs.jsonl") if json_out else None)
+    progress = lambda text: out_console.print(text, markup=False)  # noqa: E731
+    check = validate_profile(prof, opts.replace(checkpoint=checkpoint, progress=progress))
     check.profile = profile
     for line in summary(check):
         out_console.print(line, markup=False)

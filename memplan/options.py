@@ -141,8 +141,9 @@ def with_keywords(cls: type[Options], param: str = "opts", positional: tuple[str
     """Decorator: ``fn(..., opts: cls | None)`` also takes each option of ``cls`` by name, as a
     keyword (a thin convenience derived from the fields: ``fn(x, seeds=(0, 1))`` is
     ``fn(x, cls.of(seeds=(0, 1)))``; given with ``opts``, they change a copy of it), and the options
-    named in ``positional`` also by position, before ``opts``. Its signature lists them, each with the
-    field's type and default; an unknown keyword is a TypeError, as for any function."""
+    named in ``positional`` also by position, before ``opts`` (``fn(x, opts)`` still passes the
+    object). Its signature lists them, each with the field's type and default; an unknown keyword is
+    a TypeError, as for any function."""
 
     def decorate(fn: F) -> F:
         sig = inspect.signature(fn)
@@ -165,7 +166,10 @@ def with_keywords(cls: type[Options], param: str = "opts", positional: tuple[str
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            given = derived.bind(*args, **kwargs).arguments
+            given = dict(derived.bind(*args, **kwargs).arguments)
+            for name in positional:  # fn(x, opts): the options object given where a positional option goes
+                if isinstance(given.get(name), cls) and param not in given:
+                    given[param] = given.pop(name)
             named = {k: v for k, v in given.items() if k in leaves}
             arguments = {k: v for k, v in given.items() if k not in leaves}
             if named:

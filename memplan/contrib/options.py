@@ -199,7 +199,7 @@ class Execution(Options):
     address: str | None = option(None, "Ray cluster address (with --executor ray)")
     cache: bool = option(
         True,
-        "recompute the frozen prefix in every run (no feature cache)",
+        "cache the frozen prefix's features once (the feature cache); --no-cache recomputes the prefix in every run",
         flags=("--no-cache",),
         negate=True,
     )

@@ -131,3 +131,35 @@ class SearchOptions(Options):
     space: Space = Space()
     solver: Solver = Solver()
     output: Output = Output()
+
+
+class ValidateOptions(Options):
+    """The options of the additivity check (``memplan.search.validate.validate_profile``,
+    ``memplan contrib validate``)."""
+
+    what: ClassVar[str] = "additivity check"
+
+    budgets: tuple[str | int, ...] | None = option(
+        None,
+        'memory budgets, e.g. "20KB,50KB,100KB" (default: 4 spread over the profile\'s range)',
+        parse="texts",
+    )
+    per_budget: int = option(5, "random schemes per budget")
+    searched: bool = option(
+        True,
+        "train the searched optimum of each budget too; --no-searched leaves it out",
+        flags=("--no-searched",),
+        negate=True,
+    )
+    mode: str = option("tinytraining", f"accounting mode of the budgets: {MODES_HELP}")
+    seeds: tuple[int, ...] | None = option(None, "training seeds (default: the profile's)")
+    bootstrap: int = option(2000, "bootstrap resamples of the confidence intervals")
+    seed: int = option(0, "seed of the random schemes and the bootstrap")
+    threads: int = option(1, "torch threads of the training runs", cli=False)
+    device: str = option("cpu", "cpu | cuda | auto")
+    checkpoint: str | os.PathLike | None = option(
+        None,
+        "JSONL of the trained schemes (one fsync'ed line each) to resume from: a rerun with the same options "
+        "skips them (default: beside --json, .runs.jsonl)",
+    )
+    progress: Any = option(None, "called with each line of progress", cli=False)
