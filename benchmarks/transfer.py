@@ -25,8 +25,9 @@ Protocol, the same for every method:
   modules, eager PyTorch on the CPU, at the training batch, fp32 state; the primary column) and
   ``tinytraining`` (the 256KB paper's analytic memory, batch 1, state at the parameter's bits).
 
-Methods: classifier only; bias only (every bias and norm shift); norm + bias (batch statistics)
-and norm + bias with running statistics; weights + biases of the last k convs (k = 1, 2, 4);
+Methods: classifier only; bias only (every bias and norm shift); norm + bias (batch statistics),
+norm + bias with running statistics and with statistics re-estimated on the training data (the
+probe head re-fit on them: ``Worker.train_plan``); weights + biases of the last k convs (k = 1, 2, 4);
 TinyTL lite residual + bias (``tinytl-lb``); MobileTL; full fine-tuning; and, with ``--profile``,
 ``validated B`` for each of ``--budgets``: what ``memplan search B --validate N`` returns (the
 search in ``applied`` mode at the training batch over the profile, then the validation stage,
@@ -79,7 +80,8 @@ from memplan.optim import OPTIMIZERS
 from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, load_scheme, scheme_to_plan
 from memplan.rates import Rates
 from memplan.search import run_search
-from memplan.search.select import choose, collect_candidates
+from memplan.search.candidates import collect_candidates
+from memplan.search.select import choose
 from memplan.strategies import make_plan, transform_model
 from memplan.units import parse_bytes
 
@@ -216,6 +218,12 @@ def baselines(cap) -> list[Method]:
         strategy_method("TinyTL lite-residual + bias", "TinyTL", "tinytl-lb", arch="tinytl-lb"),
         strategy_method("MobileTL", "MobileTL", "mobiletl"),
         strategy_method("full fine-tuning", "full fine-tuning", "full"),
+        # last: the shards split the methods by index, and the earlier ones keep theirs
+        scheme_method(
+            "norm + bias, re-estimated statistics",
+            "norm + bias (re-estimated stats)",
+            norm_scheme(cap, "reestimate"),
+        ),
     ]
 
 

@@ -20,7 +20,16 @@ Conventions:
   model; :func:`unapply` puts the plain modules back (same Parameters, trained values);
 * the graph passed in must be traced from ``model`` itself; after the swap it describes the
   model as it was (trace again to profile the applied model: the lean modules are leaves
-  of the same kinds, declared by their ``memplan_kind``).
+  of the same kinds, declared by their ``memplan_kind``);
+* a scheme with ``added_modules`` (TinyTL's lite residual branches): :func:`apply_scheme` first
+  builds them (:func:`add_modules`: the scheme's architecture transform, at its input shape, with
+  torch's generator seeded 0 inside, so two builds hold the same branch weights), which leaves
+  what the model computes unchanged (the branches' last norm has scale 0). Such a model's
+  ``state_dict()`` holds the plain model's keys plus the branches' (``<block>.lite_residual.*``):
+  a strict load into a plain model refuses those extra keys by name; ``strict=False`` loads the
+  backbone and returns them as ``unexpected_keys`` (the branch weights have no place in the plain
+  model); the whole checkpoint loads strictly into ``add_modules(plain_model, scheme)``.
+  :func:`unapply` restores the lean modules only: the added modules stay.
 
 ``memplan.nn.choice.lean_class`` is the single decision "which lean module does apply_plan put
 here"; the ``applied`` accounting mode (``memplan.modes.applied``) predicts memory from it.
@@ -31,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from .api import Captured, capture
@@ -41,13 +51,14 @@ from .nn.choice import lean_class
 from .nn.lean import LEAN_MODULES, SubChannelConv, restore
 from .nn.transforms import replace_module
 from .plan import Plan, Train, grad_flow, scheme_to_plan
-from .strategies import make_plan
+from .strategies import add_architecture, make_plan
 
 __all__ = [
     "apply_plain",
     "apply_plan",
     "apply_strategy",
     "apply_scheme",
+    "add_modules",
     "plan_strategy",
     "plan_scheme",
     "write_back",
@@ -217,18 +228,34 @@ def apply_strategy(
     return apply_plan(model, plan, graph)
 
 
-def plan_scheme(model: nn.Module, scheme: Any, graph: LayerGraph | None = None) -> tuple[LayerGraph, Plan]:
-    """(graph, plan) of a sparse-update scheme (a ``memplan.Scheme`` or the path of its
-    JSON file) on ``model``, traced at the scheme's batch and input shape unless ``graph`` is given."""
+def _scheme(scheme: Any) -> Any:
     from .plan import Scheme, load_scheme  # the scheme format (pydantic) only where a scheme is read
 
-    if not isinstance(scheme, Scheme):
-        scheme = load_scheme(scheme)
-    if scheme.added_modules:
-        raise BadOption(
-            "apply_scheme cannot insert the scheme's added_modules yet",
-            "apply the architecture transform (memplan.nn.transforms) first and drop them from the scheme",
-        )
+    return scheme if isinstance(scheme, Scheme) else load_scheme(scheme)
+
+
+def add_modules(model: nn.Module, scheme: Any, input_shape: Sequence[int] | None = None) -> nn.Module:
+    """Build the ``added_modules`` of ``scheme`` (a ``Scheme`` or the path of its JSON) on ``model``:
+    each one's architecture transform (``memplan.strategies.TRANSFORMS``) with its options, at the
+    per-sample ``input_shape`` (default: the scheme's), with torch's random generators seeded 0
+    inside (forked: the caller's state is left as it was), so every build holds the same initial
+    weights. Returns the model (changed in place); a model that holds them already, or a scheme
+    without added modules, leaves it as it is."""
+    scheme = _scheme(scheme)
+    if not scheme.added_modules:
+        return model
+    shape = tuple(input_shape) if input_shape is not None else tuple(scheme.input_shape)
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        torch.manual_seed(0)
+        return add_architecture(model, scheme.added_modules, shape)
+
+
+def plan_scheme(model: nn.Module, scheme: Any, graph: LayerGraph | None = None) -> tuple[LayerGraph, Plan]:
+    """(graph, plan) of a sparse-update scheme (a ``memplan.Scheme`` or the path of its
+    JSON file) on ``model``, traced at the scheme's batch and input shape unless ``graph`` is given.
+    A scheme with ``added_modules`` needs them in ``model`` already (:func:`add_modules`;
+    :func:`apply_scheme` builds them)."""
+    scheme = _scheme(scheme)
     if graph is None:
         graph = _capture(model, (scheme.batch, *scheme.input_shape)).graph
     return graph, scheme_to_plan(graph, scheme)
@@ -236,7 +263,14 @@ def plan_scheme(model: nn.Module, scheme: Any, graph: LayerGraph | None = None) 
 
 def apply_scheme(model: nn.Module, scheme: Any, graph: LayerGraph | None = None) -> nn.Module:
     """:func:`apply_plan` with the plan of a sparse-update scheme (a ``Scheme`` or a path to its
-    JSON); refuses a scheme planned for another model (fingerprint). Returns the same model."""
+    JSON), after building its ``added_modules`` (:func:`add_modules`; a ``graph`` of the model
+    without them is traced again); refuses a scheme planned for another model (fingerprint).
+    Returns the model (the same object)."""
+    scheme = _scheme(scheme)
+    if scheme.added_modules:
+        model = add_modules(model, scheme)
+        if graph is not None and not any(n.tags for n in graph.nodes):
+            graph = None  # traced before the added modules were built
     graph, plan = plan_scheme(model, scheme, graph)
     return apply_plan(model, plan, graph)
 

@@ -88,6 +88,17 @@ def files(tmp_path_factory):
     f["fisher"].write_text(
         json.dumps({**grid, "estimator": "fisher", "units": "empirical Fisher (summed squared grads)"})
     )
+    cap = memplan.capture("mcunet-5fps", resolution=64, method="tinytl-lb")  # TinyTL-L+B: lite residual branches
+    lite = memplan.Scheme.from_plan(cap.graph, memplan.make_plan(cap.graph, "tinytl-lb"), model="mcunet-5fps")
+    lite = json.loads(lite.model_dump_json())
+    added = lite["added_modules"][0]
+    for key, entry in (
+        ("lite_edited", {**added, "options": {**added["options"], "lite_kernel": 3}}),  # builds other branches
+        ("lite_unknown", {**added, "architecture": "nope"}),
+        ("lite_legacy", {"lite_residual": True}),  # free-form, as version 3 allowed it
+    ):
+        f[key] = d / f"{key}.json"
+        f[key].write_text(json.dumps({**lite, "added_modules": [entry]}))
     f["dir"] = d
     return f
 
@@ -129,6 +140,12 @@ def cases(f):
         (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["bad_layer"])], "nope"),
         (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["bc_range"])], "5"),
         (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", "/nonexistent.json"], "nonexistent"),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["lite_edited"])], "lite_residual layers differ"),
+        (
+            ["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["lite_unknown"])],
+            "architecture transform 'nope'",
+        ),
+        (["profile", "mcunet-5fps", "-m", "sparse", "--scheme", str(f["lite_legacy"])], "added_modules"),
         (
             ["profile", "resnet18", "-m", "sparse", "--scheme", str(f["truncated"]).replace("truncated", "scheme")],
             "layer table differs",

@@ -121,7 +121,7 @@ def test_json_round_trip_and_version(tmp_path):
     path = tmp_path / "s.json"
     s.save(path)
     data = json.loads(path.read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 3
+    assert data["schema_version"] == SCHEMA_VERSION == 4
     assert data["weight_updates"][0]["channels"] == C1 and data["weight_updates"][1]["channels"] == C2
     assert data["weight_updates"][0]["importance_source"] == "hand"
     assert load_scheme(path) == s
@@ -189,9 +189,9 @@ def test_version_1_hand_written_means_the_same(tmp_path):
         "c3": Train(0.0, True),
         "fc": Train(1.0, True),
     }
-    s.save(tmp_path / "again.json")  # written back as version 3, meaning the same
+    s.save(tmp_path / "again.json")  # written back as version 4, meaning the same
     again = load_scheme(tmp_path / "again.json")
-    assert json.loads((tmp_path / "again.json").read_text())["schema_version"] == 3
+    assert json.loads((tmp_path / "again.json").read_text())["schema_version"] == 4
     assert scheme_to_plan(graph, again) == scheme_to_plan(graph, s)
     # and applied, c1 trains its 4 smallest-norm input channels (ranked here by hand)
     model = SmallNet()

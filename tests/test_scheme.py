@@ -135,7 +135,7 @@ def test_json_round_trip(tmp_path):
     path = tmp_path / "s.json"
     s.save(path)
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 3 and data["weight_updates"][1]["select"] == "magnitude+"
+    assert data["schema_version"] == 4 and data["weight_updates"][1]["select"] == "magnitude+"
     assert "channels" not in data["weight_updates"][1]  # only an importance update lists channels
     assert set(data["provenance"]) == {"memplan_version", "command", "date", "profile_hash", "objective", "estimator"}
     assert load_scheme(path) == s
@@ -144,7 +144,7 @@ def test_json_round_trip(tmp_path):
 def test_schema_copy_in_repo_is_current():
     assert SCHEMA_COPY.read_text() == schema_json()
     schema = json.loads(schema_json())
-    assert schema["properties"]["schema_version"]["enum"] == [1, 2, 3]
+    assert schema["properties"]["schema_version"]["enum"] == [1, 2, 3, 4]
     assert {"model", "fingerprint", "bias_update", "input_shape"} <= set(schema["required"])
 
 

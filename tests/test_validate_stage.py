@@ -11,11 +11,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from memplan.api import capture
 from memplan.cli import app
 from memplan.contrib.analysis import run_contrib
+from memplan.contrib.final import Evaluator
 from memplan.contrib.halving import planned_runs, successive_halving
+from memplan.contrib.profile import load_profile
 from memplan.nn.train import make_optimizer
-from memplan.plan import load_scheme
+from memplan.plan import Scheme, load_scheme
+from memplan.search.baselines import BASELINES
 
 from .test_real import TINY_GRID, make_npz
 
@@ -110,3 +114,64 @@ def test_the_pool_trains_the_same_runs_per_family_and_chooses_the_same(tmp_path,
     per_family = [i for i in ids if "weight=0.001" in i]
     # a candidate that trains no weight never runs the per-family point: it is its 0.01 run
     assert len({i.split("|")[0] for i in per_family}) < len({i.split("|")[0] for i in ids})
+
+
+def test_validate_trains_tinytl_and_reestimated_statistics(tmp_path):
+    """The two baselines that are not a plain plan on the plain model: TinyTL-L+B (its lite residual
+    branches built on a worker of their own) and norm + bias with the statistics re-estimated on the
+    training split (then the head re-fit): both fit a loose budget, are trained and ranked."""
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    profile = tmp_path / "profile.json"
+    run_contrib("mcunet-5fps", data=str(npz), out=profile, validation=4, resolution=32, **TINY_GRID)
+    out = tmp_path / "scheme.json"
+    argv = [
+        "search", "mcunet-5fps", "--budget", "50MB", "--profile", str(profile), "--validate", "1",
+        "--validate-lrs", "0.01", "--validate-seeds", "0", "--validate-dir", str(tmp_path / "val"), "--out", str(out),
+    ]  # fmt: skip
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    scheme = load_scheme(out)
+    rows = {x["name"]: x for x in scheme.validation.runners_up} | {scheme.validation.name: {"accuracy": 0.0}}
+    for name in ("TinyTL (lite residual + bias)", "norm + bias, re-estimated statistics"):
+        assert name in rows and math.isfinite(rows[name]["accuracy"])
+    if scheme.validation.name == "TinyTL (lite residual + bias)":
+        assert scheme.added_modules  # the chosen scheme builds its branches when applied
+    # the final evaluation on the test split trains it too (its branches built on a copy)
+    cap = capture("mcunet-5fps", resolution=32, method="tinytl-lb")
+    tinytl = Scheme.from_plan(cap.graph, BASELINES.choose("TinyTL (lite residual + bias)").plan(cap.graph))
+    result = Evaluator(load_profile(profile), seeds=(0,)).scheme("tinytl", tinytl)
+    assert len(result.accuracy) == 1 and math.isfinite(result.mean)
+
+
+def test_union_trains_what_both_train_and_refuses_what_it_cannot_say():
+    """The union of two baselines written as schemes, applied to a real model, trains exactly the
+    parameters that either one trains (compared through requires_grad on torch modules)."""
+    import copy
+
+    from memplan.api import capture
+    from memplan.apply import apply_scheme
+    from memplan.models.zoo import build
+    from memplan.plan import Scheme
+    from memplan.search.baselines import BASELINES
+    from memplan.search.candidates import union
+
+    cap = capture("mcunet-5fps", resolution=64, classes=10)
+    schemes = {
+        name: Scheme.from_plan(cap.graph, BASELINES[name].plan(cap.graph), model="mcunet-5fps", mode="pytorch")
+        for name in ("bias only", "MobileTL", "norm + bias")
+    }
+    torch.manual_seed(0)
+    plain = build("mcunet-5fps", 10)
+
+    def trained(scheme):
+        model = apply_scheme(copy.deepcopy(plain), scheme)
+        return {n for n, p in model.named_parameters() if p.requires_grad}
+
+    u = union(schemes["bias only"], schemes["MobileTL"])
+    assert trained(u) == trained(schemes["bias only"]) | trained(schemes["MobileTL"])
+    assert trained(u) > trained(schemes["MobileTL"])  # MobileTL + every bias trains more than MobileTL
+    # one norm in two modes (batch statistics here, running statistics there) has no union
+    a = schemes["norm + bias"]
+    norm = next(iter(a.norm_modes))
+    assert a.norm_modes[norm] == "train"
+    assert union(a, a.model_copy(update={"norm_modes": {norm: "affine"}})) is None

@@ -12,11 +12,13 @@ here only: no learning rate, epoch count or scheme is chosen on it.
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..apply import add_modules
 from ..graph import LayerGraph
 from ..plan import Plan, Scheme, scheme_to_plan
 from ..strategies import make_plan
@@ -86,18 +88,26 @@ class Evaluator:
     def graph(self) -> LayerGraph:
         return self.worker.graph
 
-    def plan(self, label: str, make: Callable[[LayerGraph], Plan], **extra: Any) -> Result:
-        """Train ``make(graph)``'s plan for every seed; test accuracy."""
+    def plan(
+        self, label: str, make: Callable[[LayerGraph], Plan], worker: Worker | None = None, **extra: Any
+    ) -> Result:
+        """Train ``make(graph)``'s plan for every seed (on ``worker``, default the plain model's); test accuracy."""
+        worker = worker or self.worker
         with num_threads(self.threads):
-            split = first_trained(self.worker.graph, make(self.worker.graph))
-            rec = self.worker.train_plan(make, split, self.protocol)
+            split = first_trained(worker.graph, make(worker.graph))
+            rec = worker.train_plan(make, split, self.protocol)
         return Result(
             label, rec["accuracy"], rec["trainable_params"], rec["train_s"] + rec["eval_s"] + rec["cache_s"], extra
         )
 
     def scheme(self, label: str, scheme: Scheme, **extra: Any) -> Result:
-        """A sparse-update scheme (biases of the last k convs, weights at ratios, classifier)."""
-        return self.plan(label, lambda graph: scheme_to_plan(graph, scheme, method="sparse"), **extra)
+        """A sparse-update scheme (biases of the last k convs, weights at ratios, norm modes, classifier;
+        its added modules built on a copy of the model first: ``memplan.apply.add_modules``)."""
+        worker = None
+        if scheme.added_modules:
+            net = add_modules(copy.deepcopy(self.worker.ctx.model), scheme, self.worker.ctx.data.x_train.shape[1:])
+            worker = Worker(replace(self.worker.ctx, model=net))
+        return self.plan(label, lambda graph: scheme_to_plan(graph, scheme, method="sparse"), worker, **extra)
 
     def strategy(self, label: str, method: str, **options: Any) -> Result:
         """A whole strategy (e.g. ``full``: every parameter, norms in train mode)."""

@@ -9,7 +9,10 @@ Every run: a fresh copy of the model with the run's plan applied by
 ``memplan.apply.apply_plan`` (the memory-lean modules, sub-channel weights as
 ``SubChannelConv``, norms in eval mode), SGD with per-role learning rates over ``epochs``
 epochs in a seeded order with a cosine decay (``memplan.nn.train.fit``), then test accuracy
-in eval mode. The trainable tensors are reset to their initial values before each seed.
+in eval mode. The trainable tensors are reset to their initial values before each seed. A plan
+that re-estimates norm statistics (``Plan.reestimate``, the norm mode ``reestimate``) has them
+re-estimated on the training split first and the linear-probe head re-fit on them
+(:meth:`Worker.refit_statistics`).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from torch import Tensor
 from ..api import capture
 from ..apply import apply_plan
 from ..errors import BadOption
-from ..graph import ConvLayer, LayerGraph, conv_table
-from ..nn.train import fit
+from ..graph import ConvLayer, LayerGraph, Node, conv_table
+from ..nn.train import batches_of, fit, reestimate_norm_stats
 from ..optim import make_optimizer
 from ..plan import Plan, Scheme, scheme_to_plan
 from ..rates import Rates, param_groups
@@ -108,6 +111,7 @@ class Worker:
         self.layers: list[ConvLayer] = conv_table(self.graph)
         self.classifier = self.graph.classifier.name
         self.split: Split | None = None
+        self.refits: dict[tuple[str, ...], dict[str, Tensor]] = {}  # re-estimated statistics + re-fit head
 
     def features(self, layer: str) -> Split:
         """The split at ``layer``, reusing the previous one when it is the same layer."""
@@ -146,6 +150,25 @@ class Worker:
         )
         return {"id": spec.id, **spec.to_dict(), **record}
 
+    def refit_statistics(self, model: nn.Module, graph: LayerGraph, plan: Plan, protocol: Protocol) -> None:
+        """Re-estimate the running statistics of the norms in ``plan.reestimate`` on the training split
+        (``memplan.nn.train.reestimate_norm_stats``, consecutive chunks of the protocol's batch), then
+        re-fit the linear-probe head on them (:func:`linear_probe`: the head was probed on the old
+        statistics). Both are deterministic, so the result is computed once per set of norms and
+        loaded into later copies."""
+        key = tuple(sorted(plan.reestimate))
+        if key not in self.refits:
+            names = sorted({norm_module(graph.by_name(n)) for n in plan.reestimate})
+            reestimate_norm_stats(model, batches_of(self.x_train, protocol.batch_size), names)
+            linear_probe(model, self.classifier, self.ctx.data, protocol, self.ctx.device)
+            model.to(self.x_train.device)
+            keep = tuple(f"{q}." for q in (*names, self.classifier))
+            self.refits[key] = {k: v.detach().clone() for k, v in _tensors(model).items() if k.startswith(keep)}
+        tensors = _tensors(model)
+        with torch.no_grad():
+            for k, v in self.refits[key].items():
+                tensors[k].copy_(v)
+
     def train_plan(  # the seed loop: reset, train and evaluate, timed together
         self, make: Callable[[LayerGraph], Plan], split_at: str | None, protocol: Protocol | None = None
     ) -> dict:
@@ -158,7 +181,10 @@ class Worker:
         y_train, y_test = self.y_train, self.y_test
         cpu0 = time.process_time()
         model, graph = copy.deepcopy((self.model, self.graph))  # the graph must describe the copy
-        apply_plan(model, make(graph), graph)
+        plan = make(graph)
+        if plan.reestimate:
+            self.refit_statistics(model, graph, plan, proto)
+        apply_plan(model, plan, graph)
         train_flags = [(m, m.training) for m in model.modules()]  # apply_plan's train / eval flags
         cache_s, cache_bytes = 0.0, 0
         if ctx.cache and split_at is not None:
@@ -235,13 +261,26 @@ class SchemeRun:
         return {"id": self.id, "accuracy": rec["accuracy"][0] if ok else math.nan, "train_s": rec["train_s"]}
 
 
+def _tensors(model: nn.Module) -> dict[str, Tensor]:
+    """Every parameter and buffer of ``model`` by qualname."""
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
 def first_trained(graph: LayerGraph, plan: Plan) -> str | None:
-    """Module name of the first node (forward order) with a trainable parameter under ``plan``:
-    where the frozen prefix of a feature cache ends (None: nothing trains)."""
+    """Module name of the first node (forward order) with a trainable parameter under ``plan``, or
+    a norm whose statistics it re-estimates: where the frozen prefix of a feature cache ends (None:
+    nothing trains)."""
     for node in graph.nodes:
         if node.params and plan.of(node).any and node.layer:
             return node.layer
+        if node.name in plan.reestimate:
+            return norm_module(node)
     return None
+
+
+def norm_module(node: Node) -> str:
+    """Qualname of the module a norm node runs: its own, or the one running a functional norm."""
+    return node.name if node.op == "call_module" else node.layer or node.scope
 
 
 def linear_probe(model: nn.Module, classifier: str, data: Data, protocol: Protocol, device: str = "cpu") -> float:

@@ -25,7 +25,7 @@ from .attrs import _call_args, _call_attrs, _functional_attrs, _module_attrs, _p
 from .kinds import FUNCTIONAL_LAYERS
 from .layout import _pad_mode, flatten
 from .meta_runner import _MetaRunner
-from .model import TAG_ATTR, LayerGraph, Node, Param, TensorInfo, role
+from .model import TAG_ATTR, WRAP_ATTR, LayerGraph, Node, Param, TensorInfo, role
 
 
 @dataclass
@@ -133,6 +133,9 @@ class GraphBuilder:
         graph.output = self.out_path
         graph.gm = self.gm
         graph.constant_storages = frozenset(self.constant_storages)
+        graph.wrappers = {
+            q: child for q, m in self.model.named_modules() if isinstance(child := getattr(m, WRAP_ATTR, None), str)
+        }
         return graph
 
     def info(self, t: torch.Tensor, is_param: bool = False) -> TensorInfo:

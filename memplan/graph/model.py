@@ -19,8 +19,13 @@ import torch.nn as nn
 from ..errors import MemplanError
 
 #: module attribute naming what a module is for (e.g. ``"lite_residual"``, set by the transform
-#: that inserts TinyTL's branches); capture records it on every node run inside the module
+#: that inserts TinyTL's branches); capture records it on every node run inside the module. Only
+#: architecture transforms set it, on the modules they add: a tagged node is not the backbone's
 TAG_ATTR = "memplan_tag"
+#: attribute of a wrapper an architecture transform put in place of a module of the model: the name
+#: of its child that holds the wrapped module (TinyTL's ``LiteResidual``: ``"main"``); capture records
+#: the wrappers (``LayerGraph.wrappers``), so names map back to the model before the transform
+WRAP_ATTR = "memplan_wraps"
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,18 @@ class LayerGraph:
     #: one is counted as saved, as ``saved_tensors_hooks`` sees it whether or not the cache was filled
     #: before capture
     constant_storages: frozenset[int] = frozenset()
+    #: qualname of every wrapper module (``WRAP_ATTR``) -> the child holding the module it wraps
+    wrappers: dict[str, str] = field(default_factory=dict)
+
+    def original_name(self, name: str) -> str:
+        """``name`` (a module or parameter qualname) in the model before its architecture transforms
+        wrapped modules (``WRAP_ATTR``): ``blocks.3.main.conv`` -> ``blocks.3.conv``. The innermost
+        wrapper first, so nested wrappers map back too."""
+        for wrapper in sorted(self.wrappers, key=len, reverse=True):
+            inner = f"{wrapper}.{self.wrappers[wrapper]}" if wrapper else self.wrappers[wrapper]
+            if name == inner or name.startswith(inner + "."):
+                name = wrapper + name[len(inner) :] if wrapper else name[len(inner) + 1 :]
+        return name
 
     def is_weight(self, storage: int | None) -> bool:
         """Whether a saved ``storage`` is no activation: a parameter's or a buffer's (not a constant's)."""

@@ -1,5 +1,6 @@
 """Training: an optimizer by name and the one training loop memplan uses (``verify``'s steps,
-contribution analysis runs, its linear probe and the digits pretraining).
+contribution analysis runs, its linear probe and the digits pretraining), and the re-estimation
+of norm statistics on the target data (:func:`reestimate_norm_stats`).
 
 Optimizers come from the one table of :mod:`memplan.optim` (``make_optimizer`` is re-exported
 here, so ``memplan.train.make_optimizer`` builds them in training code).
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import BadOption
 from ..optim import make_optimizer  # noqa: F401 (re-exported: memplan.train.make_optimizer)
@@ -126,6 +128,66 @@ def fit(  # public keyword API: one keyword per training setting
                 schedule.step()
             losses.append(loss.item())
     return losses
+
+
+def reestimate_norm_stats(
+    model: torch.nn.Module, batches: Iterable[Tensor | Sequence[Tensor]], names: Iterable[str] | None = None
+) -> torch.nn.Module:
+    """Re-estimate the running statistics of BatchNorm layers on the target data; returns the model.
+
+    The norms named in ``names`` (module qualnames; None: every BatchNorm that tracks running
+    statistics) have their statistics reset and are run in train mode over ``batches`` (each a
+    tensor or the forward's arguments), without gradient, with ``momentum=None``: torch's
+    cumulative average, so each running mean / variance ends as the plain average over the
+    batches of the batch mean / unbiased batch variance of the norm's input (per channel; equal
+    batches: the data's mean). Every other module runs in eval mode (dropout off, the other norms
+    on their own statistics). Afterwards the train / eval flags and momenta are what they were;
+    the norms keep the new statistics, for a training that freezes them (eval mode: the norm mode
+    ``reestimate``). A forward pass only: nothing is kept for backward. Run it on the plain model
+    (before ``memplan.apply_*``, or on norms ``apply_*`` left as BatchNorm). MemplanError for a
+    name that is not such a norm, or for no batch."""
+    norms = {q: m for q, m in model.named_modules() if isinstance(m, _BatchNorm) and m.track_running_stats}
+    chosen = list(norms.values()) if names is None else [_norm(model, norms, q) for q in names]
+    flags = [(m, m.training) for m in model.modules()]
+    momenta = [(m, m.momentum) for m in chosen]
+    model.eval()
+    for m in chosen:
+        m.reset_running_stats()
+        m.momentum = None
+        m.train()
+    seen = 0
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                model(*([batch] if isinstance(batch, Tensor) else batch))
+                seen += 1
+    finally:
+        for m, flag in flags:
+            m.training = flag
+        for m, momentum in momenta:
+            m.momentum = momentum
+    if not seen:
+        raise BadOption("re-estimating norm statistics needs at least one batch of data")
+    return model
+
+
+def _norm(model: torch.nn.Module, norms: dict[str, _BatchNorm], name: str) -> _BatchNorm:
+    if name not in norms:
+        try:
+            kind = type(model.get_submodule(name)).__name__
+        except AttributeError:
+            raise BadOption(f"the model has no module {name!r} to re-estimate") from None
+        raise BadOption(
+            f"module {name!r} is a {kind}, not a BatchNorm with running statistics; nothing to re-estimate",
+            "re-estimate before memplan.apply_* (which may swap a norm for a lean module)",
+        )
+    return norms[name]
+
+
+def batches_of(x: Tensor, batch_size: int) -> Iterator[Tensor]:
+    """``x`` in consecutive chunks of ``batch_size`` samples, in order (the last may be smaller)."""
+    for start in range(0, x.shape[0], batch_size):
+        yield x[start : start + batch_size]
 
 
 def _shuffled(n: int, epochs: int, batch_size: int, seed: int) -> Iterator[Tensor]:

@@ -25,7 +25,7 @@ from ..errors import BadOption, MemplanError
 from ..graph import Node, find_blocks, module_kind, node_kind
 from ..graph.capture import capture_graph  # transforms run inside the pipeline (memplan.api), before its capture
 from ..graph.kinds import ACTIVATIONS
-from ..graph.model import TAG_ATTR
+from ..graph.model import TAG_ATTR, WRAP_ATTR
 from ..graph.trace import trace
 from ..models.zoo.blocks import make_divisible
 
@@ -179,6 +179,14 @@ class LiteResidual(nn.Module):
     The branch output is bilinearly resized to the block output's spatial size, read from the
     tensor at run time (``out.shape[2:]`` traces to a shape query, not to arithmetic), so the
     wrapped model runs at any resolution.
+
+    Checkpoints keep the block's own keys: ``state_dict()`` holds the wrapped block's entries under
+    the block's name (``blocks.3.conv.weight``, not ``blocks.3.main.conv.weight``) plus the
+    branch's (``blocks.3.lite_residual.*``), and ``load_state_dict`` takes either form. So a plain
+    checkpoint loads into a model with branches (``strict=False``: the branch keys are its
+    ``missing_keys``), and the backbone of a trained one loads into the plain model
+    (``strict=False``: the trained branch weights are its ``unexpected_keys``; a strict load
+    refuses them, naming each).
     """
 
     def __init__(self, block: nn.Module, branch: nn.Sequential):
@@ -186,11 +194,35 @@ class LiteResidual(nn.Module):
         self.main = block
         self.lite_residual = branch
         setattr(branch, TAG_ATTR, LITE_ATTR)
+        setattr(self, WRAP_ATTR, "main")
+        self.register_state_dict_post_hook(_unwrap_keys)
+        self.register_load_state_dict_pre_hook(_wrap_keys)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.main(x)
         r = self.lite_residual(x)
         return out + F.interpolate(r, size=out.shape[2:], mode="bilinear", align_corners=False)
+
+
+def _unwrap_keys(module: LiteResidual, state: dict, prefix: str, _metadata: dict) -> None:
+    """state_dict hook: the wrapped block's entries under the block's own name (``prefix``), the
+    branch's after them; the version metadata of the block's modules renamed alike."""
+    inner = prefix + "main."
+    mine = [k for k in state if k.startswith(prefix)]
+    moved = {(prefix + k[len(inner) :] if k.startswith(inner) else k): state.pop(k) for k in mine}
+    for k in sorted(moved, key=lambda k: k.startswith(prefix + "lite_residual.")):  # stable: the block's first
+        state[k] = moved[k]
+    meta = getattr(state, "_metadata", None)
+    if meta is not None:
+        for k in [k for k in meta if k == inner[:-1] or k.startswith(inner)]:
+            meta[prefix + k[len(inner) :] if k != inner[:-1] else prefix[:-1]] = meta.pop(k)
+
+
+def _wrap_keys(_module: LiteResidual, state: dict, prefix: str, *_args) -> None:
+    """load_state_dict pre-hook: the block's entries given under the block's own name go to ``main``."""
+    branch = prefix + "lite_residual."
+    for k in [k for k in state if k.startswith(prefix) and not k.startswith((branch, prefix + "main."))]:
+        state[prefix + "main." + k[len(prefix) :]] = state.pop(k)
 
 
 def lite_kernel(kernel: int, pooled: Sequence[int]) -> int:

@@ -10,7 +10,7 @@ import it.
 from importlib import import_module
 from typing import Any
 
-from .convert import NORM_MODES, fingerprint, scheme_to_plan
+from .convert import NORM_MODES, NormSetting, added_fingerprint, fingerprint, is_added, scheme_to_plan
 from .plan import FROZEN, OpView, Plan, Train, grad_flow, updated_weight_numel
 
 #: names of the pydantic-based modules, loaded on first use
@@ -18,6 +18,7 @@ LAZY = {
     **dict.fromkeys(
         (
             "SCHEMA_VERSION",
+            "AddedModule",
             "Provenance",
             "Scheme",
             "WeightUpdate",
@@ -43,6 +44,9 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "NORM_MODES",
+    "NormSetting",
+    "added_fingerprint",
+    "is_added",
     "fingerprint",
     "scheme_to_plan",
     "FROZEN",
@@ -52,6 +56,7 @@ __all__ = [
     "grad_flow",
     "updated_weight_numel",
     "SCHEMA_VERSION",
+    "AddedModule",
     "Provenance",
     "Scheme",
     "WeightUpdate",

@@ -52,13 +52,23 @@ FROZEN = Train()
 
 @dataclass
 class Plan:
-    """Per-layer training decisions of one strategy, keyed by layer name."""
+    """Per-layer training decisions of one strategy, keyed by layer name.
+
+    ``added``: the architecture additions the graph was traced with, one record per transform
+    that added modules (``architecture``: its ``memplan.strategies`` transform, ``options``: every
+    option, ``tag``: the ``TAG_ATTR`` of what it adds; ``Scheme.added_modules`` without the layer
+    fingerprint), filled in by ``memplan.strategies.make_plan``. ``reestimate``: norms (eval mode,
+    not in ``norm_train``) whose running statistics are re-estimated on the target data before
+    training (a forward-only pass: ``memplan.nn.train.reestimate_norm_stats``); they cost what
+    any eval-mode norm costs, since training itself never updates them."""
 
     method: str
     train: dict[str, Train] = field(default_factory=dict)
     norm_train: set[str] = field(default_factory=set)  # norms in train mode (batch statistics)
     approx: set[str] = field(default_factory=set)  # activations with sign-approximated 1-bit backward
     options: dict[str, Any] = field(default_factory=dict)
+    added: list[dict[str, Any]] = field(default_factory=list)  # architecture additions (docstring)
+    reestimate: set[str] = field(default_factory=set)  # norms whose running statistics are re-estimated first
 
     def of(self, node: Node) -> Train:
         """What trains at ``node``: the decision for its layer (every use of a module's or a

@@ -1,8 +1,9 @@
 """memplan's sparse-update scheme format: versioned JSON (schema version 2).
 
 A scheme names what trains (``bias_update``: the biases of the last n convs; ``weight_updates``:
-conv weights at channel ratios; norm modes, activation approximations) for one backbone,
-identified by the fingerprint of its traced layer table.
+conv weights at channel ratios; norm modes, activation approximations; modules an architecture
+transform adds, ``added_modules``) for one backbone, identified by the fingerprint of its traced
+layer table (added modules excluded: the backbone as it is before the transform).
 
 Conventions and the mapping to a plan are in :mod:`memplan.plan.convert`; tiny-training's
 ``backward_config`` in :mod:`memplan.plan.tinytraining`.
@@ -10,8 +11,11 @@ Conventions and the mapping to a plan are in :mod:`memplan.plan.convert`; tiny-t
 Versions: 2 adds the ``importance`` channel selection (a weight update that lists its
 ``channels`` and, optionally, their ``importance_source``); 3 adds ``training`` (the optimizer and
 learning rate the scheme was validated with) and ``validation`` (its validation accuracy and the
-runners-up). Older documents are valid version 3 ones and mean the same; they load as they are
-and are written back as version 3.
+runners-up); 4 gives ``added_modules`` their structure (:class:`AddedModule`: the architecture
+transform, its options, the tag and the fingerprint of the layers it adds; ``apply_scheme``
+builds them) and adds the norm mode ``reestimate``. Older documents are valid version 4 ones and
+mean the same (those that list free-form ``added_modules``, which no memplan ever built or
+costed, are refused); they load as they are and are written back as version 4.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ from .convert import NORM_MODES, check_round_trip, fingerprint, plan_scheme_fiel
 from .plan import Plan
 from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
 
-#: 2: the ``importance`` selection with explicit ``channels``; 3: ``training`` and ``validation``
-SCHEMA_VERSION = 3
+#: 2: the ``importance`` selection with explicit ``channels``; 3: ``training`` and ``validation``;
+#: 4: structured ``added_modules`` and the norm mode ``reestimate``
+SCHEMA_VERSION = 4
 #: the schema versions this memplan reads
-SCHEMA_VERSIONS = (1, 2, 3)
+SCHEMA_VERSIONS = (1, 2, 3, 4)
 
 Select = Literal[SELECT_RULES]
 NormMode = Literal[tuple(NORM_MODES)]
@@ -85,6 +90,31 @@ class WeightUpdate(BaseModel):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
+
+
+class AddedModule(BaseModel):
+    """Modules an architecture transform adds to the backbone (TinyTL's lite residual branches).
+
+    ``apply_scheme`` builds them on the plain model by running the ``memplan.strategies``
+    architecture transform ``architecture`` with ``options`` at the scheme's input shape, then
+    checks that the layers it added are those the scheme was planned with (``layers``). Every
+    parameter of theirs trains and their norms run in train mode (batch statistics), as TinyTL
+    trains its branches; the backbone's layers keep their names, conv indices and fingerprint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    architecture: str = Field(description="memplan.strategies architecture transform that adds them, e.g. lite")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="every option of that transform (defaults filled in), e.g. lite=true, lite_kernel=5, "
+        "lite_groups=2, lite_downsample=2, lite_norm=null, lite_blocks=null",
+    )
+    tag: str = Field(description="the tag (graph.model.TAG_ATTR) of the modules it adds, e.g. lite_residual")
+    layers: str = Field(
+        pattern="^[0-9a-f]{16}$",
+        description="16 hex digits of SHA-256 over [(name, kind, weight shape)] of the added layers "
+        "(memplan.plan.convert.added_fingerprint)",
+    )
 
 
 class Provenance(BaseModel):
@@ -174,12 +204,21 @@ class Validation(BaseModel):
 
 
 class Scheme(BaseModel):
-    """A sparse-update scheme (JSON schema version 2; version 1 documents load and mean the same).
-    Byte sizes are integers in bytes."""
+    """A sparse-update scheme (JSON schema version 4; versions 1 to 3 load and mean the same).
+    Byte sizes are integers in bytes.
+
+    ``norm_modes``: per-norm overrides (``memplan.plan.NORM_MODES``): ``frozen``, ``shift`` (eval
+    mode, shift trains), ``affine`` (eval mode, scale + shift), ``train`` (train mode, batch
+    statistics, scale + shift) and ``reestimate`` (a norm with running statistics: they are
+    re-estimated on the target data before training, by a forward pass in train mode without
+    gradient, ``memplan.train.reestimate_norm_stats``, then frozen, eval mode; scale + shift
+    train; its training costs those of ``affine``, and the linear-probe head is re-fit on the new
+    statistics by the contribution runner). ``added_modules``: modules an architecture transform
+    adds (:class:`AddedModule`); ``apply_scheme`` builds them on the plain model."""
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
     model: str = Field(description="zoo name or import path (package.module:attr, file.py:attr)")
     fingerprint: str = Field(description="memplan.plan.fingerprint of the traced layer table")
     input_shape: list[int] = Field(description="per-sample input shape, e.g. [3, 128, 128]")
@@ -198,8 +237,9 @@ class Scheme(BaseModel):
     activation_approx: list[str] = Field(
         default_factory=list, description="activations with sign-approximated 1-bit backward"
     )
-    added_modules: list[dict[str, Any]] = Field(
-        default_factory=list, description="architecture additions, e.g. lite residual config"
+    added_modules: list[AddedModule] = Field(
+        default_factory=list,
+        description="modules an architecture transform adds (TinyTL's lite residual branches), built by apply_scheme",
     )
     predicted: dict[str, float] | None = Field(
         None,
@@ -227,13 +267,19 @@ class Scheme(BaseModel):
             seen.add(w.conv_index)
         if self.schema_version == 1 and any(w.select == EXPLICIT_SELECT for w in self.weight_updates):
             raise ValueError(f"schema_version 1 has no {EXPLICIT_SELECT!r} selection; it needs schema_version 2")
+        tags = [a.tag for a in self.added_modules]
+        if len(set(tags)) != len(tags):
+            raise ValueError(f"added_modules lists tag {next(t for t in tags if tags.count(t) > 1)!r} twice")
         return self
 
     @classmethod
     def from_plan(cls, graph: LayerGraph, plan: Plan, **fields: Any) -> Scheme:
         """The scheme whose plan on ``graph`` is exactly ``plan`` (a strategy's: train all biases,
-        full fine-tuning, MobileTL, ...; :func:`memplan.plan.convert.plan_scheme_fields`). ``fields``
-        set the other fields (mode, provenance, ...). SchemeError when no scheme says it."""
+        full fine-tuning, MobileTL, TinyTL-L+B on the graph of the model with its lite residual
+        branches, ...; :func:`memplan.plan.convert.plan_scheme_fields`). Added modules become
+        ``added_modules`` (from ``plan.added``, which ``make_plan`` records); everything else is
+        named as in the model before the transform. ``fields`` set the other fields (mode,
+        provenance, ...). SchemeError when no scheme says it."""
         base = dict(model=graph.model_name, fingerprint=fingerprint(graph), input_shape=list(graph.input_shape[1:]))
         parsed = plan_scheme_fields(graph, plan)
         scheme = validated(lambda: cls(**{**base, **fields, **parsed}), f"plan {plan.method!r}", SchemeError)

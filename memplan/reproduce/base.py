@@ -14,7 +14,7 @@ from .. import api
 from ..api import Captured, profile_captured
 from ..costs.records import Profile
 from ..registry import Registry
-from ..strategies import get_strategy, split_options
+from ..strategies import changes_architecture, get_strategy, split_options
 from ..strategies.base import transform_option_names
 from .figures import (
     CAPTURE_OPTIONS,
@@ -77,8 +77,9 @@ _CAPTURES: OrderedDict[tuple, Captured] = OrderedDict()
 def captured(model: str, capture: dict[str, Any], method: str, options: dict[str, Any]) -> Captured:
     """The capture of ``model`` transformed for ``method`` with ``options``, shared by every
     figure whose network is the same (same capture, same transforms)."""
-    shaping = split_options(method, options)[1]
-    own = method if get_strategy(method).transform is not None else None
+    arch = changes_architecture(method, options)
+    shaping = split_options(method, options)[1] if arch else {}
+    own = method if arch and get_strategy(method).transform is not None else None
     key = (model, _frozen(capture), own, _frozen(shaping))
     if key not in _CAPTURES:
         _CAPTURES[key] = api.capture(model, method=method, method_options=shaping, **capture)

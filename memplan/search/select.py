@@ -3,12 +3,14 @@
 The search's optimum is the optimum of a model of accuracy (summed profile entries). This stage
 trains, on the held-aside **validation** split of the profile's own setup (same backbone, data,
 linear-probe head, optimizer, epochs and batch: ``memplan.contrib.setup.setup_of``), the
-candidates:
+candidates (:mod:`memplan.search.candidates`):
 
 * the search's scheme and up to N - 1 more from the search (the optimum under every objective,
   then at 1/2 and 1/4 of the budget), distinct in what they train;
 * every baseline of :data:`memplan.search.baselines.BASELINES` whose memory (the search's mode,
   metric, optimizer and options) fits the budget;
+* every union of two of those that fits the budget and trains something neither trains alone (a
+  baseline extended by another or by the search: MobileTL + every bias);
 
 each at every point of a small learning-rate grid, by successive halving over the validation
 seeds (:mod:`memplan.contrib.halving`). A point is one rate for every trained tensor or rates
@@ -28,55 +30,32 @@ analysis's executors (``Stage.workers``: a local process pool or Ray).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..api import capture, profile_captured
+from ..apply import add_modules
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.executors import EXECUTORS, execute, num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
 from ..contrib.profile import load_profile
 from ..contrib.runner import Context, SchemeRun, Worker, linear_probe
 from ..contrib.setup import setup_of
-from ..errors import BadOption, MemplanError, SchemeError
-from ..plan import Scheme, Training, Validation, scheme_to_plan
+from ..errors import BadOption, MemplanError
+from ..plan import Scheme, Training, Validation
 from ..rates import Rates
-from .baselines import BASELINES
-from .memory import METRICS
-from .objective import OBJECTIVES
+from .candidates import Candidate, collect_candidates
 from .result import SearchResult
 
 #: the learning-rate grid of the stage (module docstring)
 DEFAULT_LRS = tuple(map(Rates.parse, ("5e-4", "2.5e-3", "1.25e-2", "1.25e-2/weight=5e-4", "1.25e-2/weight=2.5e-3")))
 DEFAULT_SEEDS = (0, 1)
-#: budget fractions the extra searched candidates are taken at
-FRACTIONS = (1.0, 0.5, 0.25)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A scheme to train, with its memory in the search's mode and metric (bytes)."""
-
-    name: str
-    scheme: Scheme
-    memory_bytes: int
-    baseline: bool
-    families: frozenset[str] = frozenset()  # the parameter families it trains (memplan.rates.FAMILIES)
-
-    def settings(self, grid: Sequence[Rates]) -> list[Rates]:
-        """The distinct trainings of ``grid`` for this candidate (rates of untrained families dropped)."""
-        return list(dict.fromkeys(r.restrict(self.families) for r in grid))
-
-    @property
-    def key(self) -> str:
-        """What it trains, hashed: runs of the same training share their checkpoint lines."""
-        return trains_key(self.scheme)
 
 
 @dataclass
@@ -112,57 +91,6 @@ class Validated:
         return sorted(rows, key=lambda r: -(r["accuracy"] if r["accuracy"] is not None else -math.inf))
 
 
-def trains_key(scheme: Scheme) -> str:
-    """16 hex digits over what ``scheme`` trains (biases, weights, norms, approximations)."""
-    data = scheme.model_dump(mode="json", include={"bias_update", "weight_updates", "norm_modes", "activation_approx"})
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def searched_candidates(result: SearchResult, n: int, search: Callable[[str, int], SearchResult]) -> list[Candidate]:
-    """The search's scheme, then the optimum of ``search(objective, budget_bytes)`` for every
-    objective at every budget fraction, until ``n`` distinct ones (what they train) are found."""
-    out = [Candidate(f"searched ({result.objective})", result.scheme, result.memory_bytes, False)]
-    for fraction in FRACTIONS:
-        for objective in OBJECTIVES:
-            if len(out) >= n:
-                return out
-            if fraction == 1 and objective == result.objective:
-                continue  # that search is ``result`` itself
-            budget = int(result.budget_bytes * fraction)
-            try:
-                r = search(objective, budget)
-            except MemplanError:  # below the classifier-only floor
-                continue
-            if r.scheme is not None and trains_key(r.scheme) not in {c.key for c in out}:
-                label = f"searched ({objective}{'' if fraction == 1 else f', {fraction:g} x budget'})"
-                out.append(Candidate(label, r.scheme, r.memory_bytes, False))
-    return out
-
-
-def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any]) -> list[Candidate]:
-    """Every baseline that fits ``result``'s budget, costed like the search costs (``options``:
-    optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`)."""
-    out = []
-    for name, make in BASELINES.items():
-        try:
-            scheme = Scheme.from_plan(cap.graph, make(cap.graph), model=result.model, mode=result.mode)
-        except (SchemeError, BadOption):  # not a point of this model's space (e.g. no blocks)
-            continue
-        prof = profile_captured(cap, "sparse", mode=result.mode, scheme=scheme, **options)
-        memory = METRICS[result.metric].read(prof)
-        if memory <= result.budget_bytes:
-            out.append(Candidate(name, scheme, memory, True))
-    return out
-
-
-def dedupe(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """One candidate per training (a searched scheme that is a baseline takes the baseline's name)."""
-    by_key: dict[str, Candidate] = {}
-    for c in sorted(candidates, key=lambda c: not c.baseline):
-        by_key.setdefault(c.key, c)
-    return list(by_key.values())
-
-
 class ProfileTrainer:
     """Trains candidates from a profile's setup on its validation split (the linear probe first, as
     contribution analysis does), each run checkpointed as one JSONL line keyed by what the
@@ -186,10 +114,12 @@ class ProfileTrainer:
             if done is None:
                 self.ckpt.start()
             self.done = done or {}
-            linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
-        self.ctx = Context(setup.name, setup.net, setup.task.validation_task(), protocol, True, stage.threads)
-        self.key = f"validate:{setup.name}:{identity['backbone'] if 'backbone' in identity else ''}"
-        self.worker: Worker | None = None  # this process's, made on first use
+            self.seen = setup.task.validation_task()
+            linear_probe(setup.net, setup.head, self.seen, protocol)
+        self.name, self.net = setup.name, setup.net
+        self.key = f"validate:{setup.name}:{identity.get('backbone', '')}"
+        self.contexts: dict[str, Context] = {}  # "" (the plain model) and one set of added modules at a time
+        self.workers: dict[str, Worker] = {}  # this process's, made on first use, the same keys
         self.optimizer, self.epochs, self.batch_size = protocol.optimizer, protocol.epochs, protocol.batch_size
         self.data = setup.task.description.split(" [")[0] + " (validation split)"
         self.classifier = setup.head
@@ -205,6 +135,25 @@ class ProfileTrainer:
         self.ckpt.append(rec)
         self.trained += 1
 
+    def context_for(self, scheme: Scheme) -> tuple[str, Context]:
+        """(key, context): the plain model's, or one on the model with ``scheme``'s added modules built
+        (``memplan.apply.add_modules``; one such set at a time, the previous one freed first)."""
+        key = json.dumps([a.model_dump(mode="json") for a in scheme.added_modules], sort_keys=True)
+        key = "" if not scheme.added_modules else key
+        if key not in self.contexts:
+            self.contexts = {"": self.contexts[""]} if "" in self.contexts else {}
+            self.workers = {"": self.workers[""]} if "" in self.workers else {}
+            net = add_modules(copy.deepcopy(self.net), scheme, self.seen.x_train.shape[1:]) if key else self.net
+            self.contexts[key] = Context(self.name, net, self.seen, self.protocol, True, self.stage.threads)
+        return key, self.contexts[key]
+
+    def worker_for(self, scheme: Scheme) -> Worker:
+        """This process's worker for ``scheme`` (:meth:`context_for`)."""
+        key, ctx = self.context_for(scheme)
+        if key not in self.workers:
+            self.workers[key] = Worker(ctx)
+        return self.workers[key]
+
     def prefetch(self, rung: Sequence[tuple[Candidate, Rates, int]]) -> None:
         """Train the runs of ``rung`` not in the checkpoint, on the stage's workers (one worker: nothing
         here, each run trains when it is read)."""
@@ -213,34 +162,21 @@ class ProfileTrainer:
         if self.stage.workers == 1 or not jobs:
             return
         st = self.stage
-        for rec in execute(self.ctx, jobs, workers=st.workers, executor=st.executor, address=st.address, key=self.key):
-            self._record(rec)
+        groups: dict[str, list[SchemeRun]] = {}
+        for job in jobs:  # one pool per model: the plain one, and each set of added modules
+            groups.setdefault(self.context_for(job.scheme)[0], []).append(job)
+        for key, group in groups.items():
+            ctx = self.context_for(group[0].scheme)[1]
+            tag = f"{self.key}:{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+            for rec in execute(ctx, group, workers=st.workers, executor=st.executor, address=st.address, key=tag):
+                self._record(rec)
 
     def __call__(self, candidate: Candidate, rates: Rates, seed: int) -> float:
         rid = self.run_id(candidate, rates, seed)
         if rid not in self.done:
             with num_threads(self.stage.threads):
-                if self.worker is None:
-                    self.worker = Worker(self.ctx)
-                self._record(SchemeRun(rid, candidate.scheme, rates, seed).run_on(self.worker))
+                self._record(SchemeRun(rid, candidate.scheme, rates, seed).run_on(self.worker_for(candidate.scheme)))
         return self.done[rid]["accuracy"]
-
-
-def collect_candidates(
-    result: SearchResult,
-    n: int,
-    search: Callable[[str, int], SearchResult],
-    options: dict[str, Any],
-    classes: int | None,
-) -> list[Candidate]:
-    """The searched candidates and the baselines that fit, one per training, cheapest first (a tie
-    on validation goes to the cheaper one), each with the parameter families it trains."""
-    if n < 1:
-        raise BadOption(f"--validate needs at least 1 searched candidate, got {n}")
-    cap = capture(result.model, result.input_shape, batch=result.scheme.batch, classes=classes)
-    found = searched_candidates(result, n, search) + baseline_candidates(result, cap, options)
-    found = [replace(c, families=scheme_to_plan(cap.graph, c.scheme).families(cap.graph)) for c in dedupe(found)]
-    return sorted(found, key=lambda c: c.memory_bytes)
 
 
 def choose(  # the stage's schedule, one keyword each

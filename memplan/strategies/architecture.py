@@ -13,14 +13,16 @@ applied to the model before tracing (and by ``apply_strategy`` on a real model):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import torch.nn as nn
 
 from ..errors import BadOption
 from ..graph import find_blocks
 from ..nn import transforms
-from ..nn.transforms import DEFAULT_SAMPLE_SHAPE
+from ..nn.transforms import DEFAULT_SAMPLE_SHAPE, LITE_ATTR
 from .base import architecture, positive
 
 #: options of the lite residual branches (``lite_transform``)
@@ -66,11 +68,22 @@ def lite_transform(
     )
 
 
+def lite_added(lite: bool = True, **options: Any) -> dict[str, Any] | None:
+    """The record of the lite residual branches built with ``options`` (``Plan.added``,
+    ``Scheme.added_modules``): the ``lite`` transform with every option, defaults filled in, so
+    that a later change of a default does not change what a scheme builds. None for ``lite=false``."""
+    if not flag("lite", lite):
+        return None
+    defaults = {k: p.default for k, p in inspect.signature(lite_transform).parameters.items() if k in LITE_OPTIONS}
+    return {"architecture": "lite", "options": {"lite": True, **defaults, **options}, "tag": LITE_ATTR}
+
+
 @architecture(
     "lite",
     "lite=true: TinyTL lite residual branches (lite_kernel, lite_groups, lite_downsample, "
     "lite_norm; lite_blocks=K: in the last K blocks only)",
     ("lite", *LITE_OPTIONS),
+    added=lambda lite=False, **options: lite_added(lite, **options),
 )
 def lite_option(
     model: nn.Module, lite: bool = False, input_shape: Sequence[int] = DEFAULT_SAMPLE_SHAPE, **options

@@ -44,6 +44,12 @@ def on_blocks(graph: LayerGraph) -> dict[str, Any] | None:
     return {"blocks": k} if k else None
 
 
+#: ``added(**transform_options)`` -> the record of the modules a transform adds with those options
+#: (``architecture``: a ``TRANSFORMS`` name that rebuilds them, ``options``: every option of it,
+#: ``tag``: their ``TAG_ATTR``; ``Plan.added``), or None when it adds none
+AddedFn = Callable[..., "dict[str, Any] | None"]
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str
@@ -55,6 +61,10 @@ class Strategy:
     conv_update_table: bool = False  # profile --per-layer also prints each conv's update cost (Figure 11a)
     # ``memplan compare`` naming no strategy: (its place in the list, the options on a graph); None: not shown
     compare: tuple[int, CompareFn] | None = None
+    added: AddedFn | None = None  # the record of the modules ``transform`` adds (``AddedFn``)
+    #: ``changes(**transform_options)``: whether ``transform`` changes the model with those options
+    #: (``sparse``: only for a scheme with added modules); None: always
+    changes: Callable[..., bool] | None = None
 
 
 STRATEGIES: Registry[Strategy] = Registry("method")
@@ -69,19 +79,59 @@ class Transform:
     fn: TransformFn
     description: str
     options: tuple[str, ...]
+    added: AddedFn | None = None  # the record of the modules it adds (``AddedFn``); None: it adds none
 
 
 TRANSFORMS: Registry[Transform] = Registry("architecture transform")
 
 
-def architecture(name: str, description: str, options: tuple[str, ...]) -> Callable[[TransformFn], TransformFn]:
-    """Decorator registering a model transform whose ``options`` every strategy accepts."""
+def architecture(
+    name: str, description: str, options: tuple[str, ...], added: AddedFn | None = None
+) -> Callable[[TransformFn], TransformFn]:
+    """Decorator registering a model transform whose ``options`` every strategy accepts; ``added``:
+    the record of the modules it adds (``AddedFn``), for transforms that add modules."""
 
     def register(fn: TransformFn) -> TransformFn:
-        TRANSFORMS.add(name, Transform(name, fn, description, options))
+        TRANSFORMS.add(name, Transform(name, fn, description, options, added))
         return fn
 
     return register
+
+
+def added_records(method: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of the modules ``method``'s transforms add with ``options`` (``Plan.added``):
+    the registered transforms' first, then the strategy's own; one per tag."""
+    st = get_strategy(method)
+    _, topts = split_options(method, options)
+    found = [t.added(**{k: v for k, v in topts.items() if k in t.options}) for t in TRANSFORMS.values() if t.added] + (
+        [st.added(**{k: v for k, v in topts.items() if k in st.transform_options})] if st.added else []
+    )
+    records: dict[str, dict[str, Any]] = {}
+    for r in found:
+        if r is not None:
+            records.setdefault(r["tag"], r)
+    return list(records.values())
+
+
+def add_architecture(model: nn.Module, added: Sequence[Any], input_shape: Sequence[int] | None = None) -> nn.Module:
+    """Build the added modules of ``added`` (``Scheme.added_modules`` or ``Plan.added`` records) on
+    ``model``: each record's transform (``TRANSFORMS``) with its options, at the per-sample
+    ``input_shape`` for a transform that traces the model. Returns the model; BadOption for an
+    unknown transform or option."""
+    for record in added:
+        architecture, options = (
+            (record["architecture"], record["options"])
+            if isinstance(record, dict)
+            else (record.architecture, record.options)
+        )
+        t = TRANSFORMS.choose(architecture)
+        unknown = sorted(set(options) - set(t.options))
+        if unknown:
+            raise BadOption(
+                f"architecture {architecture!r} has no option {unknown[0]!r}", f"its options: {', '.join(t.options)}"
+            )
+        model = t.fn(model, **options, **_shape_of(t.fn, input_shape))
+    return model
 
 
 def transform_option_names() -> tuple[str, ...]:
@@ -139,8 +189,16 @@ def split_options(method: str, options: dict[str, Any]) -> tuple[dict[str, Any],
 
 
 def changes_architecture(method: str, options: dict[str, Any]) -> bool:
-    """Whether ``method`` with ``options`` transforms the model before tracing."""
-    return get_strategy(method).transform is not None or bool(split_options(method, options)[1])
+    """Whether ``method`` with ``options`` transforms the model before tracing: a registered
+    transform's option is given, or the strategy has a transform that changes the model with them
+    (``Strategy.changes``)."""
+    st = get_strategy(method)
+    _, topts = split_options(method, options)
+    if set(topts) - set(st.transform_options):
+        return True
+    if st.transform is None:
+        return False
+    return st.changes is None or st.changes(**{k: v for k, v in topts.items() if k in st.transform_options})
 
 
 def transform_model(
@@ -168,10 +226,13 @@ def _shape_of(fn: TransformFn, input_shape: Sequence[int] | None) -> dict[str, t
 
 
 def make_plan(graph: LayerGraph, method: str, **options: Any) -> Plan:
-    """Build the plan of ``method`` on a graph traced from the (transformed) model."""
+    """Build the plan of ``method`` on a graph traced from the (transformed) model; ``Plan.added``
+    records the modules its transforms added (``added_records``), unless the plan says itself."""
     popts, topts = split_options(method, options)
     plan = get_strategy(method).fn(graph, **popts)
     plan.options = {**popts, **topts, **plan.options}
+    if not plan.added:
+        plan.added = added_records(method, options)
     return plan
 
 

@@ -22,7 +22,7 @@ from ..graph import LayerGraph
 from ..graph.kinds import NORM_KINDS
 from ..nn.transforms import is_lite
 from ..plan import Plan, Train
-from .architecture import LITE_OPTIONS, lite_transform
+from .architecture import LITE_OPTIONS, lite_added, lite_transform
 from .base import always, bias, full_train, on_blocks, strategy, train_classifier
 
 
@@ -61,6 +61,7 @@ def tinytl_b(graph: LayerGraph) -> Plan:
     transform=lite_transform,
     transform_options=LITE_OPTIONS,
     compare=(5, _lite_fits),
+    added=lite_added,
 )
 def tinytl_l(graph: LayerGraph) -> Plan:
     return _lite_plan(graph, "tinytl-l", biases=False)
@@ -73,6 +74,7 @@ def tinytl_l(graph: LayerGraph) -> Plan:
     transform=lite_transform,
     transform_options=LITE_OPTIONS,
     compare=(6, _lite_fits),
+    added=lite_added,
 )
 def tinytl_lb(graph: LayerGraph) -> Plan:
     return _lite_plan(graph, "tinytl-lb", biases=True)
