@@ -39,7 +39,8 @@ from .modes.tinytraining import ConvUpdateCost, conv_update_costs
 from .nn.transforms import swap_norm
 from .optim import OPTIMIZERS
 from .plan import Scheme
-from .strategies import DEFAULT_K, changes_architecture, make_plan, transform_model
+from .strategies import changes_architecture, make_plan, transform_model
+from .strategies.base import compared
 
 #: input side (px) assumed for a model outside the zoo when neither an input shape nor a resolution is given
 ASSUMED_RESOLUTION = 224
@@ -343,16 +344,10 @@ def compare(
 
 
 def default_methods(cap: Captured) -> list[tuple[str, dict[str, Any]]]:
-    """The strategies ``compare`` shows when none are named: the basic ones, TinyTL's, and
-    (for models with blocks) lastk and MobileTL on their default K blocks. TinyTL's
-    lite residual branches need inputs of at least 64 px (their pooling has no padding)."""
-    items: list[tuple[str, dict[str, Any]]] = [(m, {}) for m in ("full", "last", "norm", "bias", "tinytl-b")]
-    k = min(DEFAULT_K, len(cap.graph.blocks))
-    if k and min(cap.graph.input_shape[2:], default=0) >= 64:
-        items += [("tinytl-l", {}), ("tinytl-lb", {})]
-    if k:
-        items += [("lastk", {"blocks": k}), ("mobiletl", {"blocks": k})]
-    return items
+    """The strategies ``compare`` shows when none are named, with their options on this model
+    (each strategy's entry says whether and where: ``Strategy.compare``): the basic ones, TinyTL's,
+    and (for models with blocks) lastk and MobileTL on their default K blocks."""
+    return compared(cap.graph)
 
 
 def update_costs(model: str | nn.Module, **capture_options: Any) -> list[ConvUpdateCost]:

@@ -15,26 +15,31 @@ commands declare, and the console / output helpers. One rule each:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
+import types
+import typing
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from .errors import AssumptionWarning, MemplanError
 from .io import write_text
+from .options import MODE_NAMES, MODES_HELP, Options, cli_extra, takes_none  # noqa: F401  (modes: named here too)
+
+OptionsT = TypeVar("OptionsT", bound=Options)
+F = TypeVar("F", bound=Callable[..., Any])
 
 ModelArg = typer.Argument(..., help="zoo name (see `memplan models`), package.module:attr or path/to/file.py:attr")
 MethodOpt = typer.Option("full", "--method", "-m", help="strategy (see `memplan methods`)")
 BatchOpt = typer.Option(1, "--batch", "-b", help="batch size")
 ResOpt = typer.Option(None, "--resolution", "-r", help="input side in px (default: the model's)")
 ClassesOpt = typer.Option(None, "--classes", "-c", help="classifier outputs (default: the model's)")
-#: the accounting modes of ``memplan.modes.MODES``, named here so that help never imports torch
-#: (tests/test_cli.py checks that the two agree)
-MODE_NAMES = ("pytorch", "applied", "ideal", "tinytraining", "mcu", "mcu-nopatch", "mcu-accum", "tinytl")
-MODES_HELP = " | ".join(MODE_NAMES)
 ModeOpt = typer.Option(
     "pytorch",
     "--mode",
@@ -46,23 +51,6 @@ OwnOptimOpt = typer.Option(
     None,
     "--optimizer",
     help="sgd | sgd-momentum | adam whose state is counted (default: the scheme's / profile's, else sgd)",
-)
-BudgetOpt = typer.Option(
-    None, "--budget", help='memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes'
-)
-FlopsBudgetOpt = typer.Option(
-    None,
-    "--flops-budget",
-    help='also bound the backward FLOPs of one training step: "5MFLOPs", "2.5e6", "1G" (k, M, G, T 1000-based; '
-    "a bare number is FLOPs). FLOPs = 2 x MACs of the backward of conv / linear / matmul (grad-input, grad-weight "
-    "of the updated fraction as the mode counts it; grad-bias 1 per output element); norm / activation / pooling "
-    "/ loss backward is not counted (default: memory only)",
-)
-SelectOpt = typer.Option(
-    "magnitude+",
-    "--select",
-    help="channels of a weight update: magnitude+ | magnitude- | random, or importance (the top channels of a "
-    "fisher / rgn profile's per-channel importance, listed in the scheme)",
 )
 BitsOpt = typer.Option(32, "--frozen-bits", help="storage bits of frozen weights (8 = int8)")
 LeafOpt = typer.Option(None, "--leaf", help="module class or qualname to treat as one op (repeatable)")
@@ -200,6 +188,108 @@ def scheme_arg(text: str | None) -> str | None:
         return str(shipped_scheme(text))
     except MemplanError as exc:
         raise MemplanError(f"--scheme {text!r} is neither a file nor a shipped scheme", exc.hint) from None
+
+
+def validation_arg(text: str, name: str = "validation") -> Any:
+    """``--validation``: images per class (an int), a fraction (a float), or ``none`` (no split)."""
+    if text.strip().lower() == "none":
+        return None
+    value = scalar(text)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MemplanError(f"cannot read --{name} {text!r}", "an integer per class (100) or a fraction (0.2)")
+    return value
+
+
+#: how the command line reads an option's text (``memplan.options.option(parse=...)``; a tuple of
+#: ints or floats is read by ``ints`` / ``floats`` without saying so): ``parser(text, name)``
+PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    "ints": ints,
+    "floats": floats,
+    "text": lambda text, name: text,
+    "texts": lambda text, name: [t.strip() for t in text.split(",") if t.strip()],
+    "validation": validation_arg,
+    "key_values": lambda items, name: key_values(items, f"--{name}"),
+}
+
+
+def _cli_type(name: str, field: Any) -> tuple[Any, str | None]:
+    """(the type typer reads, the parser of its text or None) of one option."""
+    extra = cli_extra(field)
+    if "parse" in extra:
+        return (list[str] | None if extra["parse"] == "key_values" else str | None), extra["parse"]
+    union = typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+    args = [a for a in typing.get_args(field.annotation) if a is not type(None)] if union else [field.annotation]
+    base = args[0] if len(args) == 1 else None
+    if typing.get_origin(base) is tuple:
+        element = typing.get_args(base)[0]
+        return str | None, {int: "ints", float: "floats"}.get(element, "text")
+    if base in (bool, int, float, str):
+        return (base | None if takes_none(field.annotation) else base), None
+    return str | None, None  # a union (a path, a budget) or a literal: read as given, validated by the field
+
+
+def option_parameters(cls: type[Options]) -> list[inspect.Parameter]:
+    """One typer option per option of ``cls`` (``memplan.options``): its flags, its default and its
+    help from the field (an option whose text is parsed defaults to None: not given)."""
+    params = []
+    for name, (_, field) in cls.leaves().items():
+        extra = cli_extra(field)
+        if extra.get("cli") is False:
+            continue
+        kind, parse = _cli_type(name, field)
+        flags = extra.get("flags") or (f"--{name.replace('_', '-')}",)
+        default = False if extra.get("negate") else None if parse else field.default
+        help_text = field.description
+        if parse and field.default is not None:  # a parsed option shows the field's default as it is written
+            shown = ",".join(map(str, field.default)) if isinstance(field.default, tuple) else str(field.default)
+            help_text += f"  [default: {shown}]"
+        info = typer.Option(default, *flags, help=help_text, hidden=extra.get("hidden", False))
+        params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=info, annotation=kind))
+    return params
+
+
+def options_of(cls: type[OptionsT], values: dict[str, Any]) -> OptionsT:
+    """The options object of the typer values of :func:`option_parameters` (a parsed option that
+    was not given keeps the field's default)."""
+    given = {}
+    for name, value in values.items():
+        field = cls.leaves()[name][1]
+        extra, (_, parse) = cli_extra(field), _cli_type(name, field)
+        flag = (extra.get("flags") or (f"--{name.replace('_', '-')}",))[0].lstrip("-")
+        if extra.get("negate"):
+            given[name] = not value
+        elif parse is None:
+            given[name] = value
+        elif value not in (None, [], ""):  # a parsed option not given (or given empty) keeps its default
+            given[name] = PARSERS[parse](value, flag)
+    return cls.of(**given)
+
+
+def options_command(cls: type[Options]) -> Callable[[F], F]:
+    """Decorator of a typer command ``fn(..., opts: cls)``: the command takes one option per field of
+    ``cls`` besides its own parameters (:func:`option_parameters`: a new option is one field), and
+    ``fn`` receives them as ``opts``."""
+
+    def decorate(fn: F) -> F:
+        hints = typing.get_type_hints(fn)
+        sig = inspect.signature(fn)
+        own = [p.replace(annotation=hints[p.name]) for p in sig.parameters.values() if p.name != "opts"]
+        derived = option_parameters(cls)
+        clash = {p.name for p in own} & {p.name for p in derived}
+        if clash:
+            raise ValueError(f"{fn.__name__}: parameters named like options: {', '.join(sorted(clash))}")
+
+        @functools.wraps(fn)
+        def command(**values: Any) -> Any:
+            opts = options_of(cls, {p.name: values.pop(p.name) for p in derived})
+            return fn(**values, opts=opts)
+
+        params = [*own, *derived]
+        command.__signature__ = sig.replace(parameters=params, return_annotation=None)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command  # type: ignore[return-value]
+
+    return decorate
 
 
 def console(stderr: bool = False) -> Console:

@@ -9,69 +9,18 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from .cli_common import (
-    MODES_HELP,
-    BudgetOpt,
-    ClassesOpt,
-    FlopsBudgetOpt,
-    ModeOptionOpt,
-    OldTargetOpt,
-    OwnOptimOpt,
-    ResOpt,
-    SelectOpt,
-    console,
-    floats,
-    key_values,
-    positive_int,
-    target_option,
-)
+from .cli_common import OldTargetOpt, console, options_command, positive_int, target_option
 from .errors import MemplanError
+from .search.options import SearchOptions
 
 
-def search(  # typer command: one parameter per CLI option
+@options_command(SearchOptions)
+def search(  # typer command: its own parameters, then one per option of SearchOptions
     model: str | None = typer.Argument(
         None, help="model (default: efficientnet-lite0, ImageNet weights, with its shipped Fashion-MNIST profile)"
     ),
-    budget: str | None = BudgetOpt,
-    flops_budget: str | None = FlopsBudgetOpt,
-    profile: str | None = typer.Option(
-        None, "--profile", help="contribution profile JSON (default: the shipped one matching the model)"
-    ),
-    target: str | None = typer.Option(
-        None,
-        "--target",
-        help="hardware profile, e.g. stm32f746: the budget is its "
-        "memory left to training in the mode (its default mode: mcu, the modelled peak)",
-    ),
     old_target: str | None = OldTargetOpt,
-    mode: str | None = typer.Option(
-        None,
-        "--mode",
-        help=f"accounting mode of the budget: {MODES_HELP} (default: tinytraining, or the target's mode)",
-    ),
-    optimizer: str | None = OwnOptimOpt,
-    objective: str | None = typer.Option(
-        None,
-        "--objective",
-        help="mean | lcb | shrink: the profile's Δacc entries as measured, minus one standard error, or "
-        "shrunk toward 0 by their standard errors (default: lcb; mean for a profile without standard errors)",
-    ),
-    mode_option: list[str] | None = ModeOptionOpt,
-    method: str | None = typer.Option(
-        None, "--method", help="exact | evolution | random (default: exact when memory is additive in the mode)"
-    ),
-    generations: int = typer.Option(100, "--generations"),
-    population: int = typer.Option(100, "--population"),
-    seed: int = typer.Option(0, "--seed"),
-    out: str | None = typer.Option(None, "--out", help="write the scheme JSON"),
     plot: str | None = typer.Option(None, "--plot", help="draw Figure 13 (evolution vs random) and 11b to PATH"),
-    ratios: str | None = typer.Option(None, "--ratios", help="weight ratios of the space, e.g. 1/8,1/4,1/2,1"),
-    pw1_only: bool = typer.Option(False, "--pw1-only", help="update weights of first pointwise convs only"),
-    max_weight_layers: int | None = typer.Option(None, "--max-weight-layers", help="cap on weight-updated layers"),
-    select: str = SelectOpt,
-    classes: int | None = ClassesOpt,
-    resolution: int | None = ResOpt,
-    batch: int = typer.Option(1, "--batch", "-b", help="training batch the memory is costed at"),
     validate: int | None = typer.Option(
         None,
         "--validate",
@@ -95,6 +44,8 @@ def search(  # typer command: one parameter per CLI option
     validate_address: str | None = typer.Option(
         None, "--validate-address", help="Ray cluster address (with --validate-executor ray)"
     ),
+    *,
+    opts: SearchOptions,
 ) -> None:
     """Search the sparse-update scheme of largest summed (noise-aware) Δacc under a memory (and FLOPs) budget."""
     from .render.figures import plot_search
@@ -102,40 +53,23 @@ def search(  # typer command: one parameter per CLI option
     from .search.run import run_search
     from .search.space import ProfileError
 
-    target = target_option(target, old_target, "search")
-    if budget is None and target is None:
+    target = target_option(opts.accounting.device, old_target, "search")
+    if opts.accounting.budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
-    extra = {"ratios": floats(ratios, "ratios")} if ratios else {}
     stage = _stage(
         validate, validate_lrs, validate_seeds, validate_dir, validate_workers, validate_executor, validate_address
     )
-    options = dict(
-        profile_path=profile,
+    out = opts.output.out
+    opts = opts.replace(
         device=target,
-        mode=mode,
-        method=method,
-        generations=generations,
-        population=population,
-        seed=seed,
         out=None if validate else out,
         curves=plot is not None,
-        pw1_only=pw1_only,
-        max_weight_layers=max_weight_layers,
-        classes=classes,
-        resolution=resolution,
         command="memplan " + " ".join(sys.argv[1:]),
-        optimizer=optimizer,
-        objective=objective,
-        mode_options=key_values(mode_option, "--mode-option"),
-        flops_budget=flops_budget,
-        select=select,
-        batch=batch,
-        **extra,
     )
     try:
-        result = run_search(model, budget, **options)
+        result = run_search(model, opts=opts)
     except ProfileError as exc:
-        if profile is not None:
+        if opts.inputs.profile_path is not None:
             raise
         name = model or "MODEL"
         raise MemplanError(
@@ -146,13 +80,13 @@ def search(  # typer command: one parameter per CLI option
     out_console = console()
     print_search(result, out_console)
     try:
-        print_applied_cost(result, classes, out_console)
+        print_applied_cost(result, opts.inputs.classes, out_console)
     except MemplanError as exc:  # the search itself is done (and saved): say why this line is missing
         out_console.print(f"warning: the scheme's applied-mode cost was not computed: {exc}", markup=False)
     if validate is not None:
         from .render.validated import print_validated
 
-        validated = _validate(result, validate, options, stage)
+        validated = _validate(result, validate, opts, stage)
         print_validated(validated, out_console)
         if out:
             validated.scheme.save(out)
@@ -210,7 +144,7 @@ def _stage(  # noqa: ANN202
     return Stage(grid, seeds_, folder, default_threads(workers), workers, executor, address)
 
 
-def _validate(result, n: int, options: dict, stage):  # noqa: ANN001, ANN202
+def _validate(result, n: int, opts: SearchOptions, stage):  # noqa: ANN001, ANN202
     """The validation stage with a progress bar (``memplan.search.select.validate_search``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -218,7 +152,7 @@ def _validate(result, n: int, options: dict, stage):  # noqa: ANN001, ANN202
     from .search.select import validate_search
 
     def again(objective: str, budget: int):  # noqa: ANN202
-        return run_search(result.model, budget, **{**options, "objective": objective, "out": None, "curves": False})
+        return run_search(result.model, opts=opts.replace(objective=objective, budget=budget, out=None, curves=False))
 
     with Progress(
         TextColumn("validating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console(stderr=True)
@@ -233,8 +167,8 @@ def _validate(result, n: int, options: dict, stage):  # noqa: ANN001, ANN202
             on_run=lambda: bar.advance(task),
             options={
                 "optimizer": result.scheme.optimizer,
-                "frozen_bits": options.get("frozen_bits", 32),
-                "mode_options": options.get("mode_options"),
+                "frozen_bits": opts.accounting.frozen_bits,
+                "mode_options": opts.accounting.mode_options,
             },
         )
     return validated

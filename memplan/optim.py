@@ -26,6 +26,8 @@ from .registry import Registry
 
 #: SGD momentum of ``sgd-momentum``
 MOMENTUM = 0.9
+#: the ``momentum`` that contribution profiles written before ``optimizer`` stored -> the optimizer it meant
+LEGACY_MOMENTUM = {0.0: "sgd", MOMENTUM: "sgd-momentum"}
 
 
 @dataclass(frozen=True)

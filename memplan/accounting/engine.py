@@ -192,7 +192,7 @@ def _observed_convention(mode: Mode) -> dict[str, str]:
         "ops without a cost rule (observed_ops) are costed by replaying them alone on meta tensors: what eager "
         "PyTorch saves for them, FLOPs of their conv / matmul work"
     )
-    if mode.name != "pytorch":
+    if not mode.eager_saved:
         text += f"; mode {mode.name!r} uses those observed bytes too"
     return {
         "observed": text + "; unknown_ops could not be replayed and count the upper bound of their inputs + outputs"

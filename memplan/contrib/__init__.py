@@ -8,13 +8,32 @@ to end from a profile's setup and measures them on the test split.
     >>> from memplan.contrib import run_contrib
     >>> from memplan.render.figures import plot_contrib
     >>> prof = run_contrib("mbv2-w0.35", data="digits", out="profiles/mbv2.json", workers=2)
-    >>> real = run_contrib("efficientnet-lite0", "zoo", "fashion-mnist", resolution=32, validation=50)
+    >>> real = run_contrib("efficientnet-lite0", weights="zoo", data="fashion-mnist", resolution=32, validation=50)
     >>> plot_contrib(prof, "profiles/mbv2.png")
 """
 
-from .analysis import run_contrib
-from .data import Data, load_data
-from .profile import ContribProfile, load_profile
-from .protocol import Protocol
+from importlib import import_module
+from typing import Any
 
-__all__ = ["run_contrib", "ContribProfile", "load_profile", "Protocol", "Data", "load_data"]
+#: public name -> the module of this package that defines it (imported on first use, so that the
+#: command line reads :mod:`.options` without torch)
+EXPORTS = {
+    "run_contrib": "analysis",
+    "ContribOptions": "options",
+    "ContribProfile": "profile",
+    "load_profile": "profile",
+    "Protocol": "options",
+    "Data": "data",
+    "load_data": "data",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["run_contrib", "ContribOptions", "ContribProfile", "load_profile", "Protocol", "Data", "load_data"]

@@ -18,177 +18,114 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
-from pydantic import ValidationError
 
 from ..errors import BadOption, MemplanError
 from ..graph import conv_table
-from ..io import save_state, validation_error
+from ..io import save_state
+from ..options import with_keywords
 from ..plan import fingerprint
 from .adaptive import merge, next_round
 from .checkpoint import Checkpoint
-from .data import DEFAULT_VALIDATION, Data, Validation
+from .data import Data
 from .description import describe, rates_text
 from .estimators import ESTIMATORS, Env
 from .executors import EXECUTORS, default_threads, execute, num_threads
+from .options import ContribOptions, Execution, Protocol
 from .profile import ContribProfile, Resolution
 from .progress import bar as progress_bar, stage
-from .protocol import Protocol, RunSpec, grid, run_plan, split_layer
+from .protocol import RunSpec, grid, run_plan, split_layer
 from .rates import select_rates
 from .runner import Context, Worker, linear_probe, resolve_device
 from .setup import Setup, build_setup
 
 
-def _protocol(opts: ContribOptions) -> Protocol:
-    """The protocol of the options that name its fields (None: the protocol's default; sequences as tuples)."""
-    values = {f.name: getattr(opts, f.name) for f in fields(opts) if f.name in Protocol.model_fields}
-    values = {k: tuple(v) if isinstance(v, Sequence) and not isinstance(v, str) else v for k, v in values.items()}
-    try:
-        return Protocol(**{k: v for k, v in values.items() if v is not None})
-    except ValidationError as exc:
-        where, msg = validation_error(exc)
-        raise BadOption(f"bad contribution option {'protocol' if where == '(top level)' else where}: {msg}") from None
+@dataclass(frozen=True)
+class _Where:
+    """What :func:`run_contrib` derives from its options: the torch device (``auto`` resolved) and
+    the intra-op threads per worker."""
+
+    device: str
+    threads: int
 
 
 # ----------------------------------------------------------------------------- the entry point
-@dataclass
-class ContribOptions:
-    """The keywords of :func:`run_contrib`, in its order (see its docstring for each)."""
-
-    workers: int = 1
-    executor: str = "process"
-    address: str | None = None
-    cache: bool = True
-    bits: int | None = None
-    seeds: Sequence[int] | None = None
-    max_seeds: int | None = None
-    adaptive_z: float | None = None
-    epochs: int | None = None
-    batch_size: int | None = None
-    lr_classifier: float | None = None
-    lr_bias: float | None = None
-    lr_weight: float | None = None
-    optimizer: str | None = None
-    probe_epochs: int | None = None
-    probe_lr: float | None = None
-    ratios: Sequence[float] | None = None
-    bias_ks: Sequence[int] | None = None
-    weight_layers: int | None = None
-    weight_reference: str | None = None
-    lr_grid: Sequence[float] | None = None
-    select: str | None = None
-    resolution: int | None = None
-    costing_resolution: int | None = None
-    train_per_class: int | None = None
-    validation: Validation | None = DEFAULT_VALIDATION
-    test_per_class: int | None = None
-    cache_dir: str | os.PathLike | None = None
-    threads: int | None = None
-    device: str = "cpu"
-    progress: bool = False
-    estimator: str = "grid"
-    batches: int = 8
-
-
-def run_contrib(
-    model: str | nn.Module,
-    weights: str | os.PathLike | None = None,
-    data: str = "digits",
-    out: str | os.PathLike | None = None,
-    **options: Any,
-) -> ContribProfile:
+@with_keywords(ContribOptions)
+def run_contrib(model: str | nn.Module, opts: ContribOptions | None = None) -> ContribProfile:
     """Measure the contribution profile of ``model`` on ``data`` (see the module docstring).
 
-    ``options``: the keywords of :class:`ContribOptions`; the protocol's (``seeds``, ``epochs``,
-    ... ``bits``) left as None take the :class:`~memplan.contrib.protocol.Protocol` defaults.
-    ``out``: the profile JSON (with the checkpoint and head beside it); None keeps nothing
-    on disk and cannot resume. ``train_per_class`` keeps that many training images per class
-    (default: the data source's, 100 for digits); ``validation``: images per class (int) or
-    fraction (float) of the training data carved out as the validation split every accuracy is
-    measured on (None: the test split, the pre-issue-13 protocol); ``test_per_class`` limits the
-    test split (kept for final evaluations, never seen by a run). ``resolution``: input side of
-    the runs (default: the data source's for zoo models, 32 for digits, else the zoo's);
-    ``costing_resolution``: the side the schemes will be costed at (default: the run
-    resolution), recorded so that ``memplan search`` can warn when they differ. ``workers`` /
-    ``executor`` / ``address``: where the grid runs (``memplan.contrib.executors``); ``cache``:
-    the feature cache of the frozen prefix. ``threads``: intra-op threads per worker (default:
-    the available cores / workers, or ``$MEMPLAN_NUM_THREADS``). ``device``: torch device of the
-    probe and the runs (``cpu``, ``cuda``, ``auto``); not part of the checkpoint's identity.
-    ``progress``: progress on stderr for every long step (:mod:`memplan.contrib.progress`).
-    ``estimator``: what measures the entries (:data:`memplan.contrib.estimators.ESTIMATORS`: grid,
-    probe, fisher, rgn); ``batches``: the gradient estimators' mini-batches (the probe's steps).
+    ``opts``: the :class:`~memplan.contrib.options.ContribOptions` (default: every option at its
+    default), or its options by name as keywords (``run_contrib(model, data="digits", seeds=(0, 1))``;
+    given with ``opts``, they change a copy of it); each option's field says what it does: the data
+    and splits (``inputs``), the :class:`~memplan.contrib.options.Protocol` (``protocol``), where the
+    runs execute and the profile is written (``execution``: ``out``, the profile JSON with the
+    checkpoint and head beside it; None keeps nothing on disk and cannot resume) and what fills the
+    entries (``estimate``: :data:`memplan.contrib.estimators.ESTIMATORS`, grid, probe, fisher, rgn).
     """
-    opts = ContribOptions(**options)
-    if opts.threads is not None and (not isinstance(opts.threads, int) or opts.threads < 1):
-        raise BadOption(f"threads must be a positive integer, got {opts.threads!r}")
-    device = resolve_device(opts.device)
-    EXECUTORS.choose(opts.executor)  # an unknown executor or estimator fails before any work
-    ESTIMATORS.choose(opts.estimator)
-    if isinstance(opts.batches, bool) or not isinstance(opts.batches, int) or opts.batches < 1:
-        raise BadOption(f"batches must be a positive integer, got {opts.batches!r}")
-    protocol = _protocol(opts)
-    if opts.costing_resolution is not None and (
-        not isinstance(opts.costing_resolution, int) or opts.costing_resolution < 1
-    ):
-        raise BadOption(f"costing_resolution must be a positive integer, got {opts.costing_resolution!r}")
-    with num_threads(opts.threads or default_threads(1)):  # pretraining and the probe run here, before any worker
-        opts = replace(opts, device=device, threads=opts.threads or default_threads(opts.workers))
-        return _measure(model, weights, data, out, protocol, opts)
+    opts = opts or ContribOptions()
+    ex = opts.execution
+    if ex.threads is not None and (not isinstance(ex.threads, int) or ex.threads < 1):
+        raise BadOption(f"threads must be a positive integer, got {ex.threads!r}")
+    device = resolve_device(ex.device)
+    EXECUTORS.choose(ex.executor)  # an unknown executor or estimator fails before any work
+    ESTIMATORS.choose(opts.estimate.estimator)
+    batches = opts.estimate.batches
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise BadOption(f"batches must be a positive integer, got {batches!r}")
+    costing = opts.inputs.costing_resolution
+    if costing is not None and (not isinstance(costing, int) or costing < 1):
+        raise BadOption(f"costing_resolution must be a positive integer, got {costing!r}")
+    with num_threads(ex.threads or default_threads(1)):  # pretraining and the probe run here, before any worker
+        return _measure(model, opts, _Where(device, ex.threads or default_threads(ex.workers)))
 
 
-def _setup(model: str | nn.Module, weights: str | os.PathLike | None, data: str, opts: ContribOptions) -> Setup:
+def _setup(model: str | nn.Module, opts: ContribOptions) -> Setup:
     """:func:`build_setup` under ``opts``, with progress (data, and pretraining where the data asks for
     it, can take minutes)."""
-    split = dict(train_per_class=opts.train_per_class, validation=opts.validation, test_per_class=opts.test_per_class)
-    with stage(opts.progress, "contrib: data, model, backbone weights"):
-        return build_setup(model, weights, data, resolution=opts.resolution, cache_dir=opts.cache_dir, **split)
+    i = opts.inputs
+    split = dict(train_per_class=i.train_per_class, validation=i.validation, test_per_class=i.test_per_class)
+    with stage(opts.execution.progress, "contrib: data, model, backbone weights"):
+        return build_setup(model, i.weights, i.data, resolution=i.resolution, cache_dir=i.cache_dir, **split)
 
 
-def _measure(
-    model: str | nn.Module,
-    weights: str | os.PathLike | None,
-    data: str,
-    out: str | os.PathLike | None,
-    protocol: Protocol,
-    opts: ContribOptions,
-) -> ContribProfile:
-    """Setup, probe, grid and profile (module docstring, steps 1-4); ``opts`` with device and threads resolved."""
+def _measure(model: str | nn.Module, opts: ContribOptions, where: _Where) -> ContribProfile:
+    """Setup, probe, grid and profile (module docstring, steps 1-4); ``where``: the device and threads."""
     t_start = time.perf_counter()
-    setup = _setup(model, weights, data, opts)
+    protocol, out, batches = opts.protocol, opts.execution.out, opts.estimate.batches
+    setup = _setup(model, opts)
     seen = setup.task.validation_task() if setup.task.x_val is not None else setup.task  # what the runs see
     identity = {**setup.identity(), "protocol": protocol.identity()}
-    est = ESTIMATORS.choose(opts.estimator)
+    est = ESTIMATORS.choose(opts.estimate.estimator)
     if est.runs != "protocol":  # the grid's checkpoint identity is what it was before estimators
-        identity["estimator"] = {"name": est.name, "batches": opts.batches}
+        identity["estimator"] = {"name": est.name, "batches": batches}
     ckpt, head_path, finished = _resume(out, identity)
     t_probe = time.perf_counter()
-    with stage(opts.progress, f"contrib: linear probe ({protocol.probe_epochs} epochs)"):
-        probe_acc = _probe(setup, seen, protocol, opts.device, ckpt, head_path, bool(finished))
+    with stage(opts.execution.progress, f"contrib: linear probe ({protocol.probe_epochs} epochs)"):
+        probe_acc = _probe(setup, seen, protocol, where.device, ckpt, head_path, bool(finished))
     key = identity["backbone"] + identity["data"]["digest"]
     executed = 0
 
     def run_grid(ctx: Context, todo: list) -> dict[str, dict[str, Any]]:
         nonlocal executed
-        executed += _run_rounds(ctx, todo, opts, key, finished, ckpt)
+        executed += _run_rounds(ctx, todo, opts.execution, key, finished, ckpt)
         return merge(finished)
 
     measured, selection = protocol, {}
     if protocol.lr_grid is not None and est.runs == "protocol":
-        measured, selection = _select_rates(setup, seen, protocol, opts, out, identity)
-    env = _env(setup, seen, measured, opts, run_grid)
+        measured, selection = _select_rates(setup, seen, protocol, opts, where, identity)
+    env = _env(setup, seen, measured, opts, where, run_grid)
     t_est = time.perf_counter()
     estimate = est.fn(env)
     timing = {
         "wall_s": round(time.perf_counter() - t_start, 2),
         "probe_wall_s": round(t_est - t_probe, 2),
         "estimator_wall_s": round(time.perf_counter() - t_est, 2),
-        **_execution(opts, finished, executed),
+        **_execution(opts.execution, where, finished, executed),
     }
     profile = ContribProfile(
         layers=list(env.layers),
@@ -202,10 +139,10 @@ def _measure(
         dataset=setup.dataset,
         protocol=measured,
         lr_selection=selection,
-        resolution=Resolution(runs=setup.shape[-1], costing=opts.costing_resolution or setup.shape[-1]),
+        resolution=Resolution(runs=setup.shape[-1], costing=opts.inputs.costing_resolution or setup.shape[-1]),
         evaluated_on="validation" if setup.task.x_val is not None else "test",
         description=describe(
-            setup.name, setup.shape, setup.task, measured, len(env.layers), opts.cache, est, opts.batches
+            setup.name, setup.shape, setup.task, measured, len(env.layers), opts.execution.cache, est, batches
         )
         + (f" Rates chosen on validation per family first: {rates_text(selection)}." if selection else ""),
         probe_accuracy=probe_acc,
@@ -217,10 +154,11 @@ def _measure(
 
 
 def _select_rates(
-    setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, out: Any, identity: dict[str, Any]
+    setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, where: _Where, identity: dict[str, Any]
 ) -> tuple[Protocol, dict[str, dict[str, Any]]]:
     """:func:`memplan.contrib.rates.select_rates` in this process, checkpointed beside ``out``."""
-    worker = Worker(Context(setup.name, setup.net, seen, protocol, opts.cache, opts.threads, opts.device))
+    out = opts.execution.out
+    worker = Worker(Context(setup.name, setup.net, seen, protocol, opts.execution.cache, where.threads, where.device))
     ckpt = None if out is None else Checkpoint(Path(out).with_suffix(".lr.jsonl"), identity)
     done = (ckpt.finished() if ckpt is not None else None) or {}
     if ckpt is not None and not done:
@@ -237,33 +175,33 @@ def _select_rates(
     )
 
 
-def _env(setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, run_grid: Any) -> Env:
+def _env(setup: Setup, seen: Data, protocol: Protocol, opts: ContribOptions, where: _Where, run_grid: Any) -> Env:
     """What the estimator reads (:class:`memplan.contrib.estimators.Env`)."""
-    layers = conv_table(setup.graph)
+    layers, cache = conv_table(setup.graph), opts.execution.cache
     return Env(
         net=setup.net,
         seen=seen,
         layers=layers,
         specs=grid(layers, protocol),
         protocol=protocol,
-        batches=opts.batches,
-        context=lambda d, p: Context(setup.name, setup.net, d, p, opts.cache, opts.threads, opts.device),
+        batches=opts.estimate.batches,
+        context=lambda d, p: Context(setup.name, setup.net, d, p, cache, where.threads, where.device),
         run_grid=run_grid,
-        progress=opts.progress,
+        progress=opts.execution.progress,
     )
 
 
-def _execution(opts: ContribOptions, finished: dict[str, dict[str, Any]], executed: int) -> dict[str, Any]:
+def _execution(ex: Execution, where: _Where, finished: dict[str, dict[str, Any]], executed: int) -> dict[str, Any]:
     """How the runs were executed (``executed`` of them in this call) and their summed seconds (the
     profile's ``timing``)."""
     return {
         "runs_executed": executed,
         "runs_resumed": len(finished) - executed,
-        "workers": opts.workers,
-        "threads_per_worker": opts.threads,
-        "executor": opts.executor,
-        "cache": opts.cache,
-        "device": opts.device,
+        "workers": ex.workers,
+        "threads_per_worker": where.threads,
+        "executor": ex.executor,
+        "cache": ex.cache,
+        "device": where.device,
         "run_seconds": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in finished.values()), 2),
         "run_cpu_seconds": round(sum(r["cpu_s"] for r in finished.values()), 2),
     }
@@ -309,7 +247,7 @@ def _probe(
 def _run_rounds(
     ctx: Context,
     specs: list[RunSpec],
-    opts: ContribOptions,
+    opts: Execution,
     key: str,
     finished: dict[str, dict[str, Any]],
     ckpt: Checkpoint | None,
@@ -329,7 +267,7 @@ def _run_grid(  # the grid's context and its bookkeeping, each used once
     ctx: Context,
     todo: list[RunSpec],
     total: int,
-    opts: ContribOptions,
+    opts: Execution,
     key: str,
     finished: dict[str, dict[str, Any]],
     ckpt: Checkpoint | None,

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 
 import torch
 
@@ -31,8 +32,19 @@ from .protocol import RunSpec
 from .runner import Context, SchemeRun, Worker
 
 Job = RunSpec | SchemeRun
-Executor = Callable[[Context, Sequence[Job], int, "str | None", str], Iterator[dict]]
-#: executor name -> run(ctx, specs, workers, address, key): records as runs finish
+Run = Callable[[Context, Sequence[Job], int, "str | None", str], Iterator[dict]]
+
+
+@dataclass(frozen=True)
+class Executor:
+    """``run(ctx, specs, workers, address, key)``: records as runs finish; ``remote``: it takes a
+    cluster ``address``."""
+
+    run: Run
+    remote: bool = False
+
+
+#: executor name -> where and how the runs execute
 EXECUTORS: Registry[Executor] = Registry("executor")
 
 
@@ -170,13 +182,13 @@ def run_ray(ctx: Context, specs: Sequence[Job], workers: int, address: str | Non
             ray.shutdown()
 
 
-@EXECUTORS.register("process")
 def run_local(ctx: Context, specs: Sequence[Job], workers: int, address: str | None, key: str) -> Iterator[dict]:
     """In this process for one worker, else on a local process pool."""
     return run_here(ctx, specs) if workers == 1 else run_pool(ctx, specs, workers)
 
 
-EXECUTORS.add("ray", run_ray)
+EXECUTORS.add("process", Executor(run_local))
+EXECUTORS.add("ray", Executor(run_ray, remote=True))
 
 
 def execute(
@@ -189,9 +201,10 @@ def execute(
     key: str = "",
 ) -> Iterator[dict]:
     """Records of ``specs`` as they finish, on the chosen executor (``key`` names the context)."""
-    run = EXECUTORS.choose(executor)
+    entry = EXECUTORS.choose(executor)
     if not isinstance(workers, int) or workers < 1:
         raise BadOption(f"workers must be a positive integer, got {workers!r}")
-    if address is not None and executor != "ray":
-        raise BadOption("an address applies only to the ray executor")
-    return run(ctx, specs, workers, address, key)
+    if address is not None and not entry.remote:
+        remote = " or ".join(n for n, e in EXECUTORS.items() if e.remote)
+        raise BadOption(f"an address applies only to the {remote} executor")
+    return entry.run(ctx, specs, workers, address, key)

@@ -34,8 +34,14 @@ from ..graph import LayerGraph
 from ..plan import OpView
 from .records import Saved
 
-#: training-step schedules of the simulation (module docstring)
-SCHEDULES = ("standard", "tte")
+#: training-step schedules of the simulation (module docstring) -> whether each update is applied in place
+#: during backward (the op's parameter gradients freed as soon as it has run)
+SCHEDULES: dict[str, bool] = {"standard": False, "tte": True}
+
+
+def in_place_update(schedule: str) -> bool:
+    """Whether ``schedule`` applies each update in place during backward (:data:`SCHEDULES`)."""
+    return SCHEDULES[check_schedule(schedule)]
 
 
 @dataclass(frozen=True)
@@ -222,7 +228,7 @@ def simulate_peak(  # one walk over the training step's events
         grad_free,
         param_grads,
         [v.req_out for v in views],
-        in_place_update=options.schedule == "tte",
+        in_place_update=in_place_update(options.schedule),
         workspace=options.workspace_backward,
     )
     result = simulate_step(step, static)

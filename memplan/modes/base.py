@@ -50,6 +50,9 @@ class Mode:
     #: the mode models eager PyTorch kernels, so measured kernel workspaces (``memplan calibrate``)
     #: belong in its simulated peak
     kernel_workspaces: bool = False
+    #: what an op keeps for backward is what eager PyTorch saves, so the bytes observed for an op without a
+    #: rule (replayed on meta, ``memplan.costs.observe``) are this mode's own convention, not a borrowing
+    eager_saved: bool = False
     #: the training step the mode's peak assumes unless told (``memplan.costs.peak.SCHEDULES``)
     default_schedule: str = "standard"
     #: the mode counts only the *extra* memory of training (not the forward working memory), so a

@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from ..costs.peak import Step, simulate_step
+from ..costs.peak import Step, in_place_update, simulate_step
 from ..costs.records import LayerCost, Saved, Summary, Totals
 from ..graph import LayerGraph
 from ..plan import OpView, Plan, grad_flow
@@ -125,7 +125,7 @@ def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, sche
     for r, i in first_bwd.items():
         grad_at[i] += buf.numel[r] * GRAD_BYTES
         release[r] += buf.numel[r] * GRAD_BYTES
-    if schedule == "tte":  # weight gradients fused into the in-place update; the bias gradient
+    if in_place_update(schedule):  # weight gradients fused into the in-place update; the bias gradient
         param_grads = [b.bias // 32 * GRAD_BYTES for b in bits]
     else:
         param_grads = [(b.weight // 8 + b.bias // 32) * GRAD_BYTES for b in bits]
@@ -137,7 +137,7 @@ def simulate(graph: LayerGraph, views: list[OpView], settings: McuSettings, sche
         release,
         param_grads,
         [v.req_out for v in views],
-        in_place_update=schedule == "tte",
+        in_place_update=in_place_update(schedule),
     )
     result = simulate_step(step, static)
     peak, where, phase, at = result.peak, result.where, result.phase, result.at

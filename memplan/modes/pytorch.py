@@ -21,6 +21,7 @@ class PyTorchMode(Mode):
     description = "eager PyTorch 2.13 autograd, requires_grad / train-eval flags set the plain way"
     partial_weight_grads = False
     kernel_workspaces = True
+    eager_saved = True
 
 
 pytorch = register_mode(PyTorchMode())

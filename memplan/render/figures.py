@@ -104,7 +104,7 @@ def plot_search(result: SearchResult, path: str | os.PathLike) -> Path:
     and Figure 11b (which convs update their bias, and which their weight at which channel
     ratio) side by side, written to ``path``."""
     plt = _pyplot()
-    curves = [t for t in (result.evolution, result.random) if t is not None]
+    curves = _curves(result)
     fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 7, 4), squeeze=False)
     if curves:
         _figure13(axes[0][0], result)
@@ -113,20 +113,29 @@ def plot_search(result: SearchResult, path: str | os.PathLike) -> Path:
     return _save(plt, fig, path, dpi=120)
 
 
+def _curves(result: SearchResult) -> list[tuple[str, Any, str]]:
+    """(method, result, line style) of every method run that has a best-so-far curve, in the
+    registry's order (``memplan.search.methods.Method.curve``)."""
+    from ..search.methods import METHODS
+
+    return [(name, run, METHODS[name].curve) for name, run in result.runs.items() if METHODS[name].curve is not None]
+
+
 def _figure13(ax: Any, result: SearchResult) -> None:
-    for trace, style in ((result.evolution, "-"), (result.random, "--")):
-        if trace is None:
-            continue
+    from ..search.methods import METHODS, reference_method
+
+    for name, trace, style in _curves(result):
         xs = [i + 1 for i, v in enumerate(trace.best_per_evaluation) if v > float("-inf")]
         ys = [v for v in trace.best_per_evaluation if v > float("-inf")]
-        ax.plot(xs, ys, style, label=f"{trace.method} search")
-    if result.exact is not None and result.additive:
-        ax.axhline(result.exact.value, color="black", lw=0.8, ls=":", label="exact optimum")
+        ax.plot(xs, ys, style, label=f"{name} search")
+    if result.reference is not None and result.additive:
+        ax.axhline(result.reference.value, color="black", lw=0.8, ls=":", label=f"{reference_method()} optimum")
     ax.set_xscale("log")
     ax.set_xlabel("evaluations")
     what = "Δacc" if result.summed_delta_acc is not None else f"estimate ({result.units})"
     ax.set_ylabel(f"best summed {what}, objective {result.objective}")
-    ax.set_title(f"{result.model}, {result.budget_bytes / 1000:g} kB ({result.mode}): evolution vs random")
+    drawn = " vs ".join(n for n, m in METHODS.items() if m.curve is not None)
+    ax.set_title(f"{result.model}, {result.budget_bytes / 1000:g} kB ({result.mode}): {drawn}")
     ax.legend(loc="lower right")
 
 

@@ -15,6 +15,8 @@ from rich.table import Table
 from ..modes import get_mode
 from ..reproduce import Reproduction
 from ..search.exact import relative_gap
+from ..search.methods import METHODS, reference_method
+from ..search.objective import OBJECTIVES
 from ..search.result import SearchResult
 from ..units import fmt_bytes, fmt_flops
 from ..verify import SETUPS, VerifyReport
@@ -140,14 +142,6 @@ def _summed_text(r: SearchResult) -> str:
     return f"summed estimate {r.summed:.4g} ({r.scheme.provenance.estimator}: {r.units})"
 
 
-#: why a search keeps the classifier only although an update fits the budget, by objective
-_NOTHING_GAINS = {
-    "lcb": "nothing measured above noise fits (lcb counts an entry only as far as it lies above one standard error)",
-    "shrink": "nothing that fits keeps a gain once shrunk toward 0 by its standard error",
-    "mean": "nothing that fits has a positive measured gain",
-}
-
-
 def _scheme_text(r: SearchResult, weights: str) -> str:
     """What the scheme trains besides the classifier; "classifier only" and why, when nothing."""
     s = r.scheme
@@ -168,7 +162,7 @@ def _why_classifier_only(r: SearchResult) -> str:
                 f"no update fits the {what} (the cheapest, the last conv's bias, makes {fmt(cheapest)} "
                 f"of {fmt(budget)})"
             )
-    return _NOTHING_GAINS.get(r.objective, f"nothing that fits gains under the {r.objective} objective")
+    return OBJECTIVES[r.objective].nothing_gains or f"nothing that fits gains under the {r.objective} objective"
 
 
 def print_search(result: SearchResult, console: Console) -> None:
@@ -204,10 +198,10 @@ def print_search(result: SearchResult, console: Console) -> None:
         or "none"
     )
     console.print(f"[bold]scheme[/] ({r.method}): {_scheme_text(r, weights)}")
-    objective = (
+    objective = (  # an objective that reads no standard error gains the means: its sum is the one printed next
         f"objective {r.objective} (summed {r.objective_value:.4g}) · "
-        if r.objective != "mean" and r.objective_value is not None
-        else "objective mean · "
+        if OBJECTIVES[r.objective].needs_se and r.objective_value is not None
+        else f"objective {r.objective} · "
     )
     console.print(
         f"{objective}{_summed_text(r)} · memory {r.memory_bytes} B = "
@@ -215,19 +209,25 @@ def print_search(result: SearchResult, console: Console) -> None:
     )
     if used_line:
         console.print(used_line)
-    runs_value = f"summed {r.objective}"
     table = Table("component", "bytes", "size")
     for k, v in r.breakdown.items():
         table.add_row(k, str(v), fmt_bytes(v))
     console.print(table)
-    runs = Table("method", runs_value, "gap to exact", "evaluations", "seconds")
-    if r.exact is not None:
-        runs.add_row("exact", f"{r.exact.value:.4g}", "0", "-", f"{r.exact.seconds:.3f}")
-    for tr in (r.evolution, r.random):
-        if tr is not None:
-            gap = f"{100 * relative_gap(tr.value, r.exact.value):.2f}%" if r.exact is not None and r.additive else "-"
-            runs.add_row(tr.method, f"{tr.value:.4g}", gap, str(tr.evaluations), f"{tr.seconds:.2f}")
-    if runs.row_count:
-        console.print(runs)
+    _print_methods(r, f"summed {r.objective}", console)
     if r.out:
         console.print(f"scheme written to {r.out}")
+
+
+def _print_methods(r: SearchResult, value: str, console: Console) -> None:
+    """The methods that ran, in the registry's order (``memplan.search.methods.METHODS``): value,
+    gap to the reference method's optimum, and each entry's own cells."""
+    best = r.reference if r.additive else None
+    runs = Table("method", value, f"gap to {reference_method()}", "evaluations", "seconds")
+    for name, run in r.runs.items():
+        if METHODS[name].reference:  # the optimum itself
+            gap = "0"
+        else:
+            gap = f"{100 * relative_gap(run.value, best.value):.2f}%" if best is not None else "-"
+        runs.add_row(name, f"{run.value:.4g}", gap, *METHODS[name].cells(run))
+    if runs.row_count:
+        console.print(runs)

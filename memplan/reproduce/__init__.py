@@ -25,7 +25,7 @@ from typing import Any
 from ..costs.records import Profile
 from . import measured  # noqa: F401  (registers the measured-SRAM evaluators)
 from .base import EVALUATORS, NotModelled, Ranged, block_only, evaluator, profile_of
-from .figures import FIGURES, NOT_MODELED, UNIT_SCALE, PublishedFigure
+from .figures import FIGURE_MODES, FIGURES, NOT_MODELED, UNIT_SCALE, PublishedFigure, figure_method
 
 TOLERANCE_OK = 0.01
 TOLERANCE_CLOSE = 0.05
@@ -167,9 +167,9 @@ def storage(fig: PublishedFigure) -> float:
 
 @evaluator("ram")
 def ram(fig: PublishedFigure) -> float:
-    if fig.method == "minilearn":
-        return profile_of(fig).extras["ram_bytes"]
-    return profile_of(fig, method="minilearn").extras["model_bytes"]
+    """MiniLearn's RAM: of training (``ram_bytes``), or of the plain network's inference (``model_bytes``)."""
+    extras = profile_of(fig, method="minilearn").extras
+    return extras["ram_bytes" if figure_method(fig.method).trains else "model_bytes"]
 
 
 # --------------------------------------------------------------------------- driver
@@ -209,7 +209,7 @@ def reproduce_figure(fig: PublishedFigure) -> Reproduction:
     value = value / UNIT_SCALE[fig.unit]
     error = (value - fig.value) / fig.value if fig.value else None
     close = fig.options.get("tolerance", TOLERANCE_CLOSE)
-    label = fig.mode == "tinytraining" and fig.unit == "KiB" and math.floor(value) == fig.value
+    label = FIGURE_MODES[fig.mode].floor_unit == fig.unit and math.floor(value) == fig.value
     if label or abs(value - fig.value) <= _half_unit(fig.value) or (error is not None and abs(error) <= TOLERANCE_OK):
         status = "ok"
     elif error is not None and abs(error) <= close:

@@ -13,11 +13,17 @@ from typing import Any
 from .. import api
 from ..api import Captured, profile_captured
 from ..costs.records import Profile
-from ..modes import MODES
 from ..registry import Registry
 from ..strategies import changes_architecture, get_strategy, split_options
 from ..strategies.base import transform_option_names
-from .figures import CAPTURE_OPTIONS, DESCRIPTIVE_OPTIONS, EVALUATOR_OPTIONS, PublishedFigure
+from .figures import (
+    CAPTURE_OPTIONS,
+    DESCRIPTIVE_OPTIONS,
+    EVALUATOR_OPTIONS,
+    FIGURE_MODES,
+    PublishedFigure,
+    figure_method,
+)
 
 #: captured models kept for reuse across figures (a capture costs up to seconds)
 CACHE_SIZE = 64
@@ -87,13 +93,10 @@ def _frozen(options: dict[str, Any]) -> str:
 
 
 def profile_of(fig: PublishedFigure, mode: str | None = None, method: str | None = None) -> Profile:
-    method = method or fig.method
-    if method == "inference":
-        method = "last"
+    method = figure_method(method or fig.method).strategy
     capture, options = figure_options(fig, method)
     cap = captured(fig.model, capture, method, options)
-    mode = mode or (fig.mode if fig.mode in MODES else "pytorch")
-    return profile_captured(cap, method, mode=mode, **options)
+    return profile_captured(cap, method, mode=mode or FIGURE_MODES[fig.mode].profile_mode, **options)
 
 
 def block_only(fig: PublishedFigure) -> bool:

@@ -89,8 +89,47 @@ UNIT_SCALE: dict[str, float] = {
     "ratio": 1.0,
 }
 
-#: the conventions a published figure may name (accounting modes plus ``inference`` and ``measured``)
-FIGURE_MODES: tuple[str, ...] = ("tinytl", "tinytraining", "pytorch", "ideal", "mcu", "inference", "measured")
+
+@dataclass(frozen=True)
+class FigureMode:
+    """A convention a published figure may name: ``profile_mode``, the accounting mode its figures are
+    profiled in unless the evaluator says otherwise; ``modelled``: False for hardware measurements
+    (only in ``not_modelled``); ``floor_unit``: the unit in which the convention labels a scheme by its
+    value rounded down (the 256KB paper labels schemes with the computed KiB, truncated), else None."""
+
+    profile_mode: str
+    modelled: bool = True
+    floor_unit: str | None = None
+
+
+#: the conventions a published figure may name: accounting modes plus ``inference`` and ``measured``
+FIGURE_MODES: dict[str, FigureMode] = {
+    "tinytl": FigureMode("tinytl"),
+    "tinytraining": FigureMode("tinytraining", floor_unit="KiB"),
+    "pytorch": FigureMode("pytorch"),
+    "ideal": FigureMode("ideal"),
+    "mcu": FigureMode("mcu"),
+    "inference": FigureMode("pytorch"),
+    "measured": FigureMode("pytorch", modelled=False),
+}
+
+
+@dataclass(frozen=True)
+class FigureMethod:
+    """What a figure's ``method`` builds: ``strategy``, the memplan strategy it is profiled with, and
+    ``trains``: False for statistics of the plain network (no training)."""
+
+    strategy: str
+    trains: bool = True
+
+
+#: figure methods that name no memplan strategy (every other figure method is one)
+PLAIN_METHODS: dict[str, FigureMethod] = {"inference": FigureMethod("last", trains=False)}
+
+
+def figure_method(method: str) -> FigureMethod:
+    """The :class:`FigureMethod` of a figure's ``method``: a strategy name stands for itself."""
+    return PLAIN_METHODS.get(method) or FigureMethod(method)
 
 
 #: figure options the capture reads -> ``memplan.capture`` keyword (None: not printed, default)
@@ -152,7 +191,7 @@ class PublishedFigure:
     value: float  # as printed, in ``unit``
     unit: str  # see UNIT_SCALE
     model: str  # memplan zoo name
-    method: str  # memplan strategy name, or "inference"
+    method: str  # memplan strategy name, or one of PLAIN_METHODS
     options: dict[str, Any] = field(default_factory=dict, hash=False)  # excluded from hash
     mode: str = ""  # accounting convention expected to reproduce it
     note: str = ""  # how it was counted; whether / how well it reproduces
@@ -196,7 +235,7 @@ def _validate() -> None:
             raise ValueError(f"{fig.key}: value must be a number")
         _BY_KEY[fig.key] = fig
     for fig in FIGURES:
-        if fig.mode == "measured":
+        if not FIGURE_MODES[fig.mode].modelled:
             raise ValueError(f"{fig.key}: measured figures belong in not_modelled")
 
 

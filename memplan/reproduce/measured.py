@@ -3,7 +3,7 @@ against the ``mcu`` mode (:mod:`memplan.modes.mcu`).
 
 Figure options (besides batch / resolution / num_classes):
 
-* ``plan``: ``"full"`` (every layer trains), or the update scheme: ``scheme`` (the key of a labelled
+* ``plan``: a strategy's name (``"full"``: every layer trains), or the update scheme: ``scheme`` (the key of a labelled
   scheme in ``tinytraining.json``) or ``schemes`` (several keys: the setting is not stated, the row
   shows the range over them, ``reference`` names the one reported as ours);
 * ``schedule``: ``standard`` (no reordering: gradients kept until the update) or ``tte``;
@@ -21,7 +21,7 @@ from typing import Any
 
 from ..accounting.engine import compute
 from ..modes.mcu import McuMode, McuSettings
-from ..strategies import make_plan
+from ..strategies import STRATEGIES, make_plan
 from .base import Ranged, captured, evaluator, figure_options
 from .figures import PublishedFigure, by_key
 
@@ -31,8 +31,9 @@ def _scheme(key: str) -> dict[str, Any]:
 
 
 def _peak(fig: PublishedFigure, plan: str | dict[str, Any], schedule: str, settings: dict[str, Any]) -> int:
+    """The mcu peak of ``plan``: a strategy's name (``full``) or a scheme."""
     cap = captured(fig.model, figure_options(fig, "full")[0], "full", {})
-    p = make_plan(cap.graph, "full") if plan == "full" else make_plan(cap.graph, "sparse", scheme=plan)
+    p = make_plan(cap.graph, plan) if isinstance(plan, str) else make_plan(cap.graph, "sparse", scheme=plan)
     mode = McuMode("mcu", McuSettings(**settings), "")
     prof = compute(cap.graph, p, mode, schedule=schedule, calibration=None)
     peak = prof.totals.peak_bytes
@@ -42,7 +43,8 @@ def _peak(fig: PublishedFigure, plan: str | dict[str, Any], schedule: str, setti
 
 
 def _choices(fig: PublishedFigure) -> list[tuple[str, Any, dict[str, Any]]]:
-    """(label, scheme or "full", settings) of every plausible setting; the first is the reference."""
+    """(label, scheme or strategy name, settings) of every plausible setting (``schemes``: figure keys of
+    schemes, or a strategy's name); the first is the reference."""
     o = fig.options
     schemes = [o["scheme"]] if "scheme" in o else list(o.get("schemes", ["full"]))
     if "reference" in o:
@@ -50,8 +52,8 @@ def _choices(fig: PublishedFigure) -> list[tuple[str, Any, dict[str, Any]]]:
     settings = o.get("settings") or [{}]
     return [
         (
-            f"{k.split('.')[-2] if k != 'full' else 'full'}{'/' + str(s) if s else ''}",
-            "full" if k == "full" else _scheme(k),
+            f"{k if k in STRATEGIES else k.split('.')[-2]}{'/' + str(s) if s else ''}",
+            k if k in STRATEGIES else _scheme(k),
             s,
         )
         for k in schemes
@@ -71,7 +73,7 @@ def mcu_peak(fig: PublishedFigure) -> float | Ranged:
     o = fig.options
     plan_override = o.get("plan")
     values = [
-        (label, float(_peak(fig, "full" if plan_override == "full" else scheme, o.get("schedule", "tte"), s)))
+        (label, float(_peak(fig, plan_override or scheme, o.get("schedule", "tte"), s)))
         for label, scheme, s in _choices(fig)
     ]
     return _ranged(values, "the update schemes (and settings) the paper does not state")
@@ -84,7 +86,7 @@ def mcu_ratio(fig: PublishedFigure) -> float | Ranged:
     for label, scheme, s in _choices(fig):
         sides = []
         for side in (o["numerator"], o["denominator"]):
-            plan = "full" if side.get("plan") == "full" else scheme
+            plan = side.get("plan") or scheme
             sides.append(_peak(fig, plan, side.get("schedule", "tte"), s))
         values.append((label, sides[0] / sides[1]))
     return _ranged(values, "the update schemes the paper does not state")

@@ -7,28 +7,36 @@ and draws it). Pieces: ``space`` (candidates, scheme / plan mapping), ``memory``
 memory and FLOPs budgets), ``methods`` (the search methods, a registry).
 """
 
-from .budgets import BudgetError, budget_convention
-from .devices import Device, device_names, load_device
-from .inputs import DEFAULT_MODEL, SearchOptions
-from .methods import METHODS
-from .result import SearchResult
-from .run import run_search
-from .space import DEFAULT_RATIOS, Candidate, Contributions, ProfileError, load_contributions
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "run_search",
-    "SearchResult",
-    "BudgetError",
-    "ProfileError",
-    "Device",
-    "load_device",
-    "device_names",
-    "Candidate",
-    "Contributions",
-    "load_contributions",
-    "DEFAULT_RATIOS",
-    "DEFAULT_MODEL",
-    "METHODS",
-    "SearchOptions",
-    "budget_convention",
-]
+#: public name -> the module of this package that defines it (imported on first use, so that the
+#: command line reads :mod:`.options` without torch)
+EXPORTS = {
+    "run_search": "run",
+    "SearchResult": "result",
+    "SearchOptions": "options",
+    "BudgetError": "budgets",
+    "budget_convention": "budgets",
+    "ProfileError": "space",
+    "Device": "devices",
+    "load_device": "devices",
+    "device_names": "devices",
+    "Candidate": "space",
+    "Contributions": "space",
+    "load_contributions": "space",
+    "DEFAULT_RATIOS": "options",
+    "DEFAULT_MODEL": "inputs",
+    "METHODS": "methods",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = list(EXPORTS)

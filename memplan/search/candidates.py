@@ -18,6 +18,7 @@ from ..plan import Scheme, scheme_to_plan
 from ..rates import Rates
 from ..strategies import changes_architecture
 from .baselines import BASELINES
+from .memory import METRICS
 from .objective import OBJECTIVES
 from .result import SearchResult
 
@@ -99,7 +100,7 @@ def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any])
         except (SchemeError, BadOption):  # not a point of this model's space (e.g. no blocks)
             continue
         prof = profile_captured(own, "sparse", mode=result.mode, scheme=scheme, **options)
-        memory = prof.totals.peak_bytes if result.metric == "peak" else prof.totals.total_bytes
+        memory = METRICS[result.metric].read(prof)
         if memory <= result.budget_bytes:
             out.append(Candidate(name, scheme, memory, True))
     return out
@@ -142,7 +143,7 @@ def union_candidates(
                 continue
             known.add(trains_key(u))
             prof = profile_captured(cap, "sparse", mode=result.mode, scheme=u, **options)
-            memory = prof.totals.peak_bytes if result.metric == "peak" else prof.totals.total_bytes
+            memory = METRICS[result.metric].read(prof)
             if memory <= result.budget_bytes:
                 out.append(Candidate(f"{a.name} + {b.name}", u, memory, False))
     return out

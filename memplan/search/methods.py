@@ -3,11 +3,15 @@ search (space, cost table, budget) and returning its result (``ExactResult`` or 
 naming their best candidate ``.candidate``).
 
 * ``exact``: the certified optimum of the cost table (``memplan.search.exact``); only where
-  memory (and, with a FLOPs budget, backward FLOPs) is additive;
-* ``evolution``: DEAP evolution (``memplan.search.evolution``), repaired to the budget;
+  memory (and, with a FLOPs budget, backward FLOPs) is additive; the default there, and the
+  reference every other method's gap is measured to;
+* ``evolution``: DEAP evolution (``memplan.search.evolution``), repaired to the budget; the
+  default where memory is not additive;
 * ``random``: as many random candidates as evolution evaluated (``memplan.search.random_search``).
 
-Adding a method is one function here, registered with ``@method("name")``.
+Adding a method is one function here, registered with ``@method("name", ...)``: the entry
+(:class:`Method`) carries everything the search (``memplan.search.run``), its result
+(``SearchResult.runs``) and the views (``memplan.render``) need, so none of them names a method.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from deap import base
 
@@ -68,43 +72,94 @@ class Prepared:
         return self._toolbox
 
 
+def _evaluated(result: Any) -> tuple[str, str]:
+    """The cells of a run that evaluated candidates: (evaluations, seconds)."""
+    return str(result.evaluations), f"{result.seconds:.2f}"
+
+
 @dataclass(frozen=True)
 class Method:
-    """A search method: ``run(prepared)`` -> its result; ``needs``: methods whose results it reads;
-    ``additive_only``: applies only where memory is additive."""
+    """A search method: ``run(prepared)`` -> its result (with ``candidate``, ``value``, ``seconds`` and
+    its JSON form ``to_json()``).
+
+    ``needs``: methods whose results it reads; ``additive_only``: applies only where memory is
+    additive; ``default``: the method run when none is asked for, where memory is additive
+    (``"additive"``) or where it is not (``"general"``); ``reference``: its value is the optimum the
+    other methods' gaps are measured to, so it runs whenever it applies; ``curve``: the line style of
+    its best-so-far curve (``best_per_evaluation``), run for the curves (the 256KB paper's Figure 13;
+    None: it has none); ``cells(result)``: its (evaluations, seconds) cells in ``memplan search``'s
+    table of methods."""
 
     run: Callable[[Prepared], Any]
     needs: tuple[str, ...] = ()
     additive_only: bool = False
+    default: Literal["additive", "general"] | None = None
+    reference: bool = False
+    curve: str | None = None
+    cells: Callable[[Any], tuple[str, str]] = _evaluated
+
+    def applies(self, additive: bool) -> bool:
+        """Whether the method applies where memory is (or is not) ``additive``."""
+        return additive or not self.additive_only
 
 
 METHODS: Registry[Method] = Registry("search method")
 
 
-def method(name: str, *, needs: tuple[str, ...] = (), additive_only: bool = False) -> Callable:
-    """Decorator registering ``run(prepared) -> result`` as the search method ``name``."""
+def method(name: str, **fields: Any) -> Callable:
+    """Decorator registering ``run(prepared) -> result`` as the search method ``name`` (``fields``:
+    those of :class:`Method` besides ``run``)."""
 
     def decorate(run: Callable[[Prepared], Any]) -> Callable[[Prepared], Any]:
-        METHODS.add(name, Method(run, needs, additive_only))
+        METHODS.add(name, Method(run, **fields))
         return run
 
     return decorate
 
 
-@method("exact", additive_only=True)
+def default_method(additive: bool) -> str:
+    """The method run when none is asked for, where memory is (or is not) ``additive``."""
+    return next(n for n, m in METHODS.items() if m.default == ("additive" if additive else "general"))
+
+
+def reference_method() -> str:
+    """The method whose value the others' gaps are measured to."""
+    return next(n for n, m in METHODS.items() if m.reference)
+
+
+def general_methods() -> list[str]:
+    """The methods that apply whether memory is additive or not."""
+    return [n for n, m in METHODS.items() if m.applies(False)]
+
+
+def wanted_methods(chosen: str, additive: bool, curves: bool) -> set[str]:
+    """The methods one search runs: ``chosen``, the reference where it applies (for the gap), and
+    with ``curves`` every method that has a curve."""
+    return {chosen} | {
+        n for n, m in METHODS.items() if m.applies(additive) and (m.reference or (curves and m.curve is not None))
+    }
+
+
+@method(
+    "exact",
+    additive_only=True,
+    default="additive",
+    reference=True,
+    cells=lambda r: ("-", f"{r.seconds:.3f}"),
+)
 def exact(s: Prepared) -> Any:
     if s.flops_budget is None:
         return solve_exact(s.space, s.table, s.budget)
     return solve_exact(s.space, s.table, s.budget, s.flops_table, s.flops_budget)
 
 
-@method("evolution")
+@method("evolution", default="general", curve="-")
 def evolution(s: Prepared) -> Any:
     problem, toolbox = s.toolbox()
     return evolve(problem, toolbox, population=s.population, generations=s.generations, seed=s.seed)
 
 
-@method("random", needs=("evolution",))
+@method("random", needs=("evolution",), curve="--")
 def random(s: Prepared) -> Any:
     problem, toolbox = s.toolbox()
     return random_search(problem, toolbox, evaluations=s.runs["evolution"].evaluations, seed=s.seed)

@@ -30,38 +30,45 @@ LCB_Z = 1.0
 
 @dataclass(frozen=True)
 class Objective:
-    """``gains(means, ses)`` of one family of entries; ``needs_se``: whether it reads the SEs."""
+    """``gains(means, ses)`` of one family of entries; ``needs_se``: whether it reads the SEs (one
+    that reads none gains the means themselves); ``nothing_gains``: why a search under it keeps the
+    classifier only although an update fits the budget (``memplan search``'s scheme line)."""
 
     name: str
     gains: Callable[[list[float], list[float]], list[float]]
     needs_se: bool
+    nothing_gains: str = ""
 
 
 #: objective name -> how a family's (means, standard errors) become the gains the search adds
 OBJECTIVES: Registry[Objective] = Registry("search objective")
 
 
-def objective(name: str, *, needs_se: bool = True):
+def objective(name: str, *, needs_se: bool = True, nothing_gains: str = ""):
     """Decorator registering ``gains(means, ses)`` as objective ``name``."""
 
     def decorate(fn: Callable[[list[float], list[float]], list[float]]):
-        OBJECTIVES.add(name, Objective(name, fn, needs_se))
+        OBJECTIVES.add(name, Objective(name, fn, needs_se, nothing_gains))
         return fn
 
     return decorate
 
 
-@objective("mean", needs_se=False)
+@objective("mean", needs_se=False, nothing_gains="nothing that fits has a positive measured gain")
 def mean(means: list[float], ses: list[float]) -> list[float]:
     return list(means)
 
 
-@objective("lcb")
+@objective(
+    "lcb",
+    nothing_gains="nothing measured above noise fits (lcb counts an entry only as far as it lies above one "
+    "standard error)",
+)
 def lower_bound(means: list[float], ses: list[float]) -> list[float]:
     return [m - LCB_Z * s for m, s in zip(means, ses, strict=True)]
 
 
-@objective("shrink")
+@objective("shrink", nothing_gains="nothing that fits keeps a gain once shrunk toward 0 by its standard error")
 def shrink(means: list[float], ses: list[float]) -> list[float]:
     if len(means) < 2:
         return list(means)

@@ -9,9 +9,8 @@ from typing import Any
 from ..contrib.profile import is_delta_acc
 from ..plan import Scheme
 from .devices import Device
-from .evolution import Trace
-from .exact import ExactResult
 from .memory import Additivity, CostTable
+from .methods import METHODS, reference_method
 from .space import SearchSpace
 
 
@@ -39,10 +38,10 @@ class SearchResult:
     additivity: Additivity  # its ``flops``: the FLOPs table's check, with a FLOPs budget
     space_size: dict[str, Any]
     table: CostTable
-    exact: ExactResult | None = None
-    gap_to_exact: float | None = None  # 1 - value / exact value (0 = optimal); None without exact
-    evolution: Trace | None = None
-    random: Trace | None = None
+    # the result of every method run (``memplan.search.methods.METHODS``: its name), in registration order;
+    # also read as attributes (``result.exact``: None when the method did not run)
+    runs: dict[str, Any] = field(default_factory=dict)
+    gap_to_exact: float | None = None  # 1 - value / the reference method's value (0 = optimal); None without it
     compute_calls: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     out: str | None = None
@@ -55,6 +54,17 @@ class SearchResult:
     flops_budget_text: str | None = None  # as given
     flops_table: CostTable | None = None  # per-option backward FLOPs (with a FLOPs budget)
 
+    def __getattr__(self, name: str) -> Any:
+        """A method's result by the method's name (None when it did not run)."""
+        if name in METHODS:
+            return self.__dict__.get("runs", {}).get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def reference(self) -> Any:
+        """The result of the reference method (the optimum gaps are measured to), or None."""
+        return self.runs.get(reference_method())
+
     @property
     def summed_delta_acc(self) -> float | None:
         """:attr:`summed` when the profile's entries are the grid's Δacc (points), else None."""
@@ -62,19 +72,16 @@ class SearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the scheme as its JSON object, candidates as text, the cost table as rows."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "runs"}
         data["scheme"] = self.scheme.model_dump(mode="json")
         data["device"] = self.device.model_dump() if self.device else None
         data["additivity"] = asdict(self.additivity)
         data["table"] = _table_rows(self.table)
         if self.flops_table is not None:
             data["flops_table"] = _table_rows(self.flops_table)
-        if self.exact is not None:
-            data["exact"] = {**asdict(self.exact), "candidate": self.exact.candidate.describe()}
-        for name in ("evolution", "random"):
-            trace = getattr(self, name)
-            if trace is not None:
-                data[name] = {**asdict(trace), "best": trace.best.describe()}
+        for name in METHODS:
+            run = self.runs.get(name)
+            data[name] = None if run is None else run.to_json()
         return data
 
 

@@ -11,6 +11,9 @@ registry):
 * ``method="evolution"`` (the default otherwise) or ``"random"``: DEAP search with the same
   operators; with additive memory the exact optimum is also computed to report the gap.
 
+Which method is the default, which one the gap is measured to and which ones draw curves are
+fields of the methods' entries (``memplan.search.methods.Method``); this module names none.
+
 The returned scheme is re-profiled with ``compute()``: its memory must fit the budget, and, when
 the table was used, equal the table's estimate (else the mode is declared non-additive for this
 run and the search is redone with ``compute()`` as the memory function).
@@ -31,15 +34,17 @@ import torch.nn as nn
 
 from ..api import Captured
 from ..errors import BadOption
+from ..options import with_keywords
 from ..plan import new_provenance
 from ..units import fmt_bytes, parse_flops
 from .budgets import BudgetError, all_additive, flops_table, memory_budget
 from .devices import Device, load_device
 from .exact import relative_gap
-from .inputs import SearchOptions, capture_inputs, profile_training, resolution_warnings
+from .inputs import capture_inputs, profile_training, resolution_warnings
 from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
-from .methods import METHODS, Prepared, run_methods
-from .objective import default_objective
+from .methods import METHODS, Prepared, default_method, general_methods, run_methods, wanted_methods
+from .objective import OBJECTIVES, default_objective
+from .options import SearchOptions
 from .result import SearchResult, space_size
 from .space import (
     Contributions,
@@ -49,7 +54,9 @@ from .space import (
 
 @dataclass
 class _Search:
-    """What the steps of one search share."""
+    """What the steps of one search share: the options as given (never changed) and what the steps
+    derive from them (the mode, the budgets; the objective and the optimizer, from the profile where
+    the options leave them open)."""
 
     opts: SearchOptions
     mode: str
@@ -59,43 +66,36 @@ class _Search:
     device: Device | None
     flops_budget: int | None = None  # backward FLOPs per training step (memory.FLOPS_FIGURE)
     flops_text: str | None = None  # as given
+    objective: str = ""  # what is maximised: the option, else the profile's default (_prepare)
+    optimizer: str = ""  # whose state is counted: the option, else the one the profile's runs trained with
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
-def run_search(
-    model: str | nn.Module | None = None, budget: str | int | float | None = None, **options: Any
-) -> SearchResult:
+@with_keywords(SearchOptions, positional=("budget",))
+def run_search(model: str | nn.Module | None = None, opts: SearchOptions | None = None) -> SearchResult:
     """Search the sparse-update scheme of largest summed Δacc whose memory fits ``budget``.
 
-    ``model``: zoo name, import spec or module (default: :data:`DEFAULT_MODEL`). ``budget``:
-    "100KB" (1000-based), "100KiB" (1024-based), "0.1MB", or bytes; or ``device``: a device
-    profile name / JSON path (its budget for the mode, ``Device.budget_for``). ``options``: the
-    keywords of :class:`SearchOptions`. Contribution profile: ``profile_path``, a ``profile`` dict,
-    or the shipped profile whose fingerprint matches the model. ``mode`` / ``metric``: memplan's
-    accounting mode (default: the device's, else ``tinytraining``) and which figure the budget
-    bounds (``"total"``, ``"peak"``). ``method``: a search method (``memplan.search.methods``:
-    exact | evolution | random; default: exact when memory is additive, else evolution).
-    ``generations`` / ``population`` / ``seed``: the DEAP run (random search gets as many
-    evaluations). ``ratios``, ``pw1_only``, ``max_weight_layers``: the space. ``classes`` /
-    ``resolution`` / ``input_shape`` (per sample) / ``batch``: the traced model (classes default to the
-    profile's; batch 1 unless given: the memory of one training step at that batch). ``out``: write
-    the scheme JSON. ``curves``: also run evolution and random search
-    for their best-so-far curves (the 256KB paper's Figure 13,
-    ``memplan.render.figures.plot_search``). ``optimizer`` / ``mode_options``: the optimizer whose
-    state the mode counts (default: the one the profile's runs trained with) and the mode's
-    options (``Mode.configure``, e.g. ``{"grad_accumulation": True}`` for ``tinytraining``).
-    ``objective``: what is maximised (``memplan.search.objective``) over the profile's entries in its
-    estimator's units (grid: Δacc; fisher / rgn: importance, summed alike). ``select``: the rule
-    choosing update channels (``importance``: the profile's top channels, listed in the scheme).
-    ``flops_budget``: also bound the backward FLOPs of one step ("5MFLOPs", "2.5e6", "1G";
-    1000-based; 2 x MACs of conv / linear / matmul backward, ``memory.FLOPS_FIGURE``; None: memory
-    only). With neither ``resolution`` nor ``input_shape``, a model is costed at its profile's
-    costing resolution; a warning is recorded when it differs from the input the runs used.
+    ``model``: zoo name, import spec or module (default: :data:`DEFAULT_MODEL`). ``opts``: the
+    :class:`~memplan.search.options.SearchOptions` (default: every option at its default), or its
+    options by name as keywords, ``budget`` also second by position (``run_search("mcunet-5fps",
+    "100KB", classes=10)``; given with ``opts``, they change a copy of it); each option's field says
+    what it does. ``budget``: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB", or bytes; or
+    ``device``: a device profile name / JSON path (its budget for the mode, ``Device.budget_for``). Contribution
+    profile: ``profile_path``, a ``profile`` (object or dict), or the shipped profile whose
+    fingerprint matches the model. ``method``: a search method (``memplan.search.methods``; default:
+    exact when memory is additive, else evolution). ``curves``: also run evolution and random search
+    for their best-so-far curves (the 256KB paper's Figure 13, ``memplan.render.figures.plot_search``).
+    ``optimizer``: the optimizer whose state the mode counts (default: the one the profile's runs
+    trained with); ``objective``: what is maximised (``memplan.search.objective``) over the profile's
+    entries in its estimator's units (grid: Δacc; fisher / rgn: importance, summed alike; default: lcb,
+    or mean for a profile without standard errors). With neither ``resolution`` nor ``input_shape``,
+    a model is costed at its profile's costing resolution; a warning is recorded when it differs from
+    the input the runs used.
     """
-    search = _start(SearchOptions(**options), budget)
+    search = _start(opts or SearchOptions())
     t0 = time.perf_counter()
-    cap, contributions, profile_path = capture_inputs(model, search.opts)
+    cap, contributions, profile_path = capture_inputs(model, search.opts.inputs)
     search.seconds["capture"] = time.perf_counter() - t0
     search.warnings += resolution_warnings(cap, contributions)
     prepared, additivity = _prepare(search, cap, contributions)
@@ -103,19 +103,21 @@ def run_search(
     return _result(search, cap, contributions, profile_path, prepared, additivity, method, runs, measured)
 
 
-def _start(opts: SearchOptions, budget: str | int | float | None) -> _Search:
+def _start(opts: SearchOptions) -> _Search:
     """Checked options, the mode and the budget."""
-    if opts.method is not None:
-        METHODS.choose(opts.method)
-    for name, value in (("generations", opts.generations), ("population", opts.population)):
+    solver, acc = opts.solver, opts.accounting
+    budget = acc.budget
+    if solver.method is not None:
+        METHODS.choose(solver.method)
+    for name, value in (("generations", solver.generations), ("population", solver.population)):
         if not isinstance(value, int) or value < 1:
             raise BadOption(f"{name} must be a positive integer, got {value!r}")
-    mode = opts.mode
+    mode = acc.mode
     if mode is None:
-        mode = load_device(opts.device).mode if opts.device is not None and budget is None else "tinytraining"
-    search = _Search(opts, mode, *memory_budget(budget, opts.device, mode))
-    if opts.flops_budget is not None:
-        search.flops_budget, search.flops_text = parse_flops(opts.flops_budget), str(opts.flops_budget)
+        mode = load_device(acc.device).mode if acc.device is not None and budget is None else "tinytraining"
+    search = _Search(opts, mode, *memory_budget(budget, acc.device, mode))
+    if acc.flops_budget is not None:
+        search.flops_budget, search.flops_text = parse_flops(acc.flops_budget), str(acc.flops_budget)
     return search
 
 
@@ -123,33 +125,31 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
     """The space, the memory model, the cost table (refusing a budget below the classifier-only
     memory) and the additivity check on probe candidates; with a FLOPs budget the FLOPs table
     and its check too (``Prepared.flops_table``, ``Additivity.flops``)."""
-    opts, seconds = search.opts, search.seconds
-    if opts.objective is None:
-        search.opts = opts = replace(opts, objective=default_objective(contributions.bias_se, contributions.weight_se))
-        if opts.objective == "mean":
-            search.warnings.append(
-                "the profile has no standard errors (one seed per entry): the search maximises the measured "
-                "summed Δacc, which chases noise; measure with several seeds for a noise-aware objective"
-            )
+    sp, acc, seconds = search.opts.space, search.opts.accounting, search.seconds
+    search.objective = sp.objective or default_objective(contributions.bias_se, contributions.weight_se)
+    if sp.objective is None and not OBJECTIVES[search.objective].needs_se:  # the default ignores noise
+        search.warnings.append(
+            "the profile has no standard errors (one seed per entry): the search maximises the measured "
+            "summed Δacc, which chases noise; measure with several seeds for a noise-aware objective"
+        )
     space = build_space(
         cap.graph,
         contributions,
         model=cap.name,
-        ratios=opts.ratios,
-        pw1_only=opts.pw1_only,
-        max_weight_layers=opts.max_weight_layers,
-        objective=opts.objective,
-        select=opts.select,
+        ratios=sp.ratios,
+        pw1_only=sp.pw1_only,
+        max_weight_layers=sp.max_weight_layers,
+        objective=search.objective,
+        select=sp.select,
     )
-    optimizer = opts.optimizer or contributions.optimizer  # count the state of the optimizer that trains
-    search.opts = opts = replace(opts, optimizer=optimizer)
+    search.optimizer = acc.optimizer or contributions.optimizer  # count the state of the optimizer that trains
     memory = MemoryModel(
         space,
         search.mode,
-        opts.metric,
-        optimizer=optimizer,
-        frozen_bits=opts.frozen_bits,
-        mode_options=opts.mode_options,
+        acc.metric,
+        optimizer=search.optimizer,
+        frozen_bits=acc.frozen_bits,
+        mode_options=acc.mode_options,
     )
     t0 = time.perf_counter()
     table = build_table(memory)
@@ -158,11 +158,12 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
     if search.budget_bytes < floor:
         raise BudgetError(
             f"budget {search.budget_text} = {search.budget_bytes} B is below the classifier-only memory "
-            f"{floor} B ({fmt_bytes(floor)}) of {cap.name} under mode {search.mode} ({opts.metric})",
+            f"{floor} B ({fmt_bytes(floor)}) of {cap.name} under mode {search.mode} ({acc.metric})",
             "raise the budget",
         )
     t0 = time.perf_counter()
-    probes = probe_candidates(space, seed=opts.seed)
+    solver = search.opts.solver
+    probes = probe_candidates(space, seed=solver.seed)
     additivity = check_additivity(memory, table, probes)
     ftable = flops_table(memory, search.flops_budget, search.flops_text, probes, additivity)  # None: no budget
     seconds["additivity"] = time.perf_counter() - t0  # with a FLOPs budget: its table and check too
@@ -172,19 +173,13 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
         table,
         all_additive(additivity),
         search.budget_bytes,
-        opts.seed,
-        opts.generations,
-        opts.population,
+        solver.seed,
+        solver.generations,
+        solver.population,
         flops_table=ftable,
         flops_budget=search.flops_budget,
     )
     return prepared, additivity
-
-
-def _wanted(method: str, additive: bool, curves: bool) -> set[str]:
-    """The methods one search runs: ``method``, exact too when additive (for the gap), evolution
-    and random for their curves."""
-    return {method} | ({"exact"} if additive else set()) | ({"evolution", "random"} if curves else set())
 
 
 def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[str, dict[str, Any], int]:
@@ -193,14 +188,15 @@ def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[s
     budget); where they differ the mode is declared non-additive for this run and the search
     redone with ``compute()`` as the memory (and FLOPs) function."""
     opts = search.opts
-    method = opts.method or ("exact" if prepared.additive else "evolution")
-    if METHODS[method].additive_only and not prepared.additive:
+    method = opts.solver.method or default_method(prepared.additive)
+    if not METHODS[method].applies(prepared.additive):
         what = "memory is" if not additivity.additive else "backward FLOPs are"
+        metric = opts.accounting.metric
         raise BadOption(
-            f"{what} not additive under mode {search.mode} ({opts.metric}): the exact solver does not apply",
-            "use method evolution or random",
+            f"{what} not additive under mode {search.mode} ({metric}): the {method} solver does not apply",
+            f"use method {' or '.join(general_methods())}",
         )
-    runs = run_methods(prepared, _wanted(method, prepared.additive, opts.curves), search.seconds)
+    runs = run_methods(prepared, wanted_methods(method, prepared.additive, opts.solver.curves), search.seconds)
     cand = runs[method].candidate
     measured = prepared.memory.measure(cand)
     if prepared.additive:
@@ -208,9 +204,9 @@ def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[s
         if additivity.flops is not None:
             additivity.flops.record(cand, prepared.flops_table.estimate(cand), prepared.memory.flops(cand))
         if not all_additive(additivity):
-            method = "evolution"  # the table misled: search again with compute() itself
+            method = default_method(False)  # the table misled: search again with compute() itself
             prepared = replace(prepared, additive=False, runs={}, _toolbox=None)
-            runs = run_methods(prepared, _wanted(method, False, opts.curves), search.seconds)
+            runs = run_methods(prepared, wanted_methods(method, False, opts.solver.curves), search.seconds)
             cand = runs[method].candidate
             measured = prepared.memory.measure(cand)
     if measured > search.budget_bytes:  # repair guarantees feasibility; this is a bug, never a user error
@@ -251,16 +247,15 @@ def _result(  # the steps' products, each used once here
         **bounded,
         summed_delta_acc=summed if delta_acc else None,
         summed_estimate=None if delta_acc else summed,
-        optimizer=opts.optimizer,
-        provenance=new_provenance(opts.command, contributions.sha256, opts.objective, contributions.estimator),
-        training=profile_training(contributions, cand, opts.optimizer),
+        optimizer=search.optimizer,
+        provenance=new_provenance(opts.output.command, contributions.sha256, search.objective, contributions.estimator),
+        training=profile_training(contributions, cand, search.optimizer),
     )
-    exact = runs.get("exact")
     result = SearchResult(
         model=cap.name,
         input_shape=list(cap.graph.input_shape[1:]),
         mode=search.mode,
-        metric=opts.metric,
+        metric=opts.accounting.metric,
         method=method,
         budget_bytes=search.budget_bytes,
         budget_text=search.budget_text,
@@ -277,21 +272,20 @@ def _result(  # the steps' products, each used once here
         additivity=additivity,
         space_size=space_size(space),
         table=prepared.table,
-        exact=exact,
-        gap_to_exact=relative_gap(value, exact.value) if exact is not None and all_additive(additivity) else None,
-        evolution=runs.get("evolution"),
-        random=runs.get("random"),
+        runs=dict(runs),
         compute_calls=memory.calls,
         seconds=search.seconds,
         warnings=search.warnings,
-        objective=opts.objective,
+        objective=search.objective,
         objective_value=value,
         backward_flops=flops,
         flops_budget=search.flops_budget,
         flops_budget_text=search.flops_text,
         flops_table=prepared.flops_table,
     )
-    if opts.out is not None:
-        scheme.save(opts.out)
-        result.out = str(opts.out)
+    if result.reference is not None and result.additive:
+        result.gap_to_exact = relative_gap(value, result.reference.value)
+    if opts.output.out is not None:
+        scheme.save(opts.output.out)
+        result.out = str(opts.output.out)
     return result

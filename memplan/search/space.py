@@ -30,9 +30,7 @@ from ..nn.lean import top_channels
 from ..plan import BackwardFlags, Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..units import ratio_label
 from .objective import apply_objective
-
-#: the paper's channel ratios (0 = bias only is always allowed)
-DEFAULT_RATIOS = (0.125, 0.25, 0.5, 1.0)
+from .options import DEFAULT_RATIOS
 
 
 class ProfileError(MemplanError):

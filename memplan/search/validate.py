@@ -36,10 +36,12 @@ from ..contrib.final import Evaluator, Result
 from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, is_delta_acc, load_profile
 from ..errors import BadOption
 from ..io import write_text
+from ..options import with_keywords
 from ..units import parse_bytes
 from .exact import solve_exact
 from .memory import MemoryModel, build_table, check_additivity, probe_candidates
 from .objective import OBJECTIVES
+from .options import ValidateOptions
 from .space import Candidate, SearchSpace, build_space, contributions_of, profile_hash
 
 CONFIDENCE = 0.95
@@ -144,60 +146,42 @@ def draw(
     return None
 
 
-def validate_profile(  # public keyword API: one keyword per option of memplan contrib validate
-    profile: str | os.PathLike | ContribProfile,
-    budgets: Sequence[str | int],
-    *,
-    per_budget: int = 5,
-    searched: bool = True,
-    mode: str = "tinytraining",
-    seeds: Sequence[int] | None = None,
-    bootstrap: int = 2000,
-    seed: int = 0,
-    threads: int = 1,
-    device: str = "cpu",
-    progress: Callable[[str], None] | None = None,
-    checkpoint: str | os.PathLike | None = None,
-) -> AdditivityCheck:  # 12 options: the check's knobs, each a keyword of the CLI command (one reason)
+@with_keywords(ValidateOptions, positional=("budgets",))
+def validate_profile(
+    profile: str | os.PathLike | ContribProfile, opts: ValidateOptions | None = None
+) -> AdditivityCheck:
     """Train ``per_budget`` random schemes per budget (and the searched optimum of each with
     ``searched``) end to end and correlate their summed Δacc with their real test-accuracy gain
-    (module docstring). ``seeds``: training seeds (default: the profile's). ``checkpoint``: a JSONL
-    file of the trained schemes (one fsync'ed line each); a rerun with the same options skips them.
-    The summed gains under every search objective (``memplan.search.objective``) the profile
-    allows are correlated too (``by_objective``)."""
+    (module docstring). ``opts``: the :class:`~memplan.search.options.ValidateOptions`, or its
+    options by name as keywords, ``budgets`` also second by position (default: 4 spread over the
+    profile's range, :func:`default_budgets`). ``seeds``: training seeds (default: the profile's).
+    ``checkpoint``: a JSONL file of the trained schemes (one fsync'ed line each); a rerun with the
+    same options skips them. The summed gains under every search objective
+    (``memplan.search.objective``) the profile allows are correlated too (``by_objective``)."""
     t0 = time.perf_counter()
+    o = opts or ValidateOptions()
     prof = profile if isinstance(profile, ContribProfile) else load_profile(profile)
     source = "(given)" if isinstance(profile, ContribProfile) else str(profile)
-    if per_budget < 0 or not budgets:
+    budgets = default_budgets(prof, o.mode) if o.budgets is None else o.budgets
+    if o.per_budget < 0 or not budgets:
         raise BadOption("give at least one budget and per_budget >= 0")
     budget_bytes = sorted({parse_bytes(b) for b in budgets})
     contributions = contributions_of(prof, f"contribution profile {source}")
     res = prof.costing_resolution
     cap = capture(prof.model, batch=1, resolution=res, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
-    memory = MemoryModel(space, mode, optimizer=contributions.optimizer)
-    table = build_table(memory)
-    additive = check_additivity(memory, table, probe_candidates(space, seed=seed)).additive
-    rng = random.Random(seed)
-    picks: list[tuple[str, int, Candidate]] = []
-    for b in budget_bytes:
-        if searched and additive:
-            best = solve_exact(space, table, b)
-            if best is not None:
-                picks.append(("searched", b, best.candidate))
-        for _ in range(per_budget):
-            cand = draw(space, memory.measure, b, rng)
-            if cand is not None:
-                picks.append(("random", b, cand))
+    memory = MemoryModel(space, o.mode, optimizer=contributions.optimizer)
+    picks = _picks(space, memory, budget_bytes, o)
     if len(picks) < 3:  # before any training: a correlation needs three schemes
         raise BadOption(
             f"{len(picks)} scheme(s) fit the budgets; a correlation needs at least 3",
             "raise --per-budget or give more budgets",
         )
+    mode, bootstrap, seed = o.mode, o.bootstrap, o.seed
     spaces = _objective_spaces(cap.graph, contributions)
-    evaluator = Evaluator(prof, seeds=seeds, threads=threads, device=device)
-    say = progress or (lambda text: None)
-    ckpt, done = _checkpoint(checkpoint, prof, evaluator, mode, budget_bytes, per_budget, searched, seed)
+    evaluator = Evaluator(prof, seeds=o.seeds, threads=o.threads, device=o.device)
+    say = o.progress or (lambda text: None)
+    ckpt, done = _checkpoint(o.checkpoint, prof, evaluator, mode, budget_bytes, o.per_budget, o.searched, seed)
     train = _trainer(evaluator, space, mode, ckpt, done)
     ref = train("reference", Candidate(0))
     say(f"classifier only: {ref.mean:.2f}%")
@@ -252,6 +236,25 @@ def validate_profile(  # public keyword API: one keyword per option of memplan c
         seconds=round(time.perf_counter() - t0, 1),
         notes=notes,
     )
+
+
+def _picks(space: SearchSpace, memory: MemoryModel, budget_bytes: list[int], o: ValidateOptions) -> list[Any]:
+    """(kind, budget, candidate) of the schemes the check trains: per budget the searched optimum
+    (where memory is additive and ``searched``) and ``per_budget`` random schemes that fit."""
+    table = build_table(memory)
+    additive = check_additivity(memory, table, probe_candidates(space, seed=o.seed)).additive
+    rng = random.Random(o.seed)
+    picks: list[tuple[str, int, Candidate]] = []
+    for b in budget_bytes:
+        if o.searched and additive:
+            best = solve_exact(space, table, b)
+            if best is not None:
+                picks.append(("searched", b, best.candidate))
+        for _ in range(o.per_budget):
+            cand = draw(space, memory.measure, b, rng)
+            if cand is not None:
+                picks.append(("random", b, cand))
+    return picks
 
 
 def _objective_spaces(graph: Any, contributions: Any) -> dict[str, SearchSpace]:

@@ -29,6 +29,21 @@ from ..registry import Registry
 
 StrategyFn = Callable[..., Plan]
 TransformFn = Callable[..., nn.Module]
+#: the options a strategy is compared with on a graph (``memplan compare`` naming no strategy); None: not there
+CompareFn = Callable[[LayerGraph], "dict[str, Any] | None"]
+
+
+def always(graph: LayerGraph) -> dict[str, Any]:
+    """Compared on every model, with its default options."""
+    return {}
+
+
+def on_blocks(graph: LayerGraph) -> dict[str, Any] | None:
+    """Compared on models with blocks, on the last ``DEFAULT_K`` of them (all where there are fewer)."""
+    k = min(DEFAULT_K, len(graph.blocks))
+    return {"blocks": k} if k else None
+
+
 #: ``added(**transform_options)`` -> the record of the modules a transform adds with those options
 #: (``architecture``: a ``TRANSFORMS`` name that rebuilds them, ``options``: every option of it,
 #: ``tag``: their ``TAG_ATTR``; ``Plan.added``), or None when it adds none
@@ -44,6 +59,8 @@ class Strategy:
     transform: TransformFn | None = None  # transform(model, **transform_options) -> model, before tracing
     transform_options: tuple[str, ...] = ()
     conv_update_table: bool = False  # profile --per-layer also prints each conv's update cost (Figure 11a)
+    # ``memplan compare`` naming no strategy: (its place in the list, the options on a graph); None: not shown
+    compare: tuple[int, CompareFn] | None = None
     added: AddedFn | None = None  # the record of the modules ``transform`` adds (``AddedFn``)
     #: ``changes(**transform_options)``: whether ``transform`` changes the model with those options
     #: (``sparse``: only for a scheme with added modules); None: always
@@ -123,25 +140,23 @@ def transform_option_names() -> tuple[str, ...]:
 
 
 def strategy(
-    name: str,
-    description: str,
-    options: tuple[str, ...] = (),
-    transform: TransformFn | None = None,
-    transform_options: tuple[str, ...] = (),
-    conv_update_table: bool = False,
-    added: AddedFn | None = None,
-    changes: Callable[..., bool] | None = None,
+    name: str, description: str, options: tuple[str, ...] = (), **fields: Any
 ) -> Callable[[StrategyFn], StrategyFn]:
-    """Decorator registering a plan function as strategy ``name`` (fields of :class:`Strategy`)."""
+    """Decorator registering a plan function as strategy ``name`` (``fields``: the other fields of
+    :class:`Strategy`)."""
 
     def register(fn: StrategyFn) -> StrategyFn:
-        entry = Strategy(
-            name, fn, description, options, transform, transform_options, conv_update_table, added, changes
-        )
-        STRATEGIES.add(name, entry)
+        STRATEGIES.add(name, Strategy(name, fn, description, options, **fields))
         return fn
 
     return register
+
+
+def compared(graph: LayerGraph) -> list[tuple[str, dict[str, Any]]]:
+    """The strategies ``memplan compare`` shows on ``graph`` when none are named, with their options
+    (``Strategy.compare``)."""
+    shown = sorted((s for s in STRATEGIES.values() if s.compare is not None), key=lambda s: s.compare[0])
+    return [(s.name, opts) for s in shown if (opts := s.compare[1](graph)) is not None]
 
 
 def get_strategy(method: str) -> Strategy:
@@ -237,23 +252,23 @@ def _norms(graph: LayerGraph) -> list[Node]:
     return [n for n in graph.nodes if n.kind in NORM_KINDS]
 
 
-@strategy("full", "every parameter trains; norms use batch statistics")
+@strategy("full", "every parameter trains; norms use batch statistics", compare=(0, always))
 def full(graph: LayerGraph) -> Plan:
     return Plan("full", {n.name: full_train(n) for n in graph.param_nodes()}, {n.name for n in _norms(graph)})
 
 
-@strategy("last", "classifier only; everything else frozen, norms in eval mode")
+@strategy("last", "classifier only; everything else frozen, norms in eval mode", compare=(1, always))
 def last(graph: LayerGraph) -> Plan:
     return Plan("last", train_classifier(graph, {}))
 
 
-@strategy("norm", "norm scale and shift + classifier; norms use batch statistics")
+@strategy("norm", "norm scale and shift + classifier; norms use batch statistics", compare=(2, always))
 def norm(graph: LayerGraph) -> Plan:
     train = {p.name: full_train(p) for n in _norms(graph) for p in graph.param_layers(n)}
     return Plan("norm", train_classifier(graph, train), {n.name for n in _norms(graph)})
 
 
-@strategy("bias", "every bias and norm shift + classifier; norms in eval mode (frozen statistics)")
+@strategy("bias", "every bias and norm shift + classifier; norms in eval mode (frozen statistics)", compare=(3, always))
 def bias(graph: LayerGraph) -> Plan:
     train = {n.name: Train(0.0, True) for n in graph.param_nodes() if any(role(p) == "bias" for p in n.params)}
     return Plan("bias", train_classifier(graph, train))
@@ -290,6 +305,7 @@ def lastk_start(graph: LayerGraph, blocks: int | None = None, layers: int | None
     "lastk",
     "everything from the K-th last block (or layer) on trains; norms there use batch statistics",
     ("blocks", "layers"),
+    compare=(7, on_blocks),
 )
 def lastk(graph: LayerGraph, blocks: int | None = None, layers: int | None = None) -> Plan:
     start = lastk_start(graph, blocks, layers)

@@ -31,7 +31,7 @@ from ..graph.kinds import NORM_KINDS
 from ..nn.transforms import is_lite
 from ..plan import Plan, Train
 from .architecture import flag
-from .base import DEFAULT_K, full_train, lastk_start, strategy
+from .base import DEFAULT_K, full_train, lastk_start, on_blocks, strategy
 
 #: activation kinds whose backward MobileTL approximates by a sign (ReLU6, h-swish)
 APPROX_KINDS = frozenset({"hardtanh", "hardswish"})
@@ -70,6 +70,7 @@ def full_norms_of(graph: LayerGraph, norms: list[Node], which: str) -> list[Node
     "block's last norm fully, sign-approximated ReLU6 / h-swish backward; feature mix and classifier train; "
     "lite branches in the blocks train fully (train_main=false: only they do)",
     ("blocks", "full_norms", "train_main"),
+    compare=(8, on_blocks),
 )
 def mobiletl(graph: LayerGraph, blocks: int | None = None, full_norms: str = "last", train_main: bool = True) -> Plan:
     if blocks is None:

@@ -15,13 +15,15 @@ swaps every BatchNorm for GroupNorm: ``--norm group``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import BadOption
 from ..graph import LayerGraph
 from ..graph.kinds import NORM_KINDS
 from ..nn.transforms import is_lite
 from ..plan import Plan, Train
 from .architecture import LITE_OPTIONS, lite_added, lite_transform
-from .base import bias, full_train, strategy, train_classifier
+from .base import always, bias, full_train, on_blocks, strategy, train_classifier
 
 
 def _lite_plan(graph: LayerGraph, method: str, biases: bool) -> Plan:
@@ -36,7 +38,16 @@ def _lite_plan(graph: LayerGraph, method: str, biases: bool) -> Plan:
     return Plan(method, train_classifier(graph, train), {n.name for n in lite if n.kind in NORM_KINDS})
 
 
-@strategy("tinytl-b", "TinyTL-B: every bias and norm shift + classifier; norms in eval mode (frozen statistics)")
+def _lite_fits(graph: LayerGraph) -> dict[str, Any] | None:
+    """Compared on models with blocks whose input is at least 64 px (the branches' pooling has no padding)."""
+    return {} if on_blocks(graph) is not None and min(graph.input_shape[2:], default=0) >= 64 else None
+
+
+@strategy(
+    "tinytl-b",
+    "TinyTL-B: every bias and norm shift + classifier; norms in eval mode (frozen statistics)",
+    compare=(4, always),
+)
 def tinytl_b(graph: LayerGraph) -> Plan:
     plan = bias(graph)
     plan.method = "tinytl-b"
@@ -49,6 +60,7 @@ def tinytl_b(graph: LayerGraph) -> Plan:
     "backbone frozen, branch norms use batch statistics",
     transform=lite_transform,
     transform_options=LITE_OPTIONS,
+    compare=(5, _lite_fits),
     added=lite_added,
 )
 def tinytl_l(graph: LayerGraph) -> Plan:
@@ -61,6 +73,7 @@ def tinytl_l(graph: LayerGraph) -> Plan:
     "backbone norms in eval mode, branch norms use batch statistics",
     transform=lite_transform,
     transform_options=LITE_OPTIONS,
+    compare=(6, _lite_fits),
     added=lite_added,
 )
 def tinytl_lb(graph: LayerGraph) -> Plan:

@@ -27,6 +27,7 @@ the heap before each step. It is compared with memplan's ``peak_bytes``.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,15 +38,21 @@ from ..accounting.engine import compute
 from ..api import Built, build_model, scheme_input_shape
 from ..apply import apply_plain, apply_plan, plan_strategy
 from ..errors import BadOption
+from ..graph import LayerGraph
 from ..modes import get_mode
 from ..nn.train import fit
 from ..optim import make_optimizer
+from ..plan import Plan
 from .measure import saved_bytes
 from .meter import PeakMeter, resident_bytes
 
 #: exit code of ``memplan verify`` when a measured saved-bytes count misses its prediction
 EXIT_MISMATCH = 1
-SETUPS = ("pytorch", "applied")
+#: the setups verify runs, each named by the accounting mode that predicts it -> how it readies the model
+SETUPS: dict[str, Callable[[nn.Module, LayerGraph, Plan], Any]] = {
+    "pytorch": apply_plain,
+    "applied": lambda model, graph, plan: apply_plan(model, plan, graph),
+}
 
 
 @dataclass
@@ -119,10 +126,7 @@ def _run_setup(  # one verify setup with verify's options
     model = copy.deepcopy(built.model).to(device)
     model, graph, plan = plan_strategy(model, method, input_shape=shape, block_names=built.block_names, **options)
     prof = compute(graph, plan, get_mode(setup), optimizer=optimizer)
-    if setup == "pytorch":
-        apply_plain(model, graph, plan)
-    else:
-        apply_plan(model, plan, graph)
+    SETUPS[setup](model, graph, plan)
     classes = graph.classes
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(shape, generator=gen).to(device)

@@ -23,10 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...errors import MemplanError
-
-#: validation images per class carved from the training split: an int count, or a float fraction in (0, 1)
-Validation = int | float
-DEFAULT_VALIDATION = 0.2
+from ..options import DEFAULT_VALIDATION, Validation  # noqa: F401  (declared with the options; re-exported)
 
 
 class BadData(MemplanError):

@@ -1,0 +1,183 @@
+"""Options objects: every option of a workflow is one field of a frozen pydantic model, declared
+once with its default and its description, and a workflow's options are nested groups of them
+(``memplan.contrib.options.ContribOptions``, ``memplan.search.options.SearchOptions``).
+
+* the command line derives one typer option per field (``memplan.cli_common.options_command``:
+  flag, default and help from the field; :func:`option` adds another spelling, a parser of the
+  option's text, or keeps a field off the command line);
+* the entry points take the object, or its options by name as keywords (:meth:`Options.of`:
+  flat names, each option's name being unique across the groups);
+* the objects are never changed: :meth:`Options.replace` returns a new one.
+
+Nothing here imports torch: the command line reads the fields before any command runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import BadOption
+
+OptionsT = TypeVar("OptionsT", bound="Options")
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: the accounting modes of ``memplan.modes.MODES``, named here so that help never imports torch
+#: (tests/test_cold_start.py checks that the two agree)
+MODE_NAMES = ("pytorch", "applied", "ideal", "tinytraining", "mcu", "mcu-nopatch", "mcu-accum", "tinytl")
+MODES_HELP = " | ".join(MODE_NAMES)
+
+
+def option(default: Any = None, description: str = "", *, flags: tuple[str, ...] = (), **cli: Any) -> Any:
+    """A field that is one option. ``flags``: its command-line spellings (default ``--name`` with
+    ``-`` for ``_``); ``cli``: ``parse="ints" | "floats" | ...`` (how the command line reads its text,
+    ``memplan.cli_common.PARSERS``), ``negate=True`` (a flag that turns the option off, ``--no-cache``),
+    ``hidden=True`` or ``cli=False`` (an option of the Python API only)."""
+    extra = {**({"flags": tuple(flags)} if flags else {}), **cli}
+    return Field(default, description=description, json_schema_extra=extra or None)
+
+
+def cli_extra(field: Any) -> dict[str, Any]:
+    """The command-line settings :func:`option` gave a field."""
+    return dict(field.json_schema_extra or {}) if isinstance(field.json_schema_extra, dict) else {}
+
+
+def takes_none(annotation: Any) -> bool:
+    """Whether a field of this annotation accepts None."""
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(takes_none(a) for a in typing.get_args(annotation))
+    return False
+
+
+def _group(annotation: Any) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+class Options(BaseModel):
+    """A frozen group of options (module docstring); a field whose type is a pydantic model is a
+    group of options itself."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    #: names the options in error messages (``bad <what> option x: ...``)
+    what: typing.ClassVar[str] = ""
+
+    @classmethod
+    def leaves(cls) -> dict[str, tuple[tuple[str, ...], Any]]:
+        """Every option (a field that is no group), by name: (the groups it lies in, its field)."""
+        return _leaves(cls)
+
+    @classmethod
+    def of(cls: type[OptionsT], **options: Any) -> OptionsT:
+        """From options by name (flat; a group may also be given whole, by its name). An option
+        given as None takes its default where it does not accept None (None counts as not given)."""
+        leaves = cls.leaves()
+        nested: dict[str, Any] = {}
+        for name, value in options.items():
+            if name in cls.model_fields and _group(cls.model_fields[name].annotation) is not None:
+                nested[name] = value if isinstance(value, BaseModel) else {**nested.get(name, {}), **value}
+                continue
+            if name not in leaves:
+                raise TypeError(f"{cls.__name__} has no option {name!r}")
+            path, field = leaves[name]
+            if value is None and not takes_none(field.annotation):
+                continue
+            into = nested
+            for group in path:
+                into = into.setdefault(group, {})
+                if isinstance(into, BaseModel):  # a group given whole, then one of its options
+                    raise TypeError(f"option {name!r} given both alone and in its group {group!r}")
+            into[name] = value
+        return cls.checked(nested)
+
+    @classmethod
+    def checked(cls: type[OptionsT], data: dict[str, Any]) -> OptionsT:
+        """``cls(**data)``, a validation error told in one line naming the option."""
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = next((str(p) for p in reversed(err["loc"]) if isinstance(p, str) and p in cls.leaves()), None)
+            where = where or ".".join(str(p) for p in err["loc"]) or "(top level)"
+            raise BadOption(f"bad {cls.what + ' ' if cls.what else ''}option {where}: {err['msg']}") from None
+
+    def replace(self: OptionsT, **options: Any) -> OptionsT:
+        """A copy with ``options`` (by name, as in :meth:`of`) changed; this object is never changed."""
+        return type(self).of(**{**self.flat(), **options})
+
+    def flat(self) -> dict[str, Any]:
+        """Every option by name (values as held)."""
+        out: dict[str, Any] = {}
+        for name, (path, _) in self.leaves().items():
+            value: Any = self
+            for group in path:
+                value = getattr(value, group)
+            out[name] = getattr(value, name)
+        return out
+
+
+@functools.cache
+def _leaves(model: type[BaseModel]) -> dict[str, tuple[tuple[str, ...], Any]]:
+    out: dict[str, tuple[tuple[str, ...], Any]] = {}
+    for name, field in model.model_fields.items():
+        group = _group(field.annotation)
+        found = {name: ((), field)} if group is None else {k: ((name, *p), f) for k, (p, f) in _leaves(group).items()}
+        for key, value in found.items():
+            if key in out or key in model.model_fields and group is not None:
+                raise ValueError(f"option {key!r} is declared twice in {model.__name__}")
+            out[key] = value
+    return out
+
+
+def with_keywords(cls: type[Options], param: str = "opts", positional: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Decorator: ``fn(..., opts: cls | None)`` also takes each option of ``cls`` by name, as a
+    keyword (a thin convenience derived from the fields: ``fn(x, seeds=(0, 1))`` is
+    ``fn(x, cls.of(seeds=(0, 1)))``; given with ``opts``, they change a copy of it), and the options
+    named in ``positional`` also by position, before ``opts`` (``fn(x, opts)`` still passes the
+    object). Its signature lists them, each with the field's type and default; an unknown keyword is
+    a TypeError, as for any function."""
+
+    def decorate(fn: F) -> F:
+        sig = inspect.signature(fn)
+        leaves = cls.leaves()
+        own = list(sig.parameters.values())
+        at = [p.name for p in own].index(param)
+
+        def parameter(name: str, kind: Any) -> inspect.Parameter:
+            field = leaves[name][1]
+            return inspect.Parameter(name, kind, default=field.default, annotation=field.annotation)
+
+        derived = sig.replace(
+            parameters=[
+                *own[:at],
+                *(parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in positional),
+                *own[at:],
+                *(parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in leaves if n not in positional),
+            ]
+        )
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            given = dict(derived.bind(*args, **kwargs).arguments)
+            for name in positional:  # fn(x, opts): the options object given where a positional option goes
+                if isinstance(given.get(name), cls) and param not in given:
+                    given[param] = given.pop(name)
+            named = {k: v for k, v in given.items() if k in leaves}
+            arguments = {k: v for k, v in given.items() if k not in leaves}
+            if named:
+                base = arguments.get(param)
+                arguments[param] = cls.of(**named) if base is None else base.replace(**named)
+            return fn(**arguments)
+
+        call.__signature__ = derived  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    return decorate

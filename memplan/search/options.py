@@ -1,0 +1,165 @@
+"""The options of a search (``run_search``, ``memplan search``), each declared once
+(:mod:`memplan.options`): :class:`SearchOptions` groups
+
+* ``inputs``: :class:`Inputs`, the contribution profile and the model's capture;
+* ``accounting``: :class:`Accounting`, how a candidate's memory (and FLOPs) is counted and bounded;
+* ``space``: :class:`Space`, the candidates and what they gain;
+* ``solver``: :class:`Solver`, the search method and its settings;
+* ``output``: :class:`Output`, the scheme written and its provenance.
+
+No torch import: the command line derives its options from these fields before any command runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+from ..options import MODES_HELP, Options, option
+
+#: the paper's channel ratios (0 = bias only is always allowed)
+DEFAULT_RATIOS = (0.125, 0.25, 0.5, 1.0)
+
+
+class Inputs(Options):
+    """The contribution profile and the model's capture (``memplan.search.inputs.capture_inputs``)."""
+
+    profile_path: str | os.PathLike | None = option(
+        None, "contribution profile JSON (default: the shipped one matching the model)", flags=("--profile",)
+    )
+    profile: Any = option(
+        None, "a contribution profile (ContribProfile or its JSON object) instead of a file", cli=False
+    )
+    classes: int | None = option(None, "classifier outputs (default: the profile's)", flags=("--classes", "-c"))
+    resolution: int | None = option(
+        None,
+        "input side in px (default: the profile's costing resolution; a warning when the runs used another input)",
+        flags=("--resolution", "-r"),
+    )
+    input_shape: tuple[int, ...] | None = option(None, "per-sample input shape (models outside the zoo)", cli=False)
+    batch: int = option(
+        1, "training batch the memory is costed at (the memory of one training step)", flags=("--batch", "-b")
+    )
+
+
+class Accounting(Options):
+    """How a candidate's memory (and backward FLOPs) is counted and what bounds it."""
+
+    budget: str | int | float | None = option(
+        None, 'memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes', parse="text"
+    )
+    device: str | os.PathLike | None = option(
+        None,
+        "hardware profile, e.g. stm32f746: the budget is its memory left to training in the mode (its default "
+        "mode: mcu, the modelled peak)",
+        flags=("--target",),
+    )
+    mode: str | None = option(
+        None, f"accounting mode of the budget: {MODES_HELP} (default: tinytraining, or the target's mode)"
+    )
+    metric: str = option(
+        "total", "which figure the budget bounds: total | peak (memplan.search.memory.METRICS)", cli=False
+    )
+    optimizer: str | None = option(
+        None,
+        "sgd | sgd-momentum | adam whose state is counted (default: the one the profile's runs trained with)",
+    )
+    frozen_bits: int = option(32, "storage bits of frozen weights (8 = int8)", cli=False)
+    mode_options: dict[str, Any] | None = option(
+        None,
+        "accounting-mode option as key=value (repeatable), e.g. -O state_bits=32 -O grad_accumulation=true for "
+        "tinytraining",
+        flags=("--mode-option", "-O"),
+        parse="key_values",
+    )
+    flops_budget: str | int | float | None = option(
+        None,
+        'also bound the backward FLOPs of one training step: "5MFLOPs", "2.5e6", "1G" (k, M, G, T 1000-based; '
+        "a bare number is FLOPs). FLOPs = 2 x MACs of the backward of conv / linear / matmul (grad-input, "
+        "grad-weight of the updated fraction as the mode counts it; grad-bias 1 per output element); norm / "
+        "activation / pooling / loss backward is not counted (default: memory only)",
+        parse="text",
+    )
+
+
+class Space(Options):
+    """The candidates (``memplan.search.space.build_space``) and what each one gains."""
+
+    ratios: tuple[float, ...] = option(DEFAULT_RATIOS, "weight ratios of the space, e.g. 1/8,1/4,1/2,1")
+    pw1_only: bool = option(False, "update weights of first pointwise convs only")
+    max_weight_layers: int | None = option(None, "cap on weight-updated layers")
+    objective: str | None = option(
+        None,
+        "mean | lcb | shrink: the profile's Δacc entries as measured, minus one standard error, or shrunk toward 0 "
+        "by their standard errors (default: lcb; mean for a profile without standard errors)",
+    )
+    select: str = option(
+        "magnitude+",
+        "channels of a weight update: magnitude+ | magnitude- | random, or importance (the top channels of a "
+        "fisher / rgn profile's per-channel importance, listed in the scheme)",
+    )
+
+
+class Solver(Options):
+    """The search method (``memplan.search.methods``) and its settings."""
+
+    method: str | None = option(
+        None, "exact | evolution | random (default: exact when memory is additive in the mode, else evolution)"
+    )
+    generations: int = option(100, "generations of the evolutionary search")
+    population: int = option(100, "population of the evolutionary search")
+    seed: int = option(0, "seed of the evolutionary and random searches and of the additivity probes")
+    curves: bool = option(
+        False, "also run evolution and random search for their best-so-far curves (Figure 13)", cli=False
+    )
+
+
+class Output(Options):
+    """The scheme written, and the command recorded in its provenance."""
+
+    out: str | os.PathLike | None = option(None, "write the scheme JSON")
+    command: str | None = option(None, "the command line recorded in the scheme's provenance", cli=False)
+
+
+class SearchOptions(Options):
+    """Every option of :func:`memplan.search.run.run_search` and ``memplan search``."""
+
+    what: ClassVar[str] = "search"
+
+    inputs: Inputs = Inputs()
+    accounting: Accounting = Accounting()
+    space: Space = Space()
+    solver: Solver = Solver()
+    output: Output = Output()
+
+
+class ValidateOptions(Options):
+    """The options of the additivity check (``memplan.search.validate.validate_profile``,
+    ``memplan contrib validate``)."""
+
+    what: ClassVar[str] = "additivity check"
+
+    budgets: tuple[str | int, ...] | None = option(
+        None,
+        'memory budgets, e.g. "20KB,50KB,100KB" (default: 4 spread over the profile\'s range)',
+        parse="texts",
+    )
+    per_budget: int = option(5, "random schemes per budget")
+    searched: bool = option(
+        True,
+        "train the searched optimum of each budget too; --no-searched leaves it out",
+        flags=("--no-searched",),
+        negate=True,
+    )
+    mode: str = option("tinytraining", f"accounting mode of the budgets: {MODES_HELP}")
+    seeds: tuple[int, ...] | None = option(None, "training seeds (default: the profile's)")
+    bootstrap: int = option(2000, "bootstrap resamples of the confidence intervals")
+    seed: int = option(0, "seed of the random schemes and the bootstrap")
+    threads: int = option(1, "torch threads of the training runs", cli=False)
+    device: str = option("cpu", "cpu | cuda | auto")
+    checkpoint: str | os.PathLike | None = option(
+        None,
+        "JSONL of the trained schemes (one fsync'ed line each) to resume from: a rerun with the same options "
+        "skips them (default: beside --json, .runs.jsonl)",
+    )
+    progress: Any = option(None, "called with each line of progress", cli=False)
