@@ -9,43 +9,20 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from .cli_common import OldTargetOpt, console, options_command, positive_int, target_option
+from .cli_common import OldTargetOpt, console, options_command, target_option
 from .errors import MemplanError
-from .search.options import SearchOptions
+from .search.options import SearchCommand, SearchOptions
 
 
-@options_command(SearchOptions)
-def search(  # typer command: its own parameters, then one per option of SearchOptions
+@options_command(SearchCommand)
+def search(  # typer command: its own parameters, then one per option of SearchCommand (search, stage)
     model: str | None = typer.Argument(
         None, help="model (default: efficientnet-lite0, ImageNet weights, with its shipped Fashion-MNIST profile)"
     ),
     old_target: str | None = OldTargetOpt,
     plot: str | None = typer.Option(None, "--plot", help="draw Figure 13 (evolution vs random) and 11b to PATH"),
-    validate: int | None = typer.Option(
-        None,
-        "--validate",
-        help="train the search's N best candidates and every baseline that fits on the profile's validation "
-        "split (successive halving over seeds and a learning-rate grid) and return the validated best",
-    ),
-    validate_lrs: str = typer.Option(
-        "5e-4,2.5e-3,1.25e-2,1.25e-2/weight=5e-4,1.25e-2/weight=2.5e-3",
-        "--validate-lrs",
-        help="learning-rate grid of --validate, comma-separated points: one rate for every tensor (2.5e-3) or rates "
-        "per family, a bare rate for the rest (1.25e-2/weight=5e-4; families: classifier, bias, norm, weight)",
-    ),
-    validate_seeds: str = typer.Option("0,1", "--validate-seeds", help="seeds of --validate (one rung each)"),
-    validate_dir: str = typer.Option(
-        ".memplan-validate", "--validate-dir", help="checkpoint folder of --validate (reruns resume from it)"
-    ),
-    validate_workers: int = typer.Option(
-        1, "--validate-workers", help="runs of --validate trained at once (a rung's runs on a local process pool)"
-    ),
-    validate_executor: str = typer.Option("process", "--validate-executor", help="--validate's runs: process | ray"),
-    validate_address: str | None = typer.Option(
-        None, "--validate-address", help="Ray cluster address (with --validate-executor ray)"
-    ),
     *,
-    opts: SearchOptions,
+    opts: SearchCommand,
 ) -> None:
     """Search the sparse-update scheme of largest summed (noise-aware) Δacc under a memory (and FLOPs) budget."""
     from .render.figures import plot_search
@@ -53,12 +30,15 @@ def search(  # typer command: its own parameters, then one per option of SearchO
     from .search.run import run_search
     from .search.space import ProfileError
 
+    stage, opts = opts.stage, opts.search
     target = target_option(opts.accounting.device, old_target, "search")
     if opts.accounting.budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
-    stage = _stage(
-        validate, validate_lrs, validate_seeds, validate_dir, validate_workers, validate_executor, validate_address
-    )
+    validate = stage.validate_candidates
+    if validate is not None:  # an executor that does not exist is refused before any work
+        from .contrib.executors import EXECUTORS
+
+        EXECUTORS.choose(stage.validate_executor)
     out = opts.output.out
     opts = opts.replace(
         device=target,
@@ -126,24 +106,6 @@ def print_applied_cost(result: Any, classes: int | None, out: Console) -> None:
     )
 
 
-def _stage(  # noqa: ANN202
-    n: int | None, lrs: str, seeds: str, folder: str, workers: int, executor: str, address: str | None
-):
-    """The validation stage's schedule, checked before any work (None without --validate)."""
-    if n is None:
-        return None
-    from .contrib.executors import default_threads
-    from .rates import Rates
-    from .search.select import Stage
-
-    if n < 1:
-        raise MemplanError(f"--validate needs at least 1 searched candidate, got {n}")
-    positive_int("validate-workers", workers)
-    grid = tuple(Rates.parse(x) for x in lrs.split(",") if x.strip())
-    seeds_ = tuple(_ints(seeds, "validate-seeds"))
-    return Stage(grid, seeds_, folder, default_threads(workers), workers, executor, address)
-
-
 def _validate(result, n: int, opts: SearchOptions, stage):  # noqa: ANN001, ANN202
     """The validation stage with a progress bar (``memplan.search.select.validate_search``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -172,10 +134,3 @@ def _validate(result, n: int, opts: SearchOptions, stage):  # noqa: ANN001, ANN2
             },
         )
     return validated
-
-
-def _ints(text: str, name: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise MemplanError(f"cannot read --{name} {text!r}", "write comma-separated integers, e.g. 0,1") from None

@@ -5,7 +5,10 @@
 * ``accounting``: :class:`Accounting`, how a candidate's memory (and FLOPs) is counted and bounded;
 * ``space``: :class:`Space`, the candidates and what they gain;
 * ``solver``: :class:`Solver`, the search method and its settings;
-* ``output``: :class:`Output`, the scheme written and its provenance.
+* ``output``: :class:`Output`, the scheme written and its provenance;
+
+and :class:`Stage`, the validation stage's schedule (``--validate``, ``memplan.search.select``);
+``memplan search`` takes both (:class:`SearchCommand`).
 
 No torch import: the command line derives its options from these fields before any command runs.
 """
@@ -15,7 +18,10 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
+from pydantic import field_validator
+
 from ..options import MODES_HELP, Options, option
+from ..rates import Rates
 
 #: the paper's channel ratios (0 = bias only is always allowed)
 DEFAULT_RATIOS = (0.125, 0.25, 0.5, 1.0)
@@ -131,6 +137,85 @@ class SearchOptions(Options):
     space: Space = Space()
     solver: Solver = Solver()
     output: Output = Output()
+
+
+#: the validation stage's learning-rate grid (memplan.rates.Rates, as text): one rate for every
+#: tensor, then the biases, norms and head at 1.25e-2 with the weights slower
+DEFAULT_GRID = ("5e-4", "2.5e-3", "1.25e-2", "1.25e-2/weight=5e-4", "1.25e-2/weight=2.5e-3")
+
+
+class Stage(Options):
+    """The validation stage's schedule (``memplan.search.select``): its candidates, the
+    learning-rate grid and seeds of the successive halving, its checkpoint and where it runs."""
+
+    what: ClassVar[str] = "validation stage"
+
+    validate_candidates: int | None = option(
+        None,
+        "train the search's N best candidates and every baseline that fits on the profile's validation split "
+        "(successive halving over seeds and a learning-rate grid) and return the validated best",
+        flags=("--validate",),
+    )
+    validate_lrs: tuple[str, ...] = option(
+        DEFAULT_GRID,
+        "learning-rate grid of --validate, comma-separated points: one rate for every tensor (2.5e-3) or rates per "
+        "family, a bare rate for the rest (1.25e-2/weight=5e-4; families: classifier, bias, norm, weight)",
+        parse="texts",
+    )
+    validate_seeds: tuple[int, ...] = option((0, 1), "seeds of --validate (one rung each)", parse="ints")
+    validate_dir: str | os.PathLike = option(
+        ".memplan-validate", "checkpoint folder of --validate (reruns resume from it)"
+    )
+    validate_workers: int = option(
+        1, "runs of --validate trained at once (each rung's runs on contribution analysis's executors)"
+    )
+    validate_executor: str = option("process", "where --validate's runs train: process (a local pool) | ray")
+    validate_address: str | None = option(None, "Ray cluster address (with --validate-executor ray)")
+    validate_threads: int | None = option(
+        None, "torch threads per worker (default: the cores this process may use, shared by the workers)", cli=False
+    )
+
+    @field_validator("validate_candidates")
+    @classmethod
+    def _n(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"--validate needs at least 1 searched candidate, got {v}")
+        return v
+
+    @field_validator("validate_lrs")
+    @classmethod
+    def _grid(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("the validation stage needs at least one learning rate")
+        return tuple(str(Rates.parse(x)) for x in v)  # a one-line error for a point it cannot read
+
+    @field_validator("validate_seeds")
+    @classmethod
+    def _seeds(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or len(set(v)) != len(v):
+            raise ValueError(f"the validation stage's seeds must be distinct, got {list(v)}")
+        return v
+
+    @field_validator("validate_workers")
+    @classmethod
+    def _workers(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"--validate-workers must be a positive integer, got {v}")
+        return v
+
+    @property
+    def grid(self) -> tuple[Rates, ...]:
+        """The learning-rate grid's points."""
+        return tuple(Rates.parse(x) for x in self.validate_lrs)
+
+
+class SearchCommand(Options):
+    """Every option of ``memplan search``: the search's and the validation stage's."""
+
+    what: ClassVar[str] = "search"
+
+    search: SearchOptions = SearchOptions()
+    stage: Stage = Stage()
 
 
 class ValidateOptions(Options):

@@ -25,7 +25,7 @@ validation accuracy ± SE with the runners-up (``validation``). Runs are checkpo
 one line per finished run, keyed by what the candidate trains, its rates and seed, so budgets
 and reruns share them): an interrupted stage resumes where it was.
 Runs execute one after another in this process, or each rung's runs at once on contribution
-analysis's executors (``Stage.workers``: a local process pool or Ray).
+analysis's executors (``Stage.validate_workers``: a local process pool or Ray).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 
 from ..apply import add_modules
 from ..contrib.checkpoint import Checkpoint
-from ..contrib.executors import EXECUTORS, execute, num_threads
+from ..contrib.executors import EXECUTORS, default_threads, execute, num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
 from ..contrib.profile import load_profile
 from ..contrib.runner import Context, SchemeRun, Worker, linear_probe
@@ -51,11 +51,12 @@ from ..errors import BadOption, MemplanError
 from ..plan import Scheme, Training, Validation
 from ..rates import Rates
 from .candidates import Candidate, collect_candidates
+from .options import DEFAULT_GRID, Stage
 from .result import SearchResult
 
 #: the learning-rate grid of the stage (module docstring)
-DEFAULT_LRS = tuple(map(Rates.parse, ("5e-4", "2.5e-3", "1.25e-2", "1.25e-2/weight=5e-4", "1.25e-2/weight=2.5e-3")))
-DEFAULT_SEEDS = (0, 1)
+DEFAULT_LRS = tuple(map(Rates.parse, DEFAULT_GRID))
+DEFAULT_SEEDS = Stage.model_fields["validate_seeds"].default
 
 
 @dataclass
@@ -100,13 +101,15 @@ class ProfileTrainer:
     before the schedule reads them. Any object with this call and these attributes can stand in
     (the transfer benchmark trains through its own checkpoint)."""
 
-    def __init__(self, profile_path: str | Path, checkpoint_dir: str | Path, stage: Stage):
+    def __init__(self, profile_path: str | Path, stage: Stage):
         self.stage = stage
-        with num_threads(stage.threads):
+        self.threads = stage.validate_threads or default_threads(stage.validate_workers)
+        EXECUTORS.choose(stage.validate_executor)
+        with num_threads(self.threads):
             profile = load_profile(profile_path)
             setup = setup_of(profile)
             self.protocol = protocol = profile.protocol
-            folder = Path(checkpoint_dir)
+            folder = Path(stage.validate_dir)
             folder.mkdir(parents=True, exist_ok=True)
             identity = {**setup.identity(), "protocol": protocol.identity(exclude={"seeds"})}
             self.ckpt = Checkpoint(folder / "validate.runs.jsonl", identity)
@@ -144,7 +147,7 @@ class ProfileTrainer:
             self.contexts = {"": self.contexts[""]} if "" in self.contexts else {}
             self.workers = {"": self.workers[""]} if "" in self.workers else {}
             net = add_modules(copy.deepcopy(self.net), scheme, self.seen.x_train.shape[1:]) if key else self.net
-            self.contexts[key] = Context(self.name, net, self.seen, self.protocol, True, self.stage.threads)
+            self.contexts[key] = Context(self.name, net, self.seen, self.protocol, True, self.threads)
         return key, self.contexts[key]
 
     def worker_for(self, scheme: Scheme) -> Worker:
@@ -159,22 +162,23 @@ class ProfileTrainer:
         here, each run trains when it is read)."""
         jobs = [SchemeRun(self.run_id(c, r, s), c.scheme, r, s) for c, r, s in rung]
         jobs = [j for j in dict((j.id, j) for j in jobs).values() if j.id not in self.done]
-        if self.stage.workers == 1 or not jobs:
-            return
         st = self.stage
+        if st.validate_workers == 1 or not jobs:
+            return
         groups: dict[str, list[SchemeRun]] = {}
         for job in jobs:  # one pool per model: the plain one, and each set of added modules
             groups.setdefault(self.context_for(job.scheme)[0], []).append(job)
         for key, group in groups.items():
             ctx = self.context_for(group[0].scheme)[1]
             tag = f"{self.key}:{hashlib.sha256(key.encode()).hexdigest()[:8]}"
-            for rec in execute(ctx, group, workers=st.workers, executor=st.executor, address=st.address, key=tag):
+            run = {"workers": st.validate_workers, "executor": st.validate_executor, "address": st.validate_address}
+            for rec in execute(ctx, group, **run, key=tag):
                 self._record(rec)
 
     def __call__(self, candidate: Candidate, rates: Rates, seed: int) -> float:
         rid = self.run_id(candidate, rates, seed)
         if rid not in self.done:
-            with num_threads(self.stage.threads):
+            with num_threads(self.threads):
                 self._record(SchemeRun(rid, candidate.scheme, rates, seed).run_on(self.worker_for(candidate.scheme)))
         return self.done[rid]["accuracy"]
 
@@ -243,36 +247,12 @@ def choose(  # the stage's schedule, one keyword each
     return validated
 
 
-@dataclass(frozen=True)
-class Stage:
-    """The validation stage's schedule: the learning-rate grid (module docstring), the seeds (one
-    rung each), the checkpoint folder and torch threads."""
-
-    lrs: tuple[Rates, ...] = DEFAULT_LRS
-    seeds: tuple[int, ...] = DEFAULT_SEEDS
-    checkpoint_dir: str | Path = ".memplan-validate"
-    threads: int = 1  # torch threads per worker
-    workers: int = 1  # runs of a rung trained at once (1: one after another in this process)
-    executor: str = "process"  # memplan.contrib.executors: a local process pool or ray
-    address: str | None = None  # a Ray cluster (executor ray)
-
-    def __post_init__(self) -> None:
-        if not self.lrs:
-            raise BadOption("the validation stage needs at least one learning rate")
-        if not isinstance(self.workers, int) or self.workers < 1:
-            raise BadOption(f"the validation stage's workers must be a positive integer, got {self.workers!r}")
-        EXECUTORS.choose(self.executor)
-        object.__setattr__(self, "lrs", tuple(Rates.of(r) for r in self.lrs))
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise BadOption(f"the validation stage's seeds must be distinct, got {list(self.seeds)}")
-
-
 def validate_search(
     result: SearchResult,
     n: int,
     search: Callable[[str, int], SearchResult],
     *,
-    stage: Stage = Stage(),
+    stage: Stage | None = None,
     options: dict[str, Any] | None = None,
     on_start: Callable[[int], None] | None = None,
     on_run: Callable[[], None] | None = None,
@@ -283,14 +263,15 @@ def validate_search(
     mode_options: the search's). ``on_start(total)`` / ``on_run()``: progress."""
     if result.profile_path is None:
         raise BadOption("the validation stage trains from the profile's setup: search with a profile file")
-    trainer = ProfileTrainer(result.profile_path, stage.checkpoint_dir, stage)
+    stage = stage or Stage()
+    trainer = ProfileTrainer(result.profile_path, stage)
     classes = load_profile(result.profile_path).dataset.get("classes")
     candidates = collect_candidates(result, n, search, options or {}, classes)
     return choose(
         candidates,
         trainer,
-        lrs=stage.lrs,
-        seeds=stage.seeds,
+        lrs=stage.grid,
+        seeds=stage.validate_seeds,
         budget_bytes=result.budget_bytes,
         on_start=on_start,
         on_run=on_run,
