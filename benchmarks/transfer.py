@@ -145,7 +145,8 @@ class Method:
 
 def what_trains(method: Method, graph: LayerGraph) -> tuple:
     """Everything that decides a run: the architecture transform and the plan's trained tensors
-    (with their channels), norms in train mode and approximated activations."""
+    (with their channels), norms in train mode, approximated activations and norms whose statistics
+    are re-estimated."""
     if method.arch is not None:  # its plan reads the transformed model: it shares with nothing
         return method.arch, method.name
     try:
@@ -153,7 +154,7 @@ def what_trains(method: Method, graph: LayerGraph) -> tuple:
     except MemplanError:  # not applicable to this model: it fails where it is asked for
         return "not applicable", method.name
     train = sorted((name, repr(t)) for name, t in plan.train.items() if t.any)
-    return method.arch, tuple(train), tuple(sorted(plan.norm_train)), tuple(sorted(plan.approx))
+    return method.arch, tuple(train), *(tuple(sorted(x)) for x in (plan.norm_train, plan.approx, plan.reestimate))
 
 
 def share_runs(methods: list[Method], graph: LayerGraph) -> None:
