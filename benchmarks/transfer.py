@@ -78,7 +78,7 @@ from memplan.graph.kinds import NORM_KINDS
 from memplan.io import write_text
 from memplan.optim import OPTIMIZERS
 from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, load_scheme, scheme_to_plan
-from memplan.rates import Rates
+from memplan.rates import Rates, distinct
 from memplan.search import run_search
 from memplan.search.candidates import collect_candidates
 from memplan.search.select import choose
@@ -139,8 +139,8 @@ class Method:
         return self.runs_as or self.name
 
     def settings(self, grid: list[Rates]) -> list[Rates]:
-        """The distinct trainings of ``grid`` for this method (rates of untrained families dropped)."""
-        return list(dict.fromkeys(r.restrict(self.families) for r in grid))
+        """The distinct trainings of ``grid`` for this method (``memplan.rates.distinct``)."""
+        return distinct(grid, self.families)
 
 
 def what_trains(method: Method, graph: LayerGraph) -> tuple:

@@ -94,6 +94,13 @@ class Rates:
         return f"{self.classifier:g}{own}"
 
 
+def distinct(grid: Iterable[Rates], families: Iterable[str]) -> list[Rates]:
+    """The distinct trainings of ``grid`` for a model that trains ``families``: points that differ
+    only in a family it does not train are one (:meth:`Rates.restrict`), in grid order."""
+    families = set(families)
+    return list(dict.fromkeys(r.restrict(families) for r in grid))
+
+
 def family_of(name: str, param: Any, classifier: str | None) -> str:
     """The family (:data:`FAMILIES`) of parameter ``name`` (a ``named_parameters`` name) of a model
     whose head is the module ``classifier``: the head's parameters, then any ``*bias``, then any

@@ -8,7 +8,8 @@ A :class:`Registry` is a read-only mapping that refuses a second entry under a n
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Generic, TypeVar
+from importlib import import_module
+from typing import Any, Generic, TypeVar
 
 from .errors import BadOption, MemplanError
 
@@ -63,3 +64,18 @@ class Registry(Mapping[str, T], Generic[T]):
         if name not in self._items:
             raise self.error(f"unknown {self.what} {name!r}", f"choose one of: {', '.join(self._items)}")
         return self._items[name]
+
+
+def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__``: public name ``name`` of ``exports`` (name -> the module of
+    ``package`` that defines it) imported on first use and kept in ``namespace`` (the package's
+    globals), so importing the package imports none of its modules."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(f"{package}.{exports[name]}"), name)
+        namespace[name] = value
+        return value
+
+    return __getattr__

@@ -12,8 +12,7 @@ to end from a profile's setup and measures them on the test split.
     >>> plot_contrib(prof, "profiles/mbv2.png")
 """
 
-from importlib import import_module
-from typing import Any
+from ..registry import lazy_exports
 
 #: public name -> the module of this package that defines it (imported on first use, so that the
 #: command line reads :mod:`.options` without torch)
@@ -28,12 +27,6 @@ EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, EXPORTS, globals())
 
-
-__all__ = ["run_contrib", "ContribOptions", "ContribProfile", "load_profile", "Protocol", "Data", "load_data"]
+__all__ = list(EXPORTS)

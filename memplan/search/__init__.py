@@ -7,8 +7,7 @@ and draws it). Pieces: ``space`` (candidates, scheme / plan mapping), ``memory``
 memory and FLOPs budgets), ``methods`` (the search methods, a registry).
 """
 
-from importlib import import_module
-from typing import Any
+from ..registry import lazy_exports
 
 #: public name -> the module of this package that defines it (imported on first use, so that the
 #: command line reads :mod:`.options` without torch)
@@ -31,12 +30,6 @@ EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_exports(__name__, EXPORTS, globals())
 
 __all__ = list(EXPORTS)

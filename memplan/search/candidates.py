@@ -15,7 +15,7 @@ from typing import Any
 from ..api import capture, profile_captured
 from ..errors import BadOption, MemplanError, SchemeError
 from ..plan import Scheme, scheme_to_plan
-from ..rates import Rates
+from ..rates import Rates, distinct
 from ..strategies import changes_architecture
 from .baselines import BASELINES
 from .memory import METRICS
@@ -37,8 +37,8 @@ class Candidate:
     families: frozenset[str] = frozenset()  # the parameter families it trains (memplan.rates.FAMILIES)
 
     def settings(self, grid: Sequence[Rates]) -> list[Rates]:
-        """The distinct trainings of ``grid`` for this candidate (rates of untrained families dropped)."""
-        return list(dict.fromkeys(r.restrict(self.families) for r in grid))
+        """The distinct trainings of ``grid`` for this candidate (:func:`memplan.rates.distinct`)."""
+        return distinct(grid, self.families)
 
     @property
     def key(self) -> str:
@@ -84,6 +84,13 @@ def searched_candidates(result: SearchResult, n: int, search: Callable[[str, int
     return out
 
 
+def memory_of(result: SearchResult, cap: Any, scheme: Scheme, options: dict[str, Any]) -> int:
+    """Bytes of ``scheme`` on ``cap`` in the search's mode and metric (``options``: optimizer,
+    frozen_bits, mode_options of :func:`memplan.api.profile_captured`)."""
+    prof = profile_captured(cap, "sparse", mode=result.mode, scheme=scheme, **options)
+    return METRICS[result.metric].read(prof)
+
+
 def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any]) -> list[Candidate]:
     """Every baseline that fits ``result``'s budget, costed like the search costs (``options``:
     optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`). ``cap``: the
@@ -99,8 +106,7 @@ def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any])
             scheme = Scheme.from_plan(own.graph, baseline.plan(own.graph), model=result.model, mode=result.mode)
         except (SchemeError, BadOption):  # not a point of this model's space (e.g. no blocks)
             continue
-        prof = profile_captured(own, "sparse", mode=result.mode, scheme=scheme, **options)
-        memory = METRICS[result.metric].read(prof)
+        memory = memory_of(result, own, scheme, options)
         if memory <= result.budget_bytes:
             out.append(Candidate(name, scheme, memory, True))
     return out
@@ -142,8 +148,7 @@ def union_candidates(
             if u is None or trains_key(u) in known:
                 continue
             known.add(trains_key(u))
-            prof = profile_captured(cap, "sparse", mode=result.mode, scheme=u, **options)
-            memory = METRICS[result.metric].read(prof)
+            memory = memory_of(result, cap, u, options)
             if memory <= result.budget_bytes:
                 out.append(Candidate(f"{a.name} + {b.name}", u, memory, False))
     return out

@@ -51,11 +51,11 @@ from ..errors import BadOption, MemplanError
 from ..plan import Scheme, Training, Validation
 from ..rates import Rates
 from .candidates import Candidate, collect_candidates
-from .options import DEFAULT_GRID, Stage
+from .options import Stage
 from .result import SearchResult
 
 #: the learning-rate grid of the stage (module docstring)
-DEFAULT_LRS = tuple(map(Rates.parse, DEFAULT_GRID))
+DEFAULT_LRS = Stage().grid
 DEFAULT_SEEDS = Stage.model_fields["validate_seeds"].default
 
 
@@ -138,11 +138,16 @@ class ProfileTrainer:
         self.ckpt.append(rec)
         self.trained += 1
 
+    @staticmethod
+    def added_key(scheme: Scheme) -> str:
+        """What ``scheme`` adds to the model, as text ("" for the plain model)."""
+        added = [a.model_dump(mode="json") for a in scheme.added_modules]
+        return json.dumps(added, sort_keys=True) if added else ""
+
     def context_for(self, scheme: Scheme) -> tuple[str, Context]:
         """(key, context): the plain model's, or one on the model with ``scheme``'s added modules built
         (``memplan.apply.add_modules``; one such set at a time, the previous one freed first)."""
-        key = json.dumps([a.model_dump(mode="json") for a in scheme.added_modules], sort_keys=True)
-        key = "" if not scheme.added_modules else key
+        key = self.added_key(scheme)
         if key not in self.contexts:
             self.contexts = {"": self.contexts[""]} if "" in self.contexts else {}
             self.workers = {"": self.workers[""]} if "" in self.workers else {}
@@ -167,7 +172,7 @@ class ProfileTrainer:
             return
         groups: dict[str, list[SchemeRun]] = {}
         for job in jobs:  # one pool per model: the plain one, and each set of added modules
-            groups.setdefault(self.context_for(job.scheme)[0], []).append(job)
+            groups.setdefault(self.added_key(job.scheme), []).append(job)
         for key, group in groups.items():
             ctx = self.context_for(group[0].scheme)[1]
             tag = f"{self.key}:{hashlib.sha256(key.encode()).hexdigest()[:8]}"
