@@ -340,8 +340,8 @@ def test_profile_for_another_model_is_refused(mcunet):
         run_search("mbv2-w0.35", "100KB", profile=profile)
 
 
-def test_budget_xor_device(mcunet):
-    with pytest.raises(MemplanError, match="either a budget or a device"):
+def test_budget_xor_target(mcunet):
+    with pytest.raises(MemplanError, match="either a budget or a target"):
         run_search("mcunet-5fps", budget="100KB", target="stm32f746", profile=mcunet[1])
 
 
