@@ -232,7 +232,10 @@ Batch = Annotated[int, option(1, "batch size of one training step", flags=("--ba
 Resolution = Annotated[
     int | None,
     option(
-        None, "input side in px (default: the model's, or the contribution profile's)", flags=("--resolution", "-r")
+        None,
+        "input side in px (not given: the model's; contrib: the data source's, 32 for digits; search: the "
+        "contribution profile's costing resolution)",
+        flags=("--resolution", "-r"),
     ),
 ]
 Classes = Annotated[

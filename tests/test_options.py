@@ -71,7 +71,11 @@ def _declarations(name: str) -> list[str]:
     for path in sorted(ROOT.rglob("*.py")):
         tree = ast.parse(path.read_text())
         holds_options = str(path.relative_to(ROOT)) in OPTION_MODULES
+        aliases = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript)]
+        inside = {id(c) for a in aliases for c in ast.walk(a.value) if isinstance(c, ast.Call)}
         for node in ast.walk(tree):
+            if id(node) in inside:  # the option(...) of an annotated alias: the alias is the declaration
+                continue
             here = f"{path.relative_to(ROOT.parent)}:{getattr(node, 'lineno', 0)}"
             field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
             if holds_options and field and node.target.id == name:
@@ -80,6 +84,10 @@ def _declarations(name: str) -> list[str]:
                     found.append(here)
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Option":
                 if any(isinstance(a, ast.Constant) and a.value == flag for a in node.args):
+                    found.append(here)
+            alias = isinstance(node, ast.Assign) and isinstance(node.value, ast.Subscript)
+            if alias and getattr(node.value.value, "id", None) == "Annotated":  # Mode = Annotated[..., option(...)]
+                if [t.id for t in node.targets] == [name.title().replace("_", "")]:
                     found.append(here)
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "option":
                 for kw in node.keywords:
@@ -93,7 +101,10 @@ def test_the_options_several_workflows_take_are_declared_once():
     shared ones (mode, batch, ...) are the annotated types of memplan.options, used by every group."""
     assert len(_declarations("lr_bias")) == 1, _declarations("lr_bias")
     assert len(_declarations("budget")) == 1, _declarations("budget")
-    assert _declarations("mode") == [], _declarations("mode")  # every group says `mode: Mode = ...`
+    (mode,) = _declarations("mode")  # the annotated type: every group says `mode: Mode = ...`
+    assert mode.startswith("memplan/options.py:")
+    for name in ("target", "mode_options", "frozen_bits", "classes", "input_shape", "norm"):
+        assert len(_declarations(name)) == 1, (name, _declarations(name))
     for name in ("mode", "batch", "resolution", "classes", "optimizer", "mode_options", "frozen_bits", "target"):
         for cls in (ProfileOptions, SearchCommand):
             if name in cls.leaves():
