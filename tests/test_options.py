@@ -62,37 +62,33 @@ def test_every_field_is_one_option_of_its_command(path):
 OPTION_MODULES = ("options.py", "profile_options.py", "search/options.py", "contrib/options.py")
 
 
-def _declarations(name: str) -> list[str]:
-    """Where memplan's source declares an option called ``name``: a field of an options object
-    assigned ``option(...)`` / ``Field(...)``, an ``option(...)`` spelled ``--name``, or a
-    ``typer.Option`` spelled ``--name``."""
+def _declares(node: ast.AST, name: str, holds_options: bool) -> bool:
+    """Whether ``node`` declares the option ``name`` (see :func:`_declarations`)."""
     flag = "--" + name.replace("_", "-")
+    if isinstance(node, ast.Assign) and getattr(getattr(node.value, "value", None), "id", None) == "Annotated":
+        return [getattr(t, "id", None) for t in node.targets] == [name.title().replace("_", "")]
+    if isinstance(node, ast.AnnAssign) and holds_options and getattr(node.target, "id", None) == name:
+        return isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) in ("option", "Field")
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Option":
+        return any(isinstance(a, ast.Constant) and a.value == flag for a in node.args)
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "option":
+        return any(kw.arg == "flags" and flag in ast.literal_eval(kw.value) for kw in node.keywords)
+    return False
+
+
+def _declarations(name: str) -> list[str]:
+    """Where memplan's source declares an option called ``name``: an annotated alias of one
+    (``Mode = Annotated[..., option(...)]``), a field of an options object assigned ``option(...)`` /
+    ``Field(...)``, an ``option(...)`` spelled ``--name``, or a ``typer.Option`` spelled ``--name``."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         tree = ast.parse(path.read_text())
         holds_options = str(path.relative_to(ROOT)) in OPTION_MODULES
         aliases = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript)]
         inside = {id(c) for a in aliases for c in ast.walk(a.value) if isinstance(c, ast.Call)}
-        for node in ast.walk(tree):
-            if id(node) in inside:  # the option(...) of an annotated alias: the alias is the declaration
-                continue
-            here = f"{path.relative_to(ROOT.parent)}:{getattr(node, 'lineno', 0)}"
-            field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-            if holds_options and field and node.target.id == name:
-                call = node.value
-                if isinstance(call, ast.Call) and getattr(call.func, "id", None) in ("option", "Field"):
-                    found.append(here)
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Option":
-                if any(isinstance(a, ast.Constant) and a.value == flag for a in node.args):
-                    found.append(here)
-            alias = isinstance(node, ast.Assign) and isinstance(node.value, ast.Subscript)
-            if alias and getattr(node.value.value, "id", None) == "Annotated":  # Mode = Annotated[..., option(...)]
-                if [t.id for t in node.targets] == [name.title().replace("_", "")]:
-                    found.append(here)
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "option":
-                for kw in node.keywords:
-                    if kw.arg == "flags" and flag in ast.literal_eval(kw.value):
-                        found.append(here)
+        for node in ast.walk(tree):  # the option(...) of an alias is not counted again: the alias declares it
+            if id(node) not in inside and _declares(node, name, holds_options):
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
     return found
 
 
