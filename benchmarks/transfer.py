@@ -826,8 +826,9 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
             f"{task.x_train.shape[0]} training images, {task.x_val.shape[0]} validation images carved from the "
             f"training data, {task.x_test.shape[0]} test images (final numbers only). Linear probe first "
             f"({a.probe_epochs} epochs, lr {a.probe_lr}; validation accuracy {run.probe:.2f}%), then every method: "
-            f"{a.optimizer} ({OPTIMIZERS[a.optimizer].description}), one learning rate for every trained "
-            f"tensor, {a.epochs} epochs of batch {a.batch_size}, cosine decay, no augmentation."
+            f"{a.optimizer} ({OPTIMIZERS[a.optimizer].description}), the learning rate(s) of the LR column (one rate "
+            f"for every trained tensor, or rates per family: biases / norms / head, then weights), {a.epochs} "
+            f"epochs of batch {a.batch_size}, cosine decay, no augmentation."
         ),
         "memory_columns": {
             k: {"mode": v[0], "batch": a.batch_size if v[1] else 1, "state": v[3]} for k, v in MEMORY_COLUMNS.items()

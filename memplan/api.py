@@ -18,13 +18,14 @@ transforms that read a block's shapes, strategies that read a trace) call the gr
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch.fx as fx
 import torch.nn as nn
 
+from .accounting.devices import fit, load_device
 from .accounting.engine import compute
 from .accounting.extras import strategy_extras
 from .check import CHECK_BATCH, check as self_check
@@ -38,7 +39,9 @@ from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
 from .nn.transforms import swap_norm
 from .optim import OPTIMIZERS
+from .options import with_keywords
 from .plan import Scheme
+from .profile_options import Capture as CaptureOptions, CompareOptions, Costing, ProfileOptions
 from .strategies import changes_architecture, make_plan, transform_model
 from .strategies.base import compared
 
@@ -119,26 +122,22 @@ def build_model(
     return Built(spec.name, spec.model, shape, None if input_shape is not None else res, spec.block_names, assumed)
 
 
-def capture(  # public keyword API: one keyword per capture option of profile / the CLI
+@with_keywords(CaptureOptions, positional=("input_shape",))
+def capture(
     model: str | nn.Module,
-    input_shape: Sequence[int] | None = None,
+    opts: CaptureOptions | None = None,
     *,
-    batch: int = 1,
-    resolution: int | None = None,
-    classes: int | None = None,
-    leaf_modules: Iterable[str | type] = (),
-    block_names: Sequence[str] | None = None,
     method: str | None = None,
     method_options: dict[str, Any] | None = None,
-    norm: str | None = None,
-    output: str | int | None = None,
     name: str | None = None,
     meta: bool = True,
     runnable: bool = False,
 ) -> Captured:
     """The capture pipeline: ``model`` (zoo name, import spec or module) traced at ``batch`` x
     the per-sample ``input_shape`` (no batch; default (3, r, r) at ``resolution``, the zoo's or
-    224 px) on the meta device, as a :class:`Captured` (graph, module, GraphModule).
+    224 px) on the meta device, as a :class:`Captured` (graph, module, GraphModule). ``opts``:
+    :class:`~memplan.profile_options.Capture`, or its options by name (``input_shape`` also by
+    position).
 
     ``classes``: the head size of zoo / import-spec models. ``norm="group"``: BatchNorm ->
     GroupNorm first. ``method``: that strategy's architecture transform (if any) with
@@ -149,6 +148,10 @@ def capture(  # public keyword API: one keyword per capture option of profile / 
     ``Captured.gm`` runs the model as it is (symbolic trace only, under the model's own train /
     eval flags; ``memplan.graph.capture.capture_graph``), for the contribution feature cache.
     """
+    o = opts or CaptureOptions()
+    batch, input_shape, block_names = o.batch, o.input_shape, o.block_names
+    leaf_modules, output = o.leaf_modules, o.output
+    resolution, classes, norm = o.resolution, o.classes, o.norm
     _positive("batch", batch)
     built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm, meta=meta)
     net = built.model
@@ -203,105 +206,87 @@ def _scheme_optimizer(scheme: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def profile_captured(  # public keyword API: the accounting options of profile
-    cap: Captured,
-    method: str = "full",
-    *,
-    mode: str = "pytorch",
-    optimizer: str | None = None,
-    frozen_bits: int = 32,
-    check: bool = False,
-    schedule: str | None = None,
-    calibration: Any = "cpu",
-    mode_options: dict[str, Any] | None = None,
-    **options: Any,
+@with_keywords(Costing, param="costing")
+def profile_captured(
+    cap: Captured, method: str = "full", costing: Costing | None = None, *, check: bool = False, **options: Any
 ) -> Profile:
-    """Profile one strategy on an already captured model. ``check=True`` adds ``Profile.check``:
-    predicted saved bytes (``pytorch`` mode) against a real CPU run of ``cap.model`` at the graph's
-    batch under saved_tensors_hooks
-    (:mod:`memplan.check`). ``schedule`` / ``calibration``: the simulated peak's training step
-    and kernel workspaces (:func:`memplan.accounting.engine.compute`). ``mode_options``: options of
-    the mode (``Mode.configure``). ``optimizer``: whose state is counted (default: the one a given
-    ``scheme`` records, else ``sgd``)."""
-    optimizer = optimizer or _scheme_optimizer(options.get("scheme")) or "sgd"
+    """Profile one strategy on an already captured model, counted as ``costing`` says
+    (:class:`~memplan.profile_options.Costing`, or its options by name: ``mode="applied"``).
+
+    ``options``: the strategy's options. ``costing.schedule`` / ``calibration``: the simulated
+    peak's training step and kernel workspaces (:func:`memplan.accounting.engine.compute`);
+    ``mode_options``: options of the mode (``Mode.configure``); ``optimizer``: whose state is
+    counted (default: the one a given ``scheme`` records, else ``sgd``); ``target``: a hardware
+    profile (``memplan.accounting.devices``): the mode defaults to its mode and
+    ``Profile.extras["device"]`` says whether the peak fits it. ``check=True`` adds
+    ``Profile.check``: predicted saved bytes (``pytorch`` mode) against a real CPU run of
+    ``cap.model`` at the graph's batch under saved_tensors_hooks (:mod:`memplan.check`)."""
+    c = costing or Costing()
+    optimizer = c.optimizer or _scheme_optimizer(options.get("scheme")) or "sgd"
     OPTIMIZERS.choose(optimizer)
-    if frozen_bits not in (8, 16, 32):
-        raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {frozen_bits}")
-    acc = get_mode(mode).configure(**(mode_options or {}))
+    if c.frozen_bits not in (8, 16, 32):
+        raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {c.frozen_bits}")
+    device = load_device(c.target) if c.target is not None else None
+    mode = c.mode or (device.mode if device is not None else "pytorch")
+    acc = get_mode(mode).configure(**(c.mode_options or {}))
     plan = make_plan(cap.graph, method, **options)
     prof = compute(
         cap.graph,
         plan,
         acc,
         optimizer=optimizer,
-        frozen_bits=frozen_bits,
-        schedule=schedule,
-        calibration=calibration,
+        frozen_bits=c.frozen_bits,
+        schedule=c.schedule,
+        calibration=c.calibration,
         meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes},
     )
     prof.extras.update(strategy_extras(cap.graph, plan, prof))
+    if device is not None:
+        prof.extras["device"] = fit(prof, device)
     if check:
         prof.check = asdict(self_check(cap.model, cap.graph, plan))
     return prof
 
 
-def profile(  # public keyword API: one keyword per option of memplan profile
-    model: str | nn.Module,
-    method: str = "full",
-    *,
-    mode: str = "pytorch",
-    batch: int = 1,
-    resolution: int | None = None,
-    classes: int | None = None,
-    input_shape: Sequence[int] | None = None,
-    optimizer: str | None = None,
-    frozen_bits: int = 32,
-    leaf_modules: Iterable[str | type] = (),
-    block_names: Sequence[str] | None = None,
-    norm: str | None = None,
-    output: str | int | None = None,
-    check: bool = False,
-    schedule: str | None = None,
-    calibration: Any = "cpu",
-    mode_options: dict[str, Any] | None = None,
-    **options: Any,
-) -> Profile:
-    """Memory and FLOPs of fine-tuning ``model`` with ``method``, layer by layer.
+@with_keywords(ProfileOptions, positional=("method",))
+def profile(model: str | nn.Module, opts: ProfileOptions | None = None, **options: Any) -> Profile:
+    """Memory and FLOPs of fine-tuning ``model`` with a strategy, layer by layer.
 
     ``model``: zoo name (``memplan.models.zoo.names()``), ``package.module:attr``, ``file.py:attr``
-    or an ``nn.Module``. ``mode``: accounting convention (``memplan.modes.MODES``).
-    ``options``: strategy options, e.g. ``blocks=3`` for ``lastk``. ``output``: the key, field or
-    index of the logits in a tuple / dict / namedtuple output (default: its first tensor).
+    or an ``nn.Module``. ``opts``: :class:`~memplan.profile_options.ProfileOptions`, or its options
+    by name (``method``, also by position; ``mode``, ``batch``, ``resolution``, ``blocks``, ...;
+    ``mode`` is an accounting convention of ``memplan.modes.MODES``). ``options``: the strategy's
+    other options, e.g. ``lite_kernel=3`` for ``tinytl-lb``. ``output``: the key, field or index of
+    the logits in a tuple / dict / namedtuple output (default: its first tensor).
     ``check=True``: compare the prediction with one real CPU forward + loss of the model at batch
     ``min(batch, memplan.check.CHECK_BATCH)`` under saved_tensors_hooks (``Profile.check``).
     ``schedule``: ``standard`` or ``tte`` (in-place update during backward; default: the mode's).
     ``calibration``: kernel workspaces in the peak (``"cpu"`` / ``"cuda"``: this machine's
     ``memplan calibrate`` file; a path; None: none). ``Profile.workspace`` says what was used.
     ``mode_options``: options of the mode, e.g. ``{"state_bits": 32}`` for ``tinytraining``.
-    A ``scheme`` option sets the input shape it was planned at, unless ``input_shape`` or
-    ``resolution`` is given.
+    ``target``: a hardware profile (e.g. ``stm32f746``): its mode unless ``mode`` is given, and
+    ``Profile.extras["device"]`` says whether the peak fits. A ``scheme`` option sets the input
+    shape it was planned at, unless ``input_shape`` or ``resolution`` is given.
     """
-    if input_shape is None and resolution is None:
-        input_shape = scheme_input_shape(options.get("scheme"))
-    shaping = dict(resolution=resolution, classes=classes, norm=norm, method=method, method_options=options)
-    cap = capture(
-        model, input_shape, batch=batch, leaf_modules=leaf_modules, block_names=block_names, output=output, **shaping
+    o = opts or ProfileOptions()
+    method, cap_opts, strategy = o.method, o.capture, o.strategy.given(**options)
+    input_shape = cap_opts.input_shape
+    if input_shape is None and cap_opts.resolution is None:
+        input_shape = scheme_input_shape(strategy.get("scheme"))
+    shaping = dict(
+        resolution=cap_opts.resolution,
+        classes=cap_opts.classes,
+        norm=cap_opts.norm,
+        method=method,
+        method_options=strategy,
     )
-    prof = profile_captured(
-        cap,
-        method,
-        mode=mode,
-        optimizer=optimizer,
-        frozen_bits=frozen_bits,
-        schedule=schedule,
-        calibration=calibration,
-        mode_options=mode_options,
-        **options,
-    )
-    if check:
-        again = dict(batch=min(batch, CHECK_BATCH), leaf_modules=leaf_modules, block_names=block_names, output=output)
+    tracing = dict(leaf_modules=cap_opts.leaf_modules, block_names=cap_opts.block_names, output=cap_opts.output)
+    cap = capture(model, cap_opts.replace(input_shape=input_shape), method=method, method_options=strategy)
+    prof = profile_captured(cap, method, o.costing, **strategy)
+    if o.check:
+        again = dict(batch=min(cap_opts.batch, CHECK_BATCH), **tracing)
         small = _checkable(model, cap, shaping, again)
-        prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **options)))
+        prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **strategy)))
     return prof
 
 
@@ -315,31 +300,26 @@ def _checkable(model: str | nn.Module, cap: Captured, shaping: dict[str, Any], a
     return capture(cap.model, cap.graph.input_shape[1:], name=cap.name, **again)
 
 
+@with_keywords(CompareOptions)
 def compare(
     model: str | nn.Module,
     methods: Sequence[str | tuple[str, dict[str, Any]]] | None = None,
-    *,
-    mode: str = "pytorch",
-    optimizer: str = "sgd",
-    frozen_bits: int = 32,
-    mode_options: dict[str, Any] | None = None,
-    **capture_options: Any,
+    opts: CompareOptions | None = None,
 ) -> list[Profile]:
-    """One profile per strategy. ``methods`` items are names or (name, options). The model is
-    traced once, plus once per strategy (or architecture option) that transforms it."""
-    cap = capture(model, **capture_options)
+    """One profile per strategy. ``methods`` items are names or (name, options) (default:
+    :func:`default_methods`). ``opts``: :class:`~memplan.profile_options.CompareOptions` (the
+    capture and how it is counted), or its options by name. The model is traced once, plus once per
+    strategy (or architecture option) that transforms it."""
+    o = opts or CompareOptions()
+    cap = capture(model, o.capture)
     items = methods if methods is not None else default_methods(cap)
     out = []
     for item in items:
-        name, opts = (item, {}) if isinstance(item, str) else item
+        name, strategy = (item, {}) if isinstance(item, str) else item
         this = cap
-        if changes_architecture(name, opts):
-            this = capture(model, method=name, method_options=opts, **capture_options)
-        out.append(
-            profile_captured(
-                this, name, mode=mode, optimizer=optimizer, frozen_bits=frozen_bits, mode_options=mode_options, **opts
-            )
-        )
+        if changes_architecture(name, strategy):
+            this = capture(model, o.capture, method=name, method_options=strategy)
+        out.append(profile_captured(this, name, o.costing, **strategy))
     return out
 
 
@@ -350,10 +330,13 @@ def default_methods(cap: Captured) -> list[tuple[str, dict[str, Any]]]:
     return compared(cap.graph)
 
 
-def update_costs(model: str | nn.Module, **capture_options: Any) -> list[ConvUpdateCost]:
+def update_costs(
+    model: str | nn.Module, opts: CaptureOptions | None = None, **capture_options: Any
+) -> list[ConvUpdateCost]:
     """The cost of updating each conv of ``model`` under the ``tinytraining`` convention (the
-    256KB paper's Figure 11a), one row per conv in conv-index order."""
-    return conv_update_costs(capture(model, **capture_options).graph)
+    256KB paper's Figure 11a), one row per conv in conv-index order. ``opts`` / ``capture_options``:
+    as :func:`capture` takes them."""
+    return conv_update_costs(capture(model, opts, **capture_options).graph)
 
 
 def describe_models() -> list[dict[str, Any]]:

@@ -8,46 +8,23 @@ Every error caused by the input ends in one line ``error: ...`` on stderr and ex
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import typer
 
 from . import cli_peak, cli_search
 from .cli_common import (
-    BatchOpt,
     BinaryOpt,
-    BitsCacheOpt,
-    BitsOpt,
-    BlocksNamesOpt,
-    BlocksOpt,
-    ClassesOpt,
-    EpochsOpt,
-    LayersOpt,
-    LeafOpt,
-    MethodOpt,
     ModelArg,
-    ModeOpt,
-    ModeOptionOpt,
-    NormOpt,
     OldTargetOpt,
-    OptimOpt,
-    OptionOpt,
-    OutputOpt,
-    OwnOptimOpt,
-    ResOpt,
-    SamplesOpt,
-    SchemeOpt,
-    ShapeOpt,
     console,
     emit,
-    key_values,
+    options_command,
     run_command,
-    scheme_arg,
-    shape,
     target_option,
 )
 from .cli_contrib import app as contrib_app
 from .errors import MemplanError
+from .profile_options import CompareOptions, ProfileOptions, StrategyOptions, VerifyOptions
 from .version import __version__
 
 # Nothing above imports torch: help, --version and usage errors answer at once (benchmarks/cold_start.py);
@@ -79,49 +56,10 @@ def _options(
     """Memory / FLOP profiler and sparse-update planner for on-device transfer learning."""
 
 
-#: strategy options that ``profile`` names as flags (``--blocks``); the others are ``-o key=value``
-STRATEGY_FLAGS = ("blocks", "layers", "scheme", "bits", "samples", "epochs")
-
-
-def _strategy_opts(option: list[str] | None, **named: Any) -> dict[str, Any]:
-    """Strategy options: the named CLI options that were given, then ``-o key=value`` ones
-    (:func:`memplan.cli_common.scalar`)."""
-    return {**{k: v for k, v in named.items() if v is not None}, **key_values(option, "-o")}
-
-
-def _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm=None, output=None) -> dict:
-    return dict(
-        batch=batch,
-        resolution=resolution,
-        classes=classes,
-        leaf_modules=tuple(leaf or ()),
-        norm=norm,
-        block_names=[b.strip() for b in block_names.split(",") if b.strip()] if block_names else None,
-        input_shape=shape(input_shape),
-        output=output,
-    )
-
-
 @app.command()
-def profile(  # typer command: one parameter per CLI option
-    ctx: typer.Context,
+@options_command(ProfileOptions)
+def profile(  # typer command: its own parameters (the views), then one per option of ProfileOptions
     model: str = ModelArg,
-    method: str = MethodOpt,
-    blocks: int | None = BlocksOpt,
-    layers: int | None = LayersOpt,
-    scheme: str | None = SchemeOpt,
-    bits: int | None = BitsCacheOpt,
-    samples: int | None = SamplesOpt,
-    epochs: int | None = EpochsOpt,
-    option: list[str] | None = OptionOpt,
-    norm: str | None = NormOpt,
-    batch: int = BatchOpt,
-    resolution: int | None = ResOpt,
-    classes: int | None = ClassesOpt,
-    mode: str = ModeOpt,
-    optimizer: str | None = OwnOptimOpt,
-    frozen_bits: int = BitsOpt,
-    mode_option: list[str] | None = ModeOptionOpt,
     per_layer: bool = typer.Option(
         False,
         "--per-layer",
@@ -133,21 +71,10 @@ def profile(  # typer command: one parameter per CLI option
         None, "--json", help="write the profile as JSON to PATH ('-' = stdout, JSON only)"
     ),
     csv_out: str | None = typer.Option(None, "--csv", help="write the per-layer table as CSV to PATH ('-' = stdout)"),
-    leaf: list[str] | None = LeafOpt,
-    block_names: str | None = BlocksNamesOpt,
-    input_shape: str | None = ShapeOpt,
     binary: bool = BinaryOpt,
-    output: str | None = OutputOpt,
-    check: bool = typer.Option(
-        False,
-        "--check",
-        help="also run one real CPU forward + loss of the model at batch "
-        "<= 2 under saved_tensors_hooks and compare with the prediction (exit 1 if they differ)",
-    ),
-    schedule: str | None = cli_peak.ScheduleOpt,
-    calibration: str = cli_peak.CalibrationOpt,
-    target: str | None = cli_peak.TargetOpt,
     old_target: str | None = OldTargetOpt,
+    *,
+    opts: ProfileOptions,
 ) -> None:
     """Memory and FLOPs of fine-tuning MODEL with one strategy."""
     from . import api
@@ -155,36 +82,17 @@ def profile(  # typer command: one parameter per CLI option
 
     quiet = json_out == "-" or csv_out == "-"
     out = console(quiet)
-    target = target_option(target, old_target, "profile")
-    strategy_opts = _strategy_opts(
-        option, blocks=blocks, layers=layers, scheme=scheme_arg(scheme), bits=bits, samples=samples, epochs=epochs
-    )
-    capture_opts = _capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output)
-    mode = cli_peak.target_mode(ctx, mode, target)
-    p = api.profile(
-        model,
-        method,
-        mode=mode,
-        optimizer=optimizer,
-        frozen_bits=frozen_bits,
-        check=check,
-        schedule=schedule,
-        calibration=cli_peak.calibration_arg(calibration),
-        mode_options=key_values(mode_option, "--mode-option"),
-        **strategy_opts,
-        **capture_opts,
-    )
-    if target:
-        cli_peak.add_fit(p, target)
+    opts = opts.replace(target=target_option(opts.costing.target, old_target, "profile"))
+    p = api.profile(model, opts)
     if json_out:
         emit(export.to_json(p), json_out, out)
     if csv_out:
         emit(export.layers_csv([p]), csv_out, out)
     if not quiet:
         tables.print_profile(p, out, per_layer=per_layer, binary=binary)
-    if plot or (per_layer and not quiet and _conv_update_table(method, mode)):
-        cli_peak.conv_update_costs(model, capture_opts, p.model, out, table=per_layer and not quiet, plot=plot)
-    if check and (p.check["predicted"] != p.check["observed"] or p.check["differing"]):
+    if plot or (per_layer and not quiet and _conv_update_table(opts.method, p.mode)):
+        cli_peak.conv_update_costs(model, opts.capture, p.model, out, table=per_layer and not quiet, plot=plot)
+    if opts.check and (p.check["predicted"] != p.check["observed"] or p.check["differing"]):
         raise typer.Exit(1)
 
 
@@ -197,42 +105,15 @@ def _conv_update_table(method: str, mode: str) -> bool:
 
 
 @app.command()
-def verify(  # typer command: one parameter per CLI option
-    model: str = ModelArg,
-    method: str = MethodOpt,
-    blocks: int | None = BlocksOpt,
-    layers: int | None = LayersOpt,
-    scheme: str | None = SchemeOpt,
-    option: list[str] | None = OptionOpt,
-    norm: str | None = NormOpt,
-    batch: int = typer.Option(2, "--batch", "-b", help="batch size"),
-    resolution: int | None = ResOpt,
-    classes: int | None = ClassesOpt,
-    steps: int = typer.Option(2, "--steps", help="real training steps on random data"),
-    optimizer: str = OptimOpt,
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda"),
-    tolerance: int = typer.Option(0, "--tolerance", help="allowed |measured - predicted| saved bytes"),
-) -> None:
+@options_command(VerifyOptions)
+def verify(model: str = ModelArg, *, opts: VerifyOptions) -> None:
     """Apply the strategy to a real model, train a few steps on random data, and compare
     predicted with measured saved bytes and peak, plain PyTorch vs `applied` side by side.
     Exits 1 when measured saved bytes differ from the prediction by more than --tolerance."""
     from .render.reports import print_verify
     from .verify import EXIT_MISMATCH, verify as run_verify
 
-    opts = _strategy_opts(option, blocks=blocks, layers=layers, scheme=scheme_arg(scheme))
-    report = run_verify(
-        model,
-        method,
-        batch=batch,
-        resolution=resolution,
-        classes=classes,
-        norm=norm,
-        steps=steps,
-        device=device,
-        optimizer=optimizer,
-        tolerance=tolerance,
-        **opts,
-    )
+    report = run_verify(model, opts)
     print_verify(report, console())
     if not report.ok:
         raise typer.Exit(EXIT_MISMATCH)
@@ -248,7 +129,8 @@ def schema() -> None:
 
 
 @app.command()
-def compare(  # typer command: one parameter per CLI option
+@options_command(CompareOptions)
+def compare(  # typer command: its own parameters (the strategies, the views), then one per option of CompareOptions
     model: str = ModelArg,
     methods: str | None = typer.Option(
         None,
@@ -256,21 +138,11 @@ def compare(  # typer command: one parameter per CLI option
         help="comma-separated strategies, method:K sets --blocks K, "
         "e.g. full,bias,lastk:3,mobiletl:3 (default: full,last,norm,bias,lastk:3)",
     ),
-    norm: str | None = NormOpt,
-    batch: int = BatchOpt,
-    resolution: int | None = ResOpt,
-    classes: int | None = ClassesOpt,
-    mode: str = ModeOpt,
-    optimizer: str = OptimOpt,
-    frozen_bits: int = BitsOpt,
-    mode_option: list[str] | None = ModeOptionOpt,
     json_out: str | None = typer.Option(None, "--json", help="write all profiles as JSON to PATH ('-' = stdout)"),
     csv_out: str | None = typer.Option(None, "--csv", help="write one totals row per strategy as CSV to PATH"),
-    leaf: list[str] | None = LeafOpt,
-    block_names: str | None = BlocksNamesOpt,
-    input_shape: str | None = ShapeOpt,
     binary: bool = BinaryOpt,
-    output: str | None = OutputOpt,
+    *,
+    opts: CompareOptions,
 ) -> None:
     """One row per strategy: trainable params, saved activations, weights, memory, FLOPs."""
     from . import api
@@ -286,15 +158,7 @@ def compare(  # typer command: one parameter per CLI option
             if k and not k.isdigit():
                 raise MemplanError(f"cannot read {tok!r} in --methods", "write a method, or method:K for K blocks")
             items.append((name, {"blocks": int(k)} if k else {}))
-    profiles = api.compare(
-        model,
-        items,
-        mode=mode,
-        optimizer=optimizer,
-        frozen_bits=frozen_bits,
-        mode_options=key_values(mode_option, "--mode-option"),
-        **_capture_opts(batch, resolution, classes, leaf, block_names, input_shape, norm, output),
-    )
+    profiles = api.compare(model, items, opts)
     if json_out:
         emit(export.many_to_json(profiles), json_out, out)
     if csv_out:
@@ -331,7 +195,7 @@ def methods() -> None:
     from .render import tables
     from .strategies import STRATEGIES, TRANSFORMS
 
-    tables.print_methods(STRATEGIES.values(), console(), TRANSFORMS.values(), flags=STRATEGY_FLAGS)
+    tables.print_methods(STRATEGIES.values(), console(), TRANSFORMS.values(), flags=StrategyOptions.FLAGS)
 
 
 @app.command()

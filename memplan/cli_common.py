@@ -30,66 +30,13 @@ from rich.console import Console
 
 from .errors import AssumptionWarning, MemplanError
 from .io import write_text
-from .options import MODE_NAMES, MODES_HELP, Options, cli_extra, takes_none  # noqa: F401  (modes: named here too)
+from .options import Options, cli_extra, takes_none
 
 OptionsT = TypeVar("OptionsT", bound=Options)
 F = TypeVar("F", bound=Callable[..., Any])
 
 ModelArg = typer.Argument(..., help="zoo name (see `memplan models`), package.module:attr or path/to/file.py:attr")
-MethodOpt = typer.Option("full", "--method", "-m", help="strategy (see `memplan methods`)")
-BatchOpt = typer.Option(1, "--batch", "-b", help="batch size")
-ResOpt = typer.Option(None, "--resolution", "-r", help="input side in px (default: the model's)")
-ClassesOpt = typer.Option(None, "--classes", "-c", help="classifier outputs (default: the model's)")
-ModeOpt = typer.Option(
-    "pytorch",
-    "--mode",
-    help=f"accounting convention: {MODES_HELP} (pytorch: eager autograd, byte-exact; README: Accounting modes)",
-)
-OptimOpt = typer.Option("sgd", "--optimizer", help="sgd | sgd-momentum | adam (state counted per trainable weight)")
-#: --optimizer where the input records one (a scheme's, a contribution profile's)
-OwnOptimOpt = typer.Option(
-    None,
-    "--optimizer",
-    help="sgd | sgd-momentum | adam whose state is counted (default: the scheme's / profile's, else sgd)",
-)
-BitsOpt = typer.Option(32, "--frozen-bits", help="storage bits of frozen weights (8 = int8)")
-LeafOpt = typer.Option(None, "--leaf", help="module class or qualname to treat as one op (repeatable)")
-BlocksNamesOpt = typer.Option(
-    None, "--block-names", help="comma-separated block module qualnames (overrides the structural rule)"
-)
-ShapeOpt = typer.Option(None, "--input-shape", help="per-sample input shape, e.g. 3,224,224 (models outside the zoo)")
 BinaryOpt = typer.Option(False, "--binary", help="print sizes 1024-based (KiB/MiB) instead of 1000-based (kB/MB)")
-BlocksOpt = typer.Option(None, "--blocks", "-k", help="number of last blocks that train (lastk, mobiletl, cache-reuse)")
-LayersOpt = typer.Option(None, "--layers", help="number of last conv/linear layers that train (lastk)")
-SchemeOpt = typer.Option(
-    None,
-    "--scheme",
-    help="sparse-update scheme: memplan scheme JSON, tiny-training backward_config, or the name of a shipped "
-    "scheme (e.g. mcunet-5fps-100KB); the model is traced at the scheme's input shape unless "
-    "--resolution / --input-shape say otherwise",
-)
-BitsCacheOpt = typer.Option(None, "--bits", help="bits per cached feature (cache-reuse, minilearn)")
-SamplesOpt = typer.Option(None, "--samples", help="number of training samples (cache-reuse, minilearn)")
-EpochsOpt = typer.Option(None, "--epochs", help="training epochs (cache-reuse)")
-OptionOpt = typer.Option(
-    None, "--option", "-o", help="other strategy option as key=value (repeatable), e.g. -o lite_kernel=3"
-)
-OutputOpt = typer.Option(
-    None,
-    "--output",
-    help="the key / field / index of the logits when the model returns a tuple, "
-    "dict or namedtuple (default: its first tensor)",
-)
-ModeOptionOpt = typer.Option(
-    None,
-    "--mode-option",
-    "-O",
-    help="accounting-mode option as key=value (repeatable), e.g. "
-    "-O state_bits=32 -O grad_accumulation=true for tinytraining",
-)
-NormOpt = typer.Option(
-    None, "--norm", help="replace the model's norm layers: 'group' (GroupNorm, 8 channels per group) as TinyTL does"
-)
 #: the old spelling of ``--target`` on ``profile`` / ``search`` (deprecated: ``--device`` is a torch device)
 OldTargetOpt = typer.Option(None, "--device", hidden=True, help="deprecated spelling of --target")
 
@@ -209,14 +156,21 @@ PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "texts": lambda text, name: [t.strip() for t in text.split(",") if t.strip()],
     "validation": validation_arg,
     "key_values": lambda items, name: key_values(items, f"--{name}"),
+    "repeated": lambda items, name: tuple(items),
+    "repeated_ints": lambda items, name: tuple(ints(",".join(items), name) or ()),
+    "shape": lambda text, name: shape(text),
+    "scheme": lambda text, name: scheme_arg(text),
+    "none": lambda text, name: None if text.strip().lower() == "none" else text,
 }
+#: parsers of a repeatable option (``--leaf A --leaf B``): typer hands them the list of texts
+REPEATABLE = ("key_values", "repeated", "repeated_ints")
 
 
 def _cli_type(name: str, field: Any) -> tuple[Any, str | None]:
     """(the type typer reads, the parser of its text or None) of one option."""
     extra = cli_extra(field)
     if "parse" in extra:
-        return (list[str] | None if extra["parse"] == "key_values" else str | None), extra["parse"]
+        return (list[str] | None if extra["parse"] in REPEATABLE else str | None), extra["parse"]
     union = typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
     args = [a for a in typing.get_args(field.annotation) if a is not type(None)] if union else [field.annotation]
     base = args[0] if len(args) == 1 else None

@@ -31,7 +31,7 @@ def search(  # typer command: its own parameters, then one per option of SearchC
     from .search.space import ProfileError
 
     stage, opts = opts.stage, opts.search
-    target = target_option(opts.accounting.device, old_target, "search")
+    target = target_option(opts.accounting.target, old_target, "search")
     if opts.accounting.budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
     validate = stage.validate_candidates
@@ -41,7 +41,7 @@ def search(  # typer command: its own parameters, then one per option of SearchC
         EXECUTORS.choose(stage.validate_executor)
     out = opts.output.out
     opts = opts.replace(
-        device=target,
+        target=target,
         out=None if validate else out,
         curves=plot is not None,
         command="memplan " + " ".join(sys.argv[1:]),

@@ -7,7 +7,10 @@ once with its default and its description, and a workflow's options are nested g
   option's text, or keeps a field off the command line);
 * the entry points take the object, or its options by name as keywords (:meth:`Options.of`:
   flat names, each option's name being unique across the groups);
-* the objects are never changed: :meth:`Options.replace` returns a new one.
+* the objects are never changed: :meth:`Options.replace` returns a new one;
+* an option that several workflows take (the accounting mode, the batch, ...) is one annotated
+  type below (``mode: Mode = None``): its flags and help are written once, each group states only
+  its default.
 
 Nothing here imports torch: the command line reads the fields before any command runs.
 """
@@ -19,7 +22,7 @@ import inspect
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -143,12 +146,14 @@ def with_keywords(cls: type[Options], param: str = "opts", positional: tuple[str
     ``fn(x, cls.of(seeds=(0, 1)))``; given with ``opts``, they change a copy of it), and the options
     named in ``positional`` also by position, before ``opts`` (``fn(x, opts)`` still passes the
     object). Its signature lists them, each with the field's type and default; an unknown keyword is
-    a TypeError, as for any function."""
+    a TypeError, as for any function, unless ``fn`` takes ``**kwargs`` (strategy options): those go
+    there."""
 
     def decorate(fn: F) -> F:
         sig = inspect.signature(fn)
         leaves = cls.leaves()
-        own = list(sig.parameters.values())
+        own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        rest = [p for p in sig.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
         at = [p.name for p in own].index(param)
 
         def parameter(name: str, kind: Any) -> inspect.Parameter:
@@ -161,6 +166,7 @@ def with_keywords(cls: type[Options], param: str = "opts", positional: tuple[str
                 *(parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in positional),
                 *own[at:],
                 *(parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in leaves if n not in positional),
+                *rest,
             ]
         )
 
@@ -170,14 +176,77 @@ def with_keywords(cls: type[Options], param: str = "opts", positional: tuple[str
             for name in positional:  # fn(x, opts): the options object given where a positional option goes
                 if isinstance(given.get(name), cls) and param not in given:
                     given[param] = given.pop(name)
+            extra = given.pop(rest[0].name, {}) if rest else {}
             named = {k: v for k, v in given.items() if k in leaves}
             arguments = {k: v for k, v in given.items() if k not in leaves}
             if named:
                 base = arguments.get(param)
                 arguments[param] = cls.of(**named) if base is None else base.replace(**named)
-            return fn(**arguments)
+            return fn(**arguments, **extra)
 
         call.__signature__ = derived  # type: ignore[attr-defined]
         return call  # type: ignore[return-value]
 
     return decorate
+
+
+# ---- options several workflows take: each declared once, as a type (``batch: Batch = 2``) ----
+
+Mode = Annotated[
+    str | None,
+    option(
+        None,
+        f"accounting convention: {MODES_HELP} (README: Accounting modes; not given: the --target's mode, else "
+        "pytorch for profile / compare, tinytraining for search)",
+    ),
+]
+ModeOptions = Annotated[
+    dict[str, Any] | None,
+    option(
+        None,
+        "accounting-mode option as key=value (repeatable), e.g. -O state_bits=32 -O grad_accumulation=true for "
+        "tinytraining",
+        flags=("--mode-option", "-O"),
+        parse="key_values",
+    ),
+]
+Optimizer = Annotated[
+    str | None,
+    option(
+        None,
+        "sgd | sgd-momentum | adam, whose state is counted per trainable weight (not given: the one the scheme or "
+        "the contribution profile records, else sgd)",
+    ),
+]
+FrozenBits = Annotated[int, option(32, "storage bits of frozen weights: 32, 16 or 8 (int8)")]
+Target = Annotated[
+    str | None,
+    option(
+        None,
+        "hardware profile, e.g. stm32f746 (memplan/data/profiles/devices): the memory training may use on it, in "
+        "its mode unless --mode says otherwise",
+        flags=("--target",),
+    ),
+]
+Batch = Annotated[int, option(1, "batch size of one training step", flags=("--batch", "-b"))]
+Resolution = Annotated[
+    int | None,
+    option(
+        None,
+        "input side in px (not given: the model's; contrib: the data source's, 32 for digits; search: the "
+        "contribution profile's costing resolution)",
+        flags=("--resolution", "-r"),
+    ),
+]
+Classes = Annotated[
+    int | None,
+    option(None, "classifier outputs (default: the model's, or the contribution profile's)", flags=("--classes", "-c")),
+]
+InputShape = Annotated[
+    tuple[int, ...] | None,
+    option(None, "per-sample input shape, e.g. 3,224,224 (models outside the zoo)", parse="shape"),
+]
+Norm = Annotated[
+    str | None,
+    option(None, "replace the model's norm layers: 'group' (GroupNorm, 8 channels per group) as TinyTL does"),
+]

@@ -63,7 +63,7 @@ def test_a_command_that_runs_does_import_torch():
 
 def test_mode_help_lists_the_mode_registry():
     """--mode's help names the modes without importing them; the names are the registry's."""
-    from memplan.cli_common import MODE_NAMES
     from memplan.modes import MODES
+    from memplan.options import MODE_NAMES
 
     assert MODE_NAMES == tuple(MODES)

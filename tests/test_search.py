@@ -21,6 +21,7 @@ import torch
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 import memplan
+from memplan.accounting.devices import DEVICES_DIR, device_names, load_device
 from memplan.accounting.engine import compute
 from memplan.api import capture
 from memplan.contrib import ContribProfile, Protocol
@@ -30,8 +31,7 @@ from memplan.graph import conv_layers, conv_table, is_pw1
 from memplan.modes import get_mode
 from memplan.plan import fingerprint, load_scheme, scheme_to_plan
 from memplan.render.figures import plot_search
-from memplan.search import BudgetError, budget_convention, load_device, run_search
-from memplan.search.devices import DEVICES_DIR, device_names
+from memplan.search import BudgetError, budget_convention, run_search
 from memplan.search.evolution import evolve
 from memplan.search.exact import solve_exact
 from memplan.search.memory import MemoryModel, build_table, check_additivity, probe_candidates
@@ -340,9 +340,9 @@ def test_profile_for_another_model_is_refused(mcunet):
         run_search("mbv2-w0.35", "100KB", profile=profile)
 
 
-def test_budget_xor_device(mcunet):
-    with pytest.raises(MemplanError, match="either a budget or a device"):
-        run_search("mcunet-5fps", budget="100KB", device="stm32f746", profile=mcunet[1])
+def test_budget_xor_target(mcunet):
+    with pytest.raises(MemplanError, match="either a budget or a target"):
+        run_search("mcunet-5fps", budget="100KB", target="stm32f746", profile=mcunet[1])
 
 
 def test_device_profiles():
@@ -384,12 +384,12 @@ def test_device_sets_the_budget(mcunet):
     own convention (tinytraining: SRAM less the reserve for the forward it does not count)."""
     _, profile, _, _, _ = mcunet
     dev = load_device("stm32f746")
-    r = run_search("mcunet-5fps", device="stm32f746", profile=profile, classes=10, generations=8, population=16)
+    r = run_search("mcunet-5fps", target="stm32f746", profile=profile, classes=10, generations=8, population=16)
     assert r.mode == "mcu" and r.method == "evolution" and not r.additive
     assert r.budget_bytes == dev.budget_bytes == dev.sram_bytes - dev.runtime_bytes and r.device.name == "stm32f746"
     assert r.memory_bytes <= r.budget_bytes
     assert r.memory_bytes == r.breakdown["peak_bytes"]  # the candidate's quick peak is compute()'s
-    t = run_search("mcunet-5fps", device="stm32f746", profile=profile, classes=10, mode="tinytraining")
+    t = run_search("mcunet-5fps", target="stm32f746", profile=profile, classes=10, mode="tinytraining")
     assert t.budget_bytes == dev.sram_bytes - dev.reserve_bytes and t.memory_bytes <= t.budget_bytes
 
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..options import Options, option
+from ..options import Options, Resolution, option
 from ..rates import Rates
 
 #: protocol fields added after checkpoints were written, with the value those checkpoints imply
@@ -159,11 +159,7 @@ class DataOptions(Options):
         None,
         "local state_dict (.pt, loaded with weights_only=True), or 'zoo' for the published weights of the zoo entry",
     )
-    resolution: int | None = option(
-        None,
-        "input side of the runs in px (default: the data source's for zoo models, 32 for digits, else the zoo's)",
-        flags=("--resolution", "-r"),
-    )
+    resolution: Resolution = None  # of the runs (not given: the data source's for zoo models, 32 for digits)
     costing_resolution: int | None = option(
         None,
         "input side the schemes will be costed at (default: the run resolution), recorded so that memplan search "

@@ -56,7 +56,7 @@ class Mode:
     #: the training step the mode's peak assumes unless told (``memplan.costs.peak.SCHEDULES``)
     default_schedule: str = "standard"
     #: the mode counts only the *extra* memory of training (not the forward working memory), so a
-    #: device budget for it leaves a reserve for the forward (``memplan.search.devices``)
+    #: device budget for it leaves a reserve for the forward (``memplan.accounting.devices``)
     extra_only: bool = False
     #: ``memplan profile --per-layer`` also prints the cost of updating each conv (the 256KB
     #: paper's Figure 11a, ``memplan.api.update_costs``)

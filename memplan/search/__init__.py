@@ -3,8 +3,8 @@
 ``run_search`` is the entry point (plain-data :class:`SearchResult`; ``memplan.render`` prints
 and draws it). Pieces: ``space`` (candidates, scheme / plan mapping), ``memory`` (costs via
 ``memplan.accounting.engine.compute``, additivity check), ``exact`` (certified optimum), ``toolbox``
-/ ``evolution`` / ``random_search`` (DEAP), ``devices`` (device budgets), ``budgets`` (reading the
-memory and FLOPs budgets), ``methods`` (the search methods, a registry).
+/ ``evolution`` / ``random_search`` (DEAP), ``budgets`` (reading the memory and FLOPs budgets: a
+device's from ``memplan.accounting.devices``), ``methods`` (the search methods, a registry).
 """
 
 from ..registry import lazy_exports
@@ -18,9 +18,6 @@ EXPORTS = {
     "BudgetError": "budgets",
     "budget_convention": "budgets",
     "ProfileError": "space",
-    "Device": "devices",
-    "load_device": "devices",
-    "device_names": "devices",
     "Candidate": "space",
     "Contributions": "space",
     "load_contributions": "space",

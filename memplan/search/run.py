@@ -32,13 +32,13 @@ from typing import Any
 
 import torch.nn as nn
 
+from ..accounting.devices import Device, load_device
 from ..api import Captured
 from ..errors import BadOption
 from ..options import with_keywords
 from ..plan import new_provenance
 from ..units import fmt_bytes, parse_flops
 from .budgets import BudgetError, all_additive, flops_table, memory_budget
-from .devices import Device, load_device
 from .exact import relative_gap
 from .inputs import capture_inputs, profile_training, resolution_warnings
 from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
@@ -81,7 +81,7 @@ def run_search(model: str | nn.Module | None = None, opts: SearchOptions | None 
     options by name as keywords, ``budget`` also second by position (``run_search("mcunet-5fps",
     "100KB", classes=10)``; given with ``opts``, they change a copy of it); each option's field says
     what it does. ``budget``: "100KB" (1000-based), "100KiB" (1024-based), "0.1MB", or bytes; or
-    ``device``: a device profile name / JSON path (its budget for the mode, ``Device.budget_for``). Contribution
+    ``target``: a device profile name / JSON path (its budget for the mode, ``Device.budget_for``). Contribution
     profile: ``profile_path``, a ``profile`` (object or dict), or the shipped profile whose
     fingerprint matches the model. ``method``: a search method (``memplan.search.methods``; default:
     exact when memory is additive, else evolution). ``curves``: also run evolution and random search
@@ -114,8 +114,8 @@ def _start(opts: SearchOptions) -> _Search:
             raise BadOption(f"{name} must be a positive integer, got {value!r}")
     mode = acc.mode
     if mode is None:
-        mode = load_device(acc.device).mode if acc.device is not None and budget is None else "tinytraining"
-    search = _Search(opts, mode, *memory_budget(budget, acc.device, mode))
+        mode = load_device(acc.target).mode if acc.target is not None and budget is None else "tinytraining"
+    search = _Search(opts, mode, *memory_budget(budget, acc.target, mode))
     if acc.flops_budget is not None:
         search.flops_budget, search.flops_text = parse_flops(acc.flops_budget), str(acc.flops_budget)
     return search

@@ -42,7 +42,9 @@ from ..graph import LayerGraph
 from ..modes import get_mode
 from ..nn.train import fit
 from ..optim import make_optimizer
+from ..options import with_keywords
 from ..plan import Plan
+from ..profile_options import VerifyOptions
 from .measure import saved_bytes
 from .meter import PeakMeter, resident_bytes
 
@@ -147,44 +149,37 @@ def _run_setup(  # one verify setup with verify's options
     return SetupResult(setup, prof.totals.saved_activation_bytes, measured, prof.totals.peak_bytes, peak, losses)
 
 
-def verify(  # public keyword API: one keyword per option of memplan verify
-    model: str | nn.Module,
-    method: str = "full",
-    *,
-    batch: int = 1,
-    resolution: int | None = None,
-    classes: int | None = None,
-    norm: str | None = None,
-    steps: int = 2,
-    device: str = "auto",
-    optimizer: str = "sgd",
-    lr: float = 0.01,
-    tolerance: int = 0,
-    seed: int = 0,
-    **options: Any,
-) -> VerifyReport:
-    """Predicted vs measured saved activations (and step peak) of ``method`` on ``model``, for
-    plain PyTorch and for memplan's applied setup, on one random batch.
+@with_keywords(VerifyOptions, positional=("method",))
+def verify(model: str | nn.Module, opts: VerifyOptions | None = None, **options: Any) -> VerifyReport:
+    """Predicted vs measured saved activations (and step peak) of a strategy on ``model``, for
+    plain PyTorch and for memplan's applied setup, on one random batch. ``opts``:
+    :class:`~memplan.profile_options.VerifyOptions`, or its options by name (``method`` also by
+    position).
 
     ``model``: zoo name, import spec or nn.Module (deep-copied, never changed); zoo models get a
-    random initialisation (seeded by ``seed``). ``options``: strategy options, e.g. ``blocks=2``
-    or ``scheme="scheme.json"`` for ``sparse``. ``norm="group"``: BatchNorm -> GroupNorm first
+    random initialisation (seeded by ``seed``). ``options``: the strategy's other options (besides
+    ``blocks``, ``scheme``, ...: the flags of ``StrategyOptions``). ``scheme="scheme.json"`` for
+    ``sparse``. ``norm="group"``: BatchNorm -> GroupNorm first
     (``memplan.nn.transforms.swap_norm``, TinyTL's setting). The model goes through the capture
     pipeline of ``memplan.api`` (built once, transformed and traced per setup). ``device``:
     ``auto`` (CUDA when present), ``cpu``, ``cuda``. ``tolerance``: allowed |measured -
     predicted| saved bytes. A ``scheme`` option sets the input shape it was planned at, unless
     ``resolution`` is given.
     """
+    o = opts or VerifyOptions()
+    method, batch, resolution, steps, tolerance, seed = o.method, o.batch, o.resolution, o.steps, o.tolerance, o.seed
+    options = o.strategy.given(**options)
+    optimizer, lr = o.optimizer or "sgd", o.lr
     if steps < 1 or batch < 1 or tolerance < 0:
         raise BadOption("--steps and --batch must be positive and --tolerance non-negative")
-    dev = _device(device)
+    dev = _device(o.device)
     torch.manual_seed(seed)
     built = build_model(
         copy.deepcopy(model) if isinstance(model, nn.Module) else model,
         resolution=resolution,
-        classes=classes,
+        classes=o.classes,
         input_shape=scheme_input_shape(options.get("scheme")) if resolution is None else None,
-        norm=norm,
+        norm=o.norm,
         meta=False,
     )
     built.warn_assumed()

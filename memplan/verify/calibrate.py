@@ -28,10 +28,12 @@ import torch
 from ..api import capture, default_methods
 from ..costs.observe import Replay
 from ..costs.workspace import Calibration, empty_calibration, kernel_key, kernel_label
-from ..errors import MemplanError, ModelNotFound
+from ..errors import BadOption, MemplanError, ModelNotFound
 from ..graph import LayerGraph, flatten
 from ..graph.kinds import NORM_KINDS
+from ..options import with_keywords
 from ..plan import OpView, Plan, grad_flow
+from ..profile_options import CalibrateOptions
 from ..strategies import get_strategy, make_plan
 
 
@@ -212,21 +214,18 @@ def calibrate_views(
     return len(todo)
 
 
-def calibrate(
-    models: Sequence[str],
-    methods: Sequence[str] | None = None,
-    *,
-    batches: Sequence[int] = (1,),
-    resolutions: Sequence[int | None] = (None,),
-    classes: int | None = None,
-    backend: str = "cpu",
-    threads: int | None = None,
-    **options: Any,
-) -> CalibrationRun:
+@with_keywords(CalibrateOptions, positional=("methods",))
+def calibrate(models: Sequence[str], opts: CalibrateOptions | None = None, **options: Any) -> CalibrationRun:
     """``memplan calibrate``: the kernel workspaces of every model x batch x resolution x strategy
     (default: the strategies ``memplan compare`` shows for the model), into this machine's
-    calibration file. ``options``: strategy options (``blocks``, ``scheme``, ...)."""
-
+    calibration file. ``opts``: :class:`~memplan.profile_options.CalibrateOptions`, or its options
+    by name (``methods`` also by position); ``options``: the strategies' other options."""
+    o = opts or CalibrateOptions()
+    methods, batches, resolutions, classes = o.methods, o.batches, o.resolutions, o.classes
+    options = o.strategy.given(**options)
+    for name, values in (("batch", batches), ("resolution", resolutions), ("threads", (o.threads,))):
+        if any(v is not None and v < 1 for v in values):
+            raise BadOption(f"--{name} must be a positive integer")
     skipped: dict[str, str] = {}
     for name in methods or ():
         get_strategy(name)  # an unknown name is an error, not a skip
@@ -259,7 +258,7 @@ def calibrate(
                             continue
                         yield this.graph, plan
 
-    run = calibrate_graphs(items(), backend, threads)
+    run = calibrate_graphs(items(), o.backend, o.threads)
     run.skipped = skipped
     return run
 

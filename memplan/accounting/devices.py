@@ -26,9 +26,8 @@ from ..errors import BadOption
 from ..io import read_json, shipped, validated
 from ..modes import MODES, get_mode
 
-#: the shipped profiles (contribution profiles here, devices in ``devices/``); package data
-PROFILES_DIR = shipped("profiles")
-DEVICES_DIR = PROFILES_DIR / "devices"
+#: the shipped device profiles (package data)
+DEVICES_DIR = shipped("profiles") / "devices"
 
 
 class Device(BaseModel):

@@ -1,0 +1,151 @@
+"""Each option declared once (``memplan.options``): every command's typer options are derived from
+its options object's fields, the Python entry points take the same fields as keywords, and the
+options several workflows share (mode, batch, ...) are one annotated type each."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from pydantic import ValidationError
+
+import memplan
+from memplan import api
+from memplan.cli import app
+from memplan.contrib.options import ContribOptions
+from memplan.errors import MemplanError
+from memplan.options import Options, cli_extra
+from memplan.profile_options import CalibrateOptions, CompareOptions, ProfileOptions, VerifyOptions
+from memplan.search.options import SearchCommand, ValidateOptions
+
+torch.set_num_threads(1)
+
+ROOT = Path(memplan.__file__).parent
+COMMANDS: dict[tuple[str, ...], type[Options]] = {
+    ("profile",): ProfileOptions,
+    ("compare",): CompareOptions,
+    ("verify",): VerifyOptions,
+    ("calibrate",): CalibrateOptions,
+    ("search",): SearchCommand,
+    ("contrib", "measure"): ContribOptions,
+    ("contrib", "validate"): ValidateOptions,
+}
+
+
+def _command(path: tuple[str, ...]):
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return cmd
+
+
+@pytest.mark.parametrize("path", list(COMMANDS), ids=" ".join)
+def test_every_field_is_one_option_of_its_command(path):
+    """Each command-line option of the object is a flag of the command, with the field's help."""
+    cmd, cls = _command(path), COMMANDS[path]
+    params = {p.name: p for p in cmd.params}
+    for name, (_, field) in cls.leaves().items():
+        if cli_extra(field).get("cli") is False:
+            assert name not in params, name
+            continue
+        assert name in params, f"{' '.join(path)}: no option for field {name}"
+        flags = cli_extra(field).get("flags") or (f"--{name.replace('_', '-')}",)
+        assert set(flags) <= set(params[name].opts) | set(params[name].secondary_opts), name
+        assert params[name].help.startswith(field.description), name
+
+
+#: the modules that hold options objects (a field there is an option; elsewhere a pydantic field is
+#: a record of a file format, e.g. the mode a scheme was planned under)
+OPTION_MODULES = ("options.py", "profile_options.py", "search/options.py", "contrib/options.py")
+
+
+def _declares(node: ast.AST, name: str, holds_options: bool) -> bool:
+    """Whether ``node`` declares the option ``name`` (see :func:`_declarations`)."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(node, ast.Assign) and getattr(getattr(node.value, "value", None), "id", None) == "Annotated":
+        return [getattr(t, "id", None) for t in node.targets] == [name.title().replace("_", "")]
+    if isinstance(node, ast.AnnAssign) and holds_options and getattr(node.target, "id", None) == name:
+        return isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) in ("option", "Field")
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Option":
+        return any(isinstance(a, ast.Constant) and a.value == flag for a in node.args)
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "option":
+        return any(kw.arg == "flags" and flag in ast.literal_eval(kw.value) for kw in node.keywords)
+    return False
+
+
+def _declarations(name: str) -> list[str]:
+    """Where memplan's source declares an option called ``name``: an annotated alias of one
+    (``Mode = Annotated[..., option(...)]``), a field of an options object assigned ``option(...)`` /
+    ``Field(...)``, an ``option(...)`` spelled ``--name``, or a ``typer.Option`` spelled ``--name``."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        holds_options = str(path.relative_to(ROOT)) in OPTION_MODULES
+        aliases = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript)]
+        inside = {id(c) for a in aliases for c in ast.walk(a.value) if isinstance(c, ast.Call)}
+        for node in ast.walk(tree):  # the option(...) of an alias is not counted again: the alias declares it
+            if id(node) not in inside and _declares(node, name, holds_options):
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    return found
+
+
+def test_the_options_several_workflows_take_are_declared_once():
+    """The issue's evidence: ``lr_bias``, ``budget`` and ``mode`` each have one declaration; the
+    shared ones (mode, batch, ...) are the annotated types of memplan.options, used by every group."""
+    assert len(_declarations("lr_bias")) == 1, _declarations("lr_bias")
+    assert len(_declarations("budget")) == 1, _declarations("budget")
+    (mode,) = _declarations("mode")  # the annotated type: every group says `mode: Mode = ...`
+    assert mode.startswith("memplan/options.py:")
+    for name in ("target", "mode_options", "frozen_bits", "classes", "input_shape", "norm"):
+        assert len(_declarations(name)) == 1, (name, _declarations(name))
+    for name in ("mode", "batch", "resolution", "classes", "optimizer", "mode_options", "frozen_bits", "target"):
+        for cls in (ProfileOptions, SearchCommand):
+            if name in cls.leaves():
+                assert cls.leaves()[name][1].description, name
+    groups = [ProfileOptions, CompareOptions, VerifyOptions, SearchCommand, ValidateOptions]
+    modes = {cls.leaves()["mode"][1].description for cls in groups if "mode" in cls.leaves()}
+    assert len(modes) == 1  # one description: one declaration
+
+
+def test_profile_keywords_and_the_object_are_one_thing():
+    """``profile(m, "bias", mode=..., batch=...)`` is ``profile(m, ProfileOptions(...))``; a keyword
+    that is no option is a strategy option (a wrong one is refused by the strategy)."""
+    kw = memplan.profile("mcunet-5fps", "bias", mode="applied", batch=2, resolution=32, classes=10)
+    opts = ProfileOptions.of(method="bias", mode="applied", batch=2, resolution=32, classes=10)
+    assert memplan.profile("mcunet-5fps", opts).totals == kw.totals
+    assert kw.totals != memplan.profile("mcunet-5fps", "bias", batch=2, resolution=32, classes=10).totals
+    lastk = memplan.profile("mcunet-5fps", "lastk", blocks=2, resolution=32).totals
+    assert memplan.profile("mcunet-5fps", "lastk", strategy_options={"blocks": 2}, resolution=32).totals == lastk
+    with pytest.raises(MemplanError):
+        memplan.profile("mcunet-5fps", "lastk", blokcs=2, resolution=32)
+
+
+def test_a_target_sets_the_mode_and_says_whether_it_fits():
+    """``target``: the device's mode unless ``mode`` is given, and ``extras["device"]``, in the API
+    as on the command line."""
+    p = memplan.profile("mcunet-5fps", "bias", resolution=64, classes=10, target="stm32f746")
+    assert p.mode == "mcu" and p.extras["device"]["fits"] in (True, False)
+    q = memplan.profile("mcunet-5fps", "bias", resolution=64, classes=10, target="stm32f746", mode="tinytraining")
+    assert q.mode == "tinytraining" and "device" in q.extras
+    assert "device" not in memplan.profile("mcunet-5fps", "bias", resolution=64, classes=10).extras
+
+
+def test_compare_counts_as_profile_does():
+    """``compare`` takes the same counting options as ``profile`` (one Costing group)."""
+    kw = dict(resolution=32, classes=10, batch=2)
+    rows = api.compare("mcunet-5fps", ["bias", ("lastk", {"blocks": 2})], mode="applied", optimizer="adam", **kw)
+    for row, (method, extra) in zip(rows, [("bias", {}), ("lastk", {"blocks": 2})], strict=True):
+        one = memplan.profile("mcunet-5fps", method, mode="applied", optimizer="adam", **kw, **extra)
+        assert row.totals == one.totals
+
+
+def test_options_objects_are_never_changed():
+    opts = ProfileOptions.of(method="bias", batch=2)
+    other = opts.replace(batch=4, mode="applied")
+    assert (opts.capture.batch, opts.costing.mode) == (2, None)
+    assert (other.capture.batch, other.costing.mode, other.method) == (4, "applied", "bias")
+    with pytest.raises(ValidationError):
+        opts.capture.batch = 3  # frozen
