@@ -620,7 +620,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile", default=None, help="contribution profile the searched schemes come from")
     ap.add_argument(
         "--budgets",
-        default="15MB,20MB,30MB,45MB",
+        default="15MB,20MB,30MB,38MB,45MB",
         help="budgets of the validated search rows: memplan `applied` memory at the training batch, fp32 state",
     )
     ap.add_argument("--validate", type=int, default=2, help="searched candidates of the validation stage per budget")
