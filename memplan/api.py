@@ -149,23 +149,22 @@ def capture(
     eval flags; ``memplan.graph.capture.capture_graph``), for the contribution feature cache.
     """
     o = opts or CaptureOptions()
-    batch, input_shape, block_names = o.batch, o.input_shape, o.block_names
-    leaf_modules, output = o.leaf_modules, o.output
-    resolution, classes, norm = o.resolution, o.classes, o.norm
-    _positive("batch", batch)
-    built = build_model(model, resolution=resolution, classes=classes, input_shape=input_shape, norm=norm, meta=meta)
+    _positive("batch", o.batch)
+    built = build_model(
+        model, resolution=o.resolution, classes=o.classes, input_shape=o.input_shape, norm=o.norm, meta=meta
+    )
     net = built.model
-    blocks = block_names if block_names is not None else built.block_names
+    blocks = o.block_names if o.block_names is not None else built.block_names
     try:
         if method is not None:
             net = transform_model(net, method, input_shape=built.sample_shape, **(method_options or {}))
         graph = capture_graph(
             net,
-            (batch, *built.sample_shape),
-            leaf_modules=leaf_modules,
+            (o.batch, *built.sample_shape),
+            leaf_modules=o.leaf_modules,
             block_names=list(blocks) if blocks is not None else None,
             name=name or built.name,
-            output=output,
+            output=o.output,
             runnable=runnable,
         )
     except MemplanError as exc:
@@ -269,35 +268,29 @@ def profile(model: str | nn.Module, opts: ProfileOptions | None = None, **option
     shape it was planned at, unless ``input_shape`` or ``resolution`` is given.
     """
     o = opts or ProfileOptions()
-    method, cap_opts, strategy = o.method, o.capture, o.strategy.given(**options)
-    input_shape = cap_opts.input_shape
-    if input_shape is None and cap_opts.resolution is None:
-        input_shape = scheme_input_shape(strategy.get("scheme"))
-    shaping = dict(
-        resolution=cap_opts.resolution,
-        classes=cap_opts.classes,
-        norm=cap_opts.norm,
-        method=method,
-        method_options=strategy,
-    )
-    tracing = dict(leaf_modules=cap_opts.leaf_modules, block_names=cap_opts.block_names, output=cap_opts.output)
-    cap = capture(model, cap_opts.replace(input_shape=input_shape), method=method, method_options=strategy)
+    method, shaped, strategy = o.method, o.capture, o.strategy.given(**options)
+    if shaped.input_shape is None and shaped.resolution is None:
+        shaped = shaped.replace(input_shape=scheme_input_shape(strategy.get("scheme")))
+    cap = capture(model, shaped, method=method, method_options=strategy)
     prof = profile_captured(cap, method, o.costing, **strategy)
     if o.check:
-        again = dict(batch=min(cap_opts.batch, CHECK_BATCH), **tracing)
-        small = _checkable(model, cap, shaping, again)
+        small = _checkable(model, cap, shaped, method, strategy)
         prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **strategy)))
     return prof
 
 
-def _checkable(model: str | nn.Module, cap: Captured, shaping: dict[str, Any], again: dict[str, Any]) -> Captured:
+def _checkable(
+    model: str | nn.Module, cap: Captured, opts: CaptureOptions, method: str, strategy: dict[str, Any]
+) -> Captured:
     """What ``profile(check=True)`` runs: ``cap`` itself, or the real model (a zoo / import spec
     built with weights, or the module already transformed) captured again at the check's batch."""
     if not isinstance(model, str) and cap.graph.batch <= CHECK_BATCH:
         return cap
+    again = opts.replace(input_shape=cap.graph.input_shape[1:], batch=min(opts.batch, CHECK_BATCH))
     if isinstance(model, str):
-        return capture(model, cap.graph.input_shape[1:], meta=False, **shaping, **again)
-    return capture(cap.model, cap.graph.input_shape[1:], name=cap.name, **again)
+        return capture(model, again, meta=False, method=method, method_options=strategy)
+    # the module as transformed and traced above: its norms swapped and its head sized already
+    return capture(cap.model, again.replace(resolution=None, classes=None, norm=None), name=cap.name)
 
 
 @with_keywords(CompareOptions)

@@ -195,7 +195,7 @@ def methods() -> None:
     from .render import tables
     from .strategies import STRATEGIES, TRANSFORMS
 
-    tables.print_methods(STRATEGIES.values(), console(), TRANSFORMS.values(), flags=StrategyOptions.FLAGS)
+    tables.print_methods(STRATEGIES.values(), console(), TRANSFORMS.values(), flags=StrategyOptions.flags())
 
 
 @app.command()

@@ -3,12 +3,10 @@ them): ``memplan calibrate`` and ``memplan profile``'s per-conv update costs."""
 
 from __future__ import annotations
 
-import sys
-
 import typer
 from rich.console import Console
 
-from .cli_common import options_command
+from .cli_common import console, options_command
 from .profile_options import CalibrateOptions, Capture
 
 
@@ -39,13 +37,13 @@ def calibrate(
     from .verify.calibrate import calibrate as run
 
     result = run(models, opts)
-    console = Console(width=None if sys.stdout.isatty() else 160)
-    console.print(
+    out = console()
+    out.print(
         f"{result.configs} kernel configurations, {result.measured} measured now "
         f"({result.configs - result.measured} already calibrated) in {result.seconds:.1f} s; "
         f"wrote {result.path}"
     )
     for what, why in result.skipped.items():
-        console.print(f"skipped {what}: {why}", markup=False)
+        out.print(f"skipped {what}: {why}", markup=False)
     for label, why in result.failed.items():
-        console.print(f"[yellow]could not run (no workspace counted): {label} ({why})[/]", markup=True)
+        out.print(f"[yellow]could not run (no workspace counted): {label} ({why})[/]", markup=True)

@@ -79,12 +79,14 @@ class StrategyOptions(Options):
         parse="key_values",
     )
 
-    #: the options named as flags (the others are ``-o key=value``)
-    FLAGS: ClassVar[tuple[str, ...]] = ("blocks", "layers", "scheme", "bits", "samples", "epochs")
+    @classmethod
+    def flags(cls) -> tuple[str, ...]:
+        """The strategy options named as flags (every field but ``strategy_options``, the ``-o`` ones)."""
+        return tuple(name for name in cls.model_fields if name != "strategy_options")
 
     def given(self, **more: Any) -> dict[str, Any]:
         """The strategy options that were given: the flags, then ``-o`` ones, then ``more``."""
-        named = {k: getattr(self, k) for k in self.FLAGS if getattr(self, k) is not None}
+        named = {k: getattr(self, k) for k in self.flags() if getattr(self, k) is not None}
         return {**named, **(self.strategy_options or {}), **more}
 
 

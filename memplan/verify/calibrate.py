@@ -242,15 +242,15 @@ def calibrate(models: Sequence[str], opts: CalibrateOptions | None = None, **opt
                         skipped[f"{model} batch {batch} resolution {res}"] = str(exc)
                         continue
                     names = [(m, {}) for m in methods] if methods else default_methods(cap)
-                    for name, opts in names:
+                    for name, own in names:
                         this, st = cap, get_strategy(name)
                         if st.transform is not None:
-                            topts = {k: v for k, v in {**opts, **options}.items() if k in st.transform_options}
+                            topts = {k: v for k, v in {**own, **options}.items() if k in st.transform_options}
                             this = capture(
                                 model, batch=batch, resolution=res, classes=classes, method=name, method_options=topts
                             )
                         accepted = st.options
-                        kw = {**opts, **{k: v for k, v in options.items() if k in accepted and v is not None}}
+                        kw = {**own, **{k: v for k, v in options.items() if k in accepted and v is not None}}
                         try:
                             plan = make_plan(this.graph, name, **kw)
                         except MemplanError as exc:  # e.g. a block strategy on a model without blocks
