@@ -58,7 +58,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -512,7 +512,11 @@ def verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: list[str]) -> str:
+def markdown(
+    rows: list[dict], header: dict[str, Any], front: list[str], lines: list[str], missing: Sequence[str] = ()
+) -> str:
+    """The table, the validation stages and the verdicts; ``missing``: methods left out of the
+    table because not every seed of theirs is finished yet."""
     tt = MEMORY_COLUMNS["tinytraining"][3]
     out = [
         f"# Transfer benchmark: {header['model']} -> {header['data']}",
@@ -552,7 +556,10 @@ def markdown(rows: list[dict], header: dict[str, Any], front: list[str], lines: 
                 f"{r['stage_runs']} runs: {r['stage_run_s']:,.0f} s of training and evaluation one after another "
                 f"({r['stage_cpu_s']:,.0f} CPU s)"
             )
-    out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], "", f"Machine: {header['machine']}", ""]
+    out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
+    if missing:
+        out += [f"Not in the table (not every seed of {header['seeds']} finished yet): {', '.join(missing)}", ""]
+    out += [f"Machine: {header['machine']}", ""]
     return "\n".join(out)
 
 
@@ -854,7 +861,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "total_run_wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }
     write_text(out / f"{a.name}.json", json.dumps(result, indent=1) + "\n")
-    write_text(out / f"{a.name}.md", markdown(rows, header, front, lines))
+    write_text(out / f"{a.name}.md", markdown(rows, header, front, lines, result["missing"]))
     if rows:
         title = f"{setup.name} -> {task.name} ({res} px): accuracy vs training memory"
         xlabels = {
@@ -863,9 +870,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         }
         plot(rows, front, out / f"{a.name}.png", title, xlabels)
     if echo:
-        print(markdown(rows, header, front, lines))
-        if result["missing"]:
-            print(f"not finished yet: {', '.join(result['missing'])}")
+        print(markdown(rows, header, front, lines, result["missing"]))
     return result
 
 
