@@ -425,6 +425,12 @@ def memory_of(caps: Callable[[str | None, int], Any], method: Method, optimizer:
     return out
 
 
+def finished_finals(m: Method, lrs: list[Rates], seeds: list[int], done: dict, val_seeds: list[int]) -> list[dict]:
+    """The finished test runs of ``m`` at its chosen rate (none while the grid has not chosen one)."""
+    lr = m.lr if m.lr is not None else choose_lr(m.key, m.settings(lrs), done, val_seeds)
+    return [f for s in seeds if lr is not None and (f := done.get(run_id("final", m.key, lr, s)))]
+
+
 def assemble(
     methods: list[Method],
     memory: dict[str, dict[str, int]],
@@ -439,8 +445,8 @@ def assemble(
         grid = m.settings(lrs)
         lr = m.lr if m.lr is not None else choose_lr(m.key, grid, done, val_seeds)
         grid_runs = {str(x): [r for s in val_seeds if (r := done.get(run_id("grid", m.key, x, s)))] for x in grid}
-        finals = [done.get(run_id("final", m.key, lr, s)) for s in seeds] if lr is not None else []
-        if lr is None or any(f is None for f in finals):
+        finals = finished_finals(m, lrs, seeds, done, val_seeds)
+        if lr is None or len(finals) < len(seeds):
             continue
         accs = [f["accuracy"] for f in finals]
         mean, half = mean_ci(accs)
@@ -513,10 +519,10 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 
 def markdown(
-    rows: list[dict], header: dict[str, Any], front: list[str], lines: list[str], missing: Sequence[str] = ()
+    rows: list[dict], header: dict[str, Any], front: list[str], lines: list[str], missing: Sequence[dict] = ()
 ) -> str:
-    """The table, the validation stages and the verdicts; ``missing``: methods left out of the
-    table because not every seed of theirs is finished yet."""
+    """The table, the validation stages and the verdicts; ``missing``: the methods left out of the
+    table (not trained, or not every test seed finished), each with its applied memory, bytes."""
     tt = MEMORY_COLUMNS["tinytraining"][3]
     out = [
         f"# Transfer benchmark: {header['model']} -> {header['data']}",
@@ -558,7 +564,13 @@ def markdown(
             )
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
     if missing:
-        out += [f"Not in the table (not every seed of {header['seeds']} finished yet): {', '.join(missing)}", ""]
+        n = len(header["seeds"])
+        said = [
+            f"{m['name']} ({m['memory_bytes']:,} B; "
+            + (f"{m['test_seeds']} of {n} test seeds finished)" if m["test_seeds"] else "not trained)")
+            for m in missing
+        ]
+        out += [f"Not in the table: {'; '.join(said)}", ""]
     out += [f"Machine: {header['machine']}", ""]
     return "\n".join(out)
 
@@ -856,7 +868,15 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "rows": rows,
         "pareto_front": front,
         "verdicts": lines,
-        "missing": [m.name for m in run.methods if m.name not in {r["name"] for r in rows}],
+        "missing": [
+            {
+                "name": m.name,
+                "memory_bytes": run.memory[m.name]["applied"],
+                "test_seeds": len(finished_finals(m, a.lrs, a.seeds, run.done, a.val_seeds)),
+            }
+            for m in run.methods
+            if m.name not in {r["name"] for r in rows}
+        ],
         "report_wall_s": round(time.perf_counter() - t_start, 1),
         "total_run_wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }

@@ -44,6 +44,19 @@ def test_pareto_front_keeps_what_nothing_cheaper_beats(transfer):
     assert transfer.pareto_front(rows) == ["a", "c"]
 
 
+def test_the_report_says_why_a_method_is_not_in_the_table(transfer):
+    header = {
+        "model": "m", "data": "d", "description": "", "optimizer": "adam", "batch": 32, "input": "3x64x64",
+        "seeds": [0, 1, 2], "val_seeds": [0, 1], "lrs": ["0.01"], "machine": "x",
+    }  # fmt: skip
+    missing = [
+        {"name": "full fine-tuning", "memory_bytes": 279_124_196, "test_seeds": 0},
+        {"name": "TinyTL", "memory_bytes": 69_787_204, "test_seeds": 2},
+    ]
+    md = transfer.markdown([], header, [], [], missing)
+    assert "full fine-tuning (279,124,196 B; not trained); TinyTL (69,787,204 B; 2 of 3 test seeds finished)" in md
+
+
 def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch):
     npz = make_npz(tmp_path / "task.npz", n=30)
     profile = tmp_path / "profile.json"
