@@ -40,6 +40,7 @@ from .options import ContribOptions, Execution, Protocol
 from .profile import ContribProfile, Resolution
 from .progress import bar as progress_bar, stage
 from .protocol import RunSpec, grid, run_plan, split_layer
+from .ranking import ranked_protocol
 from .rates import select_rates
 from .runner import Context, Worker, linear_probe, resolve_device
 from .setup import Setup, build_setup
@@ -96,8 +97,9 @@ def _setup(model: str | nn.Module, opts: ContribOptions) -> Setup:
 def _measure(model: str | nn.Module, opts: ContribOptions, where: _Where) -> ContribProfile:
     """Setup, probe, grid and profile (module docstring, steps 1-4); ``where``: the device and threads."""
     t_start = time.perf_counter()
-    protocol, out, batches = opts.protocol, opts.execution.out, opts.estimate.batches
+    out, batches = opts.execution.out, opts.estimate.batches
     setup = _setup(model, opts)
+    protocol, ranking = ranked_protocol(opts.protocol, opts.estimate.rank_by, fingerprint(setup.graph))
     seen = setup.task.validation_task() if setup.task.x_val is not None else setup.task  # what the runs see
     identity = {**setup.identity(), "protocol": protocol.identity()}
     est = ESTIMATORS.choose(opts.estimate.estimator)
@@ -144,6 +146,7 @@ def _measure(model: str | nn.Module, opts: ContribOptions, where: _Where) -> Con
         description=describe(
             setup.name, setup.shape, setup.task, measured, len(env.layers), opts.execution.cache, est, batches
         )
+        + (f" Weight convs: {ranking}." if ranking else "")
         + (f" Rates chosen on validation per family first: {rates_text(selection)}." if selection else ""),
         probe_accuracy=probe_acc,
         timing=timing,

@@ -34,7 +34,13 @@ def describe(
         )
     p = protocol if est.runs == "protocol" else probe_protocol(protocol)
     ks = "all k = 1..L" if p.bias_ks is None else f"k in {list(p.bias_ks)} and those the weight runs need"
-    wl = "every conv" if p.weight_layers is None else f"the last {p.weight_layers} convs"
+    wl = (
+        f"convs {list(p.weight_convs)}"
+        if p.weight_convs is not None
+        else "every conv"
+        if p.weight_layers is None
+        else f"the last {p.weight_layers} convs"
+    )
     ratios = ", ".join(ratio_label(r) for r in p.ratios)
     adaptive = (
         ""

@@ -22,7 +22,7 @@ from ..options import Options, Resolution, option
 from ..rates import Rates
 
 #: protocol fields added after checkpoints were written, with the value those checkpoints imply
-LATER_FIELDS = {"lr_grid": None, "weight_reference": "depth", "lr_norm": None}
+LATER_FIELDS = {"lr_grid": None, "weight_reference": "depth", "lr_norm": None, "weight_convs": None}
 PAPER_RATIOS = (0.125, 0.25, 0.5, 1.0)
 #: images per class (an int) or fraction (a float) of the training data carved out as the validation split
 Validation = int | float
@@ -63,7 +63,14 @@ class Protocol(BaseModel):
         PAPER_RATIOS, min_length=1, description="channel ratios of weight runs, e.g. 1/8,1/4,1/2,1"
     )
     bias_ks: tuple[int, ...] | None = Field(None, description="bias-run depths k, e.g. 1,2,4,8; None = every k in 1..L")
-    weight_layers: int | None = Field(None, ge=1, description="weight runs for the last N convs; None = all")
+    weight_layers: int | None = Field(
+        None, ge=1, description="weight runs for the last N convs (with --rank-by: the N it ranks highest); None = all"
+    )
+    weight_convs: tuple[int, ...] | None = Field(
+        None,
+        description="weight runs for these convs only (0-based conv indices, e.g. 47,4,35); None: --weight-layers "
+        "decides",
+    )
     select: str = Field(
         "magnitude+", description="channel selection rule of sub-channel updates: magnitude+ | magnitude- | random"
     )
@@ -85,6 +92,19 @@ class Protocol(BaseModel):
         if v is not None and (not v or any(not x > 0 for x in v)):
             raise ValueError("lr_grid must be positive learning rates")
         return None if v is None else tuple(sorted(set(v)))
+
+    @field_validator("weight_convs")
+    @classmethod
+    def _weight_convs(cls, v: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if v is not None and (not v or min(v) < 0 or len(set(v)) != len(v)):
+            raise ValueError(f"weight_convs must be distinct conv indices >= 0, got {list(v)}")
+        return None if v is None else tuple(sorted(v))
+
+    @model_validator(mode="after")
+    def _one_weight_subset(self) -> Protocol:
+        if self.weight_layers is not None and self.weight_convs is not None:
+            raise ValueError("give weight_layers or weight_convs, not both")
+        return self
 
     @field_validator("ratios")
     @classmethod
@@ -217,6 +237,11 @@ class Estimate(Options):
         "rgn (relative gradient norm); the profile records which, with its units",
     )
     batches: int = option(8, "mini-batches of the fisher / rgn gradients (and of the probe's one epoch)")
+    rank_by: str | os.PathLike | None = option(
+        None,
+        "a profile of the same model (an estimator's, in seconds): with --weight-layers N the weight runs are for "
+        "the N convs it ranks highest (largest entry over ratios), not the last N; the profile says which",
+    )
 
 
 class ContribOptions(Options):

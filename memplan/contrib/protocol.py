@@ -78,6 +78,17 @@ class RunSpec:
         return "classifier" if self.kind == "bias" else RunSpec("bias", self.k).id
 
 
+def weight_layers(layers: list[ConvLayer], protocol: Protocol) -> list[ConvLayer]:
+    """The convs with weight runs: ``weight_convs``, else the last ``weight_layers``, else every conv."""
+    if protocol.weight_convs is not None:
+        if max(protocol.weight_convs) >= len(layers):
+            raise BadOption(
+                f"weight_convs names conv {max(protocol.weight_convs)}", f"the model has {len(layers)} convs (0..)"
+            )
+        return [layers[i] for i in protocol.weight_convs]
+    return layers if protocol.weight_layers is None else layers[-protocol.weight_layers :]
+
+
 def grid(layers: list[ConvLayer], protocol: Protocol) -> list[RunSpec]:
     """All runs, ordered by split point (earliest first, the most expensive), then bias before weight."""
     n = len(layers)
@@ -86,7 +97,7 @@ def grid(layers: list[ConvLayer], protocol: Protocol) -> list[RunSpec]:
     for k in protocol.bias_ks or ():
         if not 1 <= k <= n:
             raise BadOption(f"bias depth k={k} is out of range", f"the model has {n} convs (k = 1..{n})")
-    wl = layers if protocol.weight_layers is None else layers[-protocol.weight_layers :]
+    wl = weight_layers(layers, protocol)
     ks = set(range(1, n + 1)) if protocol.bias_ks is None else set(protocol.bias_ks)
     every = protocol.weight_reference == "all-biases"
     ks |= {n} if every and wl else {n - c.conv_index for c in wl}
