@@ -80,6 +80,7 @@ from memplan.optim import OPTIMIZERS
 from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, load_scheme, scheme_to_plan
 from memplan.rates import Rates, distinct
 from memplan.search import run_search
+from memplan.search.baselines import BASELINES
 from memplan.search.candidates import collect_candidates
 from memplan.search.select import choose
 from memplan.strategies import make_plan, transform_model
@@ -147,8 +148,8 @@ def what_trains(method: Method, graph: LayerGraph) -> tuple:
     """Everything that decides a run: the architecture transform and the plan's trained tensors
     (with their channels), norms in train mode, approximated activations and norms whose statistics
     are re-estimated."""
-    if method.arch is not None:  # its plan reads the transformed model: it shares with nothing
-        return method.arch, method.name
+    if method.arch is not None:  # its plan reads the transformed model: it shares only with its own strategy
+        return method.arch, method.cost if isinstance(method.cost, str) else method.name
     try:
         plan = method.plan(graph)
     except MemplanError:  # not applicable to this model: it fails where it is asked for
@@ -243,7 +244,14 @@ class BenchTrainer:
         self.checkpoint, self.trained = str(run.ckpt.path), 0
 
     def method(self, candidate: Any) -> Method:
-        m = scheme_method(f"candidate {candidate.key}", "candidate", candidate.scheme)
+        name = f"candidate {candidate.key}"
+        if candidate.scheme.added_modules:  # a baseline that changes the architecture (TinyTL): its strategy
+            own = BASELINES[candidate.name]
+            if own.adjust is not None:
+                raise MemplanError(f"candidate {candidate.name!r} adds modules and adjusts its strategy's plan")
+            m = strategy_method(name, "candidate", own.method, arch=own.method)
+        else:
+            m = scheme_method(name, "candidate", candidate.scheme)
         m.runs_as = self.known.get(what_trains(m, self.graph))
         m.families = candidate.families
         return m
@@ -294,7 +302,8 @@ def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool
         name,
         "searched + validated",
         m.plan,
-        v.scheme,
+        v.scheme if m.arch is None else m.cost,  # a scheme that adds modules is costed as its strategy
+        arch=m.arch,
         runs_as=m.runs_as or m.name,
         lr=v.halving.best.lr,
         detail={
@@ -334,7 +343,7 @@ class Bench:
             net = copy.deepcopy(self.setup.net)
             if arch is not None:
                 torch.manual_seed(0)
-                net = transform_model(net, arch)
+                net = transform_model(net, arch, input_shape=self.setup.shape)  # the branches at the run's input
             ctx = Context(self.setup.name, net, self.splits[split], self.protocol, True, self.threads)
             self.workers[key] = Worker(ctx)
         return self.workers[key]
@@ -429,6 +438,20 @@ def finished_finals(m: Method, lrs: list[Rates], seeds: list[int], done: dict, v
     """The finished test runs of ``m`` at its chosen rate (none while the grid has not chosen one)."""
     lr = m.lr if m.lr is not None else choose_lr(m.key, m.settings(lrs), done, val_seeds)
     return [f for s in seeds if lr is not None and (f := done.get(run_id("final", m.key, lr, s)))]
+
+
+def left_out(m: Method, a: argparse.Namespace, done: dict) -> str:
+    """Why ``m`` has no row yet, in words: not trained, its grid under way or diverged, or how
+    many of its test seeds are finished."""
+    finals = finished_finals(m, a.lrs, a.seeds, done, a.val_seeds)
+    if finals:
+        return f"{len(finals)} of {len(a.seeds)} test seeds finished"
+    grid = [r for x in m.settings(a.lrs) for s in a.val_seeds if (r := done.get(run_id("grid", m.key, x, s)))]
+    if not grid and m.lr is None:
+        return "not trained"
+    if grid and all(r["diverged"] for r in grid):
+        return "every rate it trained diverged"
+    return f"learning-rate grid under way ({len(grid)} runs finished)" if m.lr is None else "no test seed finished"
 
 
 def assemble(
@@ -564,12 +587,7 @@ def markdown(
             )
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
     if missing:
-        n = len(header["seeds"])
-        said = [
-            f"{m['name']} ({m['memory_bytes']:,} B; "
-            + (f"{m['test_seeds']} of {n} test seeds finished)" if m["test_seeds"] else "not trained)")
-            for m in missing
-        ]
+        said = [f"{m['name']} ({m['memory_bytes']:,} B; {m['status']})" for m in missing]
         out += [f"Not in the table: {'; '.join(said)}", ""]
     out += [f"Machine: {header['machine']}", ""]
     return "\n".join(out)
@@ -872,7 +890,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
             {
                 "name": m.name,
                 "memory_bytes": run.memory[m.name]["applied"],
-                "test_seeds": len(finished_finals(m, a.lrs, a.seeds, run.done, a.val_seeds)),
+                "status": left_out(m, a, run.done),
             }
             for m in run.methods
             if m.name not in {r["name"] for r in rows}

@@ -49,12 +49,20 @@ def test_the_report_says_why_a_method_is_not_in_the_table(transfer):
         "model": "m", "data": "d", "description": "", "optimizer": "adam", "batch": 32, "input": "3x64x64",
         "seeds": [0, 1, 2], "val_seeds": [0, 1], "lrs": ["0.01"], "machine": "x",
     }  # fmt: skip
-    missing = [
-        {"name": "full fine-tuning", "memory_bytes": 279_124_196, "test_seeds": 0},
-        {"name": "TinyTL", "memory_bytes": 69_787_204, "test_seeds": 2},
-    ]
-    md = transfer.markdown([], header, [], [], missing)
-    assert "full fine-tuning (279,124,196 B; not trained); TinyTL (69,787,204 B; 2 of 3 test seeds finished)" in md
+    a = transfer.parse_args(["--lrs", "0.01,0.1", "--seeds", "0,1,2", "--val-seeds", "0"])
+    method = transfer.strategy_method("full fine-tuning", "full fine-tuning", "full")
+    run = lambda lr, seed, diverged, stage="grid": {  # noqa: E731
+        transfer.run_id(stage, method.key, Rates.parse(lr), seed): {"accuracy": 50.0, "diverged": diverged}
+    }
+    assert transfer.left_out(method, a, {}) == "not trained"
+    assert transfer.left_out(method, a, run("0.01", 0, False)) == "learning-rate grid under way (1 runs finished)"
+    assert transfer.left_out(method, a, run("0.01", 0, True) | run("0.1", 0, True)) == "every rate it trained diverged"
+    done = run("0.01", 0, False) | run("0.1", 0, True) | run("0.01", 2, False, "final")
+    assert transfer.left_out(method, a, done) == "1 of 3 test seeds finished"
+    missing = [{"name": "full fine-tuning", "memory_bytes": 279_124_196, "status": "not trained"}]
+    assert "Not in the table: full fine-tuning (279,124,196 B; not trained)" in transfer.markdown(
+        [], header, [], [], missing
+    )
 
 
 def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch):
@@ -130,6 +138,24 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     bad[bad.index("--methods") + 1] = "magic"
     with pytest.raises(MemplanError, match="unknown method 'magic'"):
         transfer.main(bad)
+
+
+def test_the_stage_trains_tinytl_as_the_benchmarks_tinytl(transfer, tmp_path):
+    """A candidate that adds modules (TinyTL's lite residual branches) trains on the transformed
+    model, as the benchmark's own TinyTL method: the stage and the baseline share its runs."""
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    profile = tmp_path / "profile.json"
+    run_contrib("mcunet-5fps", data=str(npz), out=profile, validation=4, resolution=32, **TINY_GRID)
+    out = tmp_path / "bench"
+    argv = [
+        "--model", "mcunet-5fps", "--weights", "none", "--data", str(npz), "--resolution", "32",
+        "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
+        "--lrs", "0.01", "--stage-lrs", "0.01", "--val-seeds", "0", "--seeds", "0", "--profile", str(profile),
+        "--budgets", "50MB", "--validate", "1", "--methods", "validated 50MB", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    transfer.main(argv)  # the stage alone: the TinyTL baseline itself is not run
+    ids = [json.loads(x)["run"]["id"] for x in (out / "transfer.runs.jsonl").read_text().splitlines()[1:]]
+    assert "grid|TinyTL lite-residual + bias|0.01|0" in ids  # the stage's TinyTL run is the baseline's
 
 
 @pytest.mark.parametrize(
