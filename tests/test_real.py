@@ -134,6 +134,16 @@ def make_npz(path: Path, n: int = 24, side: int = 32, classes: int = 3) -> Path:
     return path
 
 
+def tiny_profile(tmp_path: Path, model: str = "minilearn-cifar10", **protocol) -> tuple[Path, Path]:
+    """A 30-image task (``tmp_path/task.npz``) and a tiny grid profile of ``model`` on it
+    (``tmp_path/profile.json``, 4 validation images per class; ``protocol`` changes ``TINY_GRID``):
+    what the validation-stage tests search from."""
+    npz = make_npz(tmp_path / "task.npz", n=30)
+    profile = tmp_path / "profile.json"
+    run_contrib(model, data=str(npz), out=profile, validation=4, **{**TINY_GRID, **protocol})
+    return npz, profile
+
+
 def test_runs_are_measured_on_the_validation_split(tmp_path):
     npz = make_npz(tmp_path / "task.npz", n=30)
     prof = run_contrib(

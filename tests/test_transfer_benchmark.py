@@ -10,12 +10,11 @@ import statistics
 import pytest
 import torch
 
-from memplan.contrib.analysis import run_contrib
 from memplan.errors import MemplanError
 from memplan.rates import Rates
 
 from .helpers import load_benchmark
-from .test_real import TINY_GRID, make_npz
+from .test_real import tiny_profile
 
 torch.set_num_threads(1)
 
@@ -66,9 +65,7 @@ def test_the_report_says_why_a_method_is_not_in_the_table(transfer):
 
 
 def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch):
-    npz = make_npz(tmp_path / "task.npz", n=30)
-    profile = tmp_path / "profile.json"
-    run_contrib("minilearn-cifar10", data=str(npz), out=profile, validation=4, **{**TINY_GRID, "seeds": (0, 1)})
+    npz, profile = tiny_profile(tmp_path, seeds=(0, 1))
     out = tmp_path / "bench"
     argv = [
         "--model", "minilearn-cifar10", "--weights", "none", "--data", str(npz), "--resolution", "32",
@@ -143,9 +140,7 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
 def test_the_stage_trains_tinytl_as_the_benchmarks_tinytl(transfer, tmp_path):
     """A candidate that adds modules (TinyTL's lite residual branches) trains on the transformed
     model, as the benchmark's own TinyTL method: the stage and the baseline share its runs."""
-    npz = make_npz(tmp_path / "task.npz", n=30)
-    profile = tmp_path / "profile.json"
-    run_contrib("mcunet-5fps", data=str(npz), out=profile, validation=4, resolution=32, **TINY_GRID)
+    npz, profile = tiny_profile(tmp_path, "mcunet-5fps", resolution=32)
     out = tmp_path / "bench"
     argv = [
         "--model", "mcunet-5fps", "--weights", "none", "--data", str(npz), "--resolution", "32",

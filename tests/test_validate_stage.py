@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 
 from memplan.api import capture
 from memplan.cli import app
-from memplan.contrib.analysis import run_contrib
 from memplan.contrib.final import Evaluator
 from memplan.contrib.halving import planned_runs, successive_halving
 from memplan.contrib.profile import load_profile
@@ -21,7 +20,7 @@ from memplan.nn.train import make_optimizer
 from memplan.plan import Scheme, load_scheme
 from memplan.search.baselines import BASELINES
 
-from .test_real import TINY_GRID, make_npz
+from .test_real import tiny_profile
 
 torch.set_num_threads(1)
 
@@ -54,9 +53,7 @@ def test_halving_drops_diverged_runs_and_counts_runs():
 
 
 def test_search_validate_end_to_end_and_resume(tmp_path):
-    npz = make_npz(tmp_path / "task.npz", n=30)
-    profile = tmp_path / "profile.json"
-    run_contrib("minilearn-cifar10", data=str(npz), out=profile, validation=4, **{**TINY_GRID, "seeds": (0, 1)})
+    _, profile = tiny_profile(tmp_path, seeds=(0, 1))
     out, folder = tmp_path / "scheme.json", tmp_path / "val"
     argv = [
         "search", "minilearn-cifar10", "--budget", "30KB", "--profile", str(profile), "--validate", "2",
@@ -92,9 +89,7 @@ def test_the_pool_trains_the_same_runs_per_family_and_chooses_the_same(tmp_path,
     (ids and accuracies, one torch thread everywhere) and the same choice as one after another. The
     grid has a per-family point: it is a training of its own only for candidates that train weights."""
     monkeypatch.setenv("MEMPLAN_NUM_THREADS", "1")
-    npz = make_npz(tmp_path / "task.npz", n=30)
-    profile = tmp_path / "profile.json"
-    run_contrib("minilearn-cifar10", data=str(npz), out=profile, validation=4, **{**TINY_GRID, "seeds": (0, 1)})
+    _, profile = tiny_profile(tmp_path, seeds=(0, 1))
     lines, chosen = {}, {}
     for workers in (1, 2):
         folder, out = tmp_path / f"val{workers}", tmp_path / f"scheme{workers}.json"
@@ -120,9 +115,7 @@ def test_validate_trains_tinytl_and_reestimated_statistics(tmp_path):
     """The two baselines that are not a plain plan on the plain model: TinyTL-L+B (its lite residual
     branches built on a worker of their own) and norm + bias with the statistics re-estimated on the
     training split (then the head re-fit): both fit a loose budget, are trained and ranked."""
-    npz = make_npz(tmp_path / "task.npz", n=30)
-    profile = tmp_path / "profile.json"
-    run_contrib("mcunet-5fps", data=str(npz), out=profile, validation=4, resolution=32, **TINY_GRID)
+    _, profile = tiny_profile(tmp_path, "mcunet-5fps", resolution=32)
     out = tmp_path / "scheme.json"
     argv = [
         "search", "mcunet-5fps", "--budget", "50MB", "--profile", str(profile), "--validate", "1",
