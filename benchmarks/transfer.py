@@ -434,19 +434,28 @@ def memory_of(caps: Callable[[str | None, int], Any], method: Method, optimizer:
     return out
 
 
-def finished_finals(m: Method, lrs: list[Rates], seeds: list[int], done: dict, val_seeds: list[int]) -> list[dict]:
-    """The finished test runs of ``m`` at its chosen rate (none while the grid has not chosen one)."""
-    lr = m.lr if m.lr is not None else choose_lr(m.key, m.settings(lrs), done, val_seeds)
+def chosen_lr(m: Method, lrs: list[Rates], done: dict, val_seeds: list[int]) -> Rates | None:
+    """The stage's rate, or the one ``m``'s own grid chose (None until it has chosen)."""
+    return m.lr if m.lr is not None else choose_lr(m.key, m.settings(lrs), done, val_seeds)
+
+
+def grid_runs(m: Method, lrs: list[Rates], done: dict, val_seeds: list[int]) -> dict[str, list[dict]]:
+    """``m``'s finished validation runs by grid setting."""
+    return {str(x): [r for s in val_seeds if (r := done.get(run_id("grid", m.key, x, s)))] for x in m.settings(lrs)}
+
+
+def finished_finals(m: Method, lr: Rates | None, seeds: list[int], done: dict) -> list[dict]:
+    """The finished test runs of ``m`` at rate ``lr`` (none while no rate is chosen)."""
     return [f for s in seeds if lr is not None and (f := done.get(run_id("final", m.key, lr, s)))]
 
 
 def left_out(m: Method, a: argparse.Namespace, done: dict) -> str:
     """Why ``m`` has no row yet, in words: not trained, its grid under way or diverged, or how
     many of its test seeds are finished."""
-    finals = finished_finals(m, a.lrs, a.seeds, done, a.val_seeds)
+    finals = finished_finals(m, chosen_lr(m, a.lrs, done, a.val_seeds), a.seeds, done)
     if finals:
         return f"{len(finals)} of {len(a.seeds)} test seeds finished"
-    grid = [r for x in m.settings(a.lrs) for s in a.val_seeds if (r := done.get(run_id("grid", m.key, x, s)))]
+    grid = [r for rs in grid_runs(m, a.lrs, done, a.val_seeds).values() for r in rs]
     if not grid and m.lr is None:
         return "not trained"
     if grid and all(r["diverged"] for r in grid):
@@ -465,15 +474,14 @@ def assemble(
     rows = []
     singles = [r.single for r in lrs if r.single is not None]
     for m in methods:
-        grid = m.settings(lrs)
-        lr = m.lr if m.lr is not None else choose_lr(m.key, grid, done, val_seeds)
-        grid_runs = {str(x): [r for s in val_seeds if (r := done.get(run_id("grid", m.key, x, s)))] for x in grid}
-        finals = finished_finals(m, lrs, seeds, done, val_seeds)
+        lr = chosen_lr(m, lrs, done, val_seeds)
+        by_setting = grid_runs(m, lrs, done, val_seeds)
+        finals = finished_finals(m, lr, seeds, done)
         if lr is None or len(finals) < len(seeds):
             continue
         accs = [f["accuracy"] for f in finals]
         mean, half = mean_ci(accs)
-        runs = [r for rs in grid_runs.values() for r in rs] + finals
+        runs = [r for rs in by_setting.values() for r in rs] + finals
         rows.append(
             {
                 "name": m.name,
@@ -486,8 +494,8 @@ def assemble(
                 "accuracy_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,  # over seeds
                 "lr": str(lr),
                 "lr_at_grid_edge": bool(singles) and lr.single in (min(singles), max(singles)),
-                "grid_validation": {k: [r["accuracy"] for r in v] for k, v in grid_runs.items()},
-                "grid_diverged": [k for k, v in grid_runs.items() if any(r["diverged"] for r in v)],
+                "grid_validation": {k: [r["accuracy"] for r in v] for k, v in by_setting.items()},
+                "grid_diverged": [k for k, v in by_setting.items() if any(r["diverged"] for r in v)],
                 "final_diverged": any(f["diverged"] for f in finals),
                 "trainable_params": finals[0]["trainable_params"],
                 "wall_s": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in runs), 1),
