@@ -66,6 +66,11 @@ def test_rank_by_is_refused_without_a_count_or_for_another_model(tmp_path: Path)
     run_contrib(tiny_model(), data=str(npz), out=fisher, estimator="fisher", batches=2, validation=2, seeds=(0,))
     with pytest.raises(MemplanError, match="needs weight_layers"):
         run_contrib(tiny_model(), data=str(npz), rank_by=fisher, **TINY)
+    nowhere = str(tmp_path / "no-such-data.npz")  # both refused before the data is read
+    with pytest.raises(MemplanError, match="needs weight_layers"):
+        run_contrib(tiny_model(), data=nowhere, rank_by=fisher, **TINY)
+    with pytest.raises(MemplanError, match="cannot read contribution profile"):
+        run_contrib(tiny_model(), data=nowhere, rank_by=tmp_path / "none.json", weight_layers=1, **TINY)
     other = json.loads(fisher.read_text()) | {"fingerprint": "0" * 16, "model": "another"}
     (tmp_path / "other.json").write_text(json.dumps(other))
     with pytest.raises(MemplanError, match="a profile of another model"):

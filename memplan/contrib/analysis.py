@@ -40,7 +40,7 @@ from .options import ContribOptions, Execution, Protocol
 from .profile import ContribProfile, Resolution
 from .progress import bar as progress_bar, stage
 from .protocol import RunSpec, grid, run_plan, split_layer
-from .ranking import ranked_protocol
+from .ranking import ranked_protocol, read_ranking
 from .rates import select_rates
 from .runner import Context, Worker, linear_probe, resolve_device
 from .setup import Setup, build_setup
@@ -81,8 +81,9 @@ def run_contrib(model: str | nn.Module, opts: ContribOptions | None = None) -> C
     costing = opts.inputs.costing_resolution
     if costing is not None and (not isinstance(costing, int) or costing < 1):
         raise BadOption(f"costing_resolution must be a positive integer, got {costing!r}")
+    ranking = read_ranking(opts.estimate.rank_by, opts.protocol)
     with num_threads(ex.threads or default_threads(1)):  # pretraining and the probe run here, before any worker
-        return _measure(model, opts, _Where(device, ex.threads or default_threads(ex.workers)))
+        return _measure(model, opts, _Where(device, ex.threads or default_threads(ex.workers)), ranking)
 
 
 def _setup(model: str | nn.Module, opts: ContribOptions) -> Setup:
@@ -94,12 +95,15 @@ def _setup(model: str | nn.Module, opts: ContribOptions) -> Setup:
         return build_setup(model, i.weights, i.data, resolution=i.resolution, cache_dir=i.cache_dir, **split)
 
 
-def _measure(model: str | nn.Module, opts: ContribOptions, where: _Where) -> ContribProfile:
-    """Setup, probe, grid and profile (module docstring, steps 1-4); ``where``: the device and threads."""
+def _measure(
+    model: str | nn.Module, opts: ContribOptions, where: _Where, ranking: ContribProfile | None
+) -> ContribProfile:
+    """Setup, probe, grid and profile (module docstring, steps 1-4); ``where``: the device and
+    threads; ``ranking``: the profile that picks the weight runs' convs (``rank_by``), or None."""
     t_start = time.perf_counter()
     out, batches = opts.execution.out, opts.estimate.batches
     setup = _setup(model, opts)
-    protocol, ranking = ranked_protocol(opts.protocol, opts.estimate.rank_by, fingerprint(setup.graph))
+    protocol, ranked = ranked_protocol(opts.protocol, opts.estimate.rank_by, ranking, fingerprint(setup.graph))
     seen = setup.task.validation_task() if setup.task.x_val is not None else setup.task  # what the runs see
     identity = {**setup.identity(), "protocol": protocol.identity()}
     est = ESTIMATORS.choose(opts.estimate.estimator)
@@ -146,7 +150,7 @@ def _measure(model: str | nn.Module, opts: ContribOptions, where: _Where) -> Con
         description=describe(
             setup.name, setup.shape, setup.task, measured, len(env.layers), opts.execution.cache, est, batches
         )
-        + (f" Weight convs: {ranking}." if ranking else "")
+        + (f" Weight convs: {ranked}." if ranked else "")
         + (f" Rates chosen on validation per family first: {rates_text(selection)}." if selection else ""),
         probe_accuracy=probe_acc,
         timing=timing,

@@ -20,17 +20,24 @@ def rank_convs(profile: ContribProfile) -> list[int]:
     return sorted(score, key=lambda i: (-score[i], -i))
 
 
-def ranked_protocol(
-    protocol: Protocol, rank_by: str | os.PathLike | None, fingerprint: str
-) -> tuple[Protocol, str | None]:
-    """``protocol`` with ``weight_convs`` = the ``weight_layers`` convs ``rank_by`` ranks highest, and
-    the words that say so (``None`` and ``protocol`` unchanged without ``rank_by``). ``fingerprint``:
-    the measured model's; a profile of another model is refused."""
+def read_ranking(rank_by: str | os.PathLike | None, protocol: Protocol) -> ContribProfile | None:
+    """The profile that ranks the convs (None without ``rank_by``), read before any work: an
+    unreadable file, or no ``weight_layers`` N to take from its ranking, is a one-line error."""
     if rank_by is None:
-        return protocol, None
+        return None
     if protocol.weight_layers is None:
         raise BadOption("rank_by needs weight_layers N: how many of the ranked convs get weight runs")
-    ranking = load_profile(rank_by)
+    return load_profile(rank_by)
+
+
+def ranked_protocol(
+    protocol: Protocol, rank_by: str | os.PathLike | None, ranking: ContribProfile | None, fingerprint: str
+) -> tuple[Protocol, str | None]:
+    """``protocol`` with ``weight_convs`` = the ``weight_layers`` convs ``ranking`` (read from
+    ``rank_by`` by :func:`read_ranking`) ranks highest, and the words that say so (``protocol`` and
+    None without a ranking). ``fingerprint``: the measured model's; a profile of another model is refused."""
+    if ranking is None:
+        return protocol, None
     if ranking.fingerprint != fingerprint:
         raise BadOption(f"rank_by {rank_by}: a profile of another model ({ranking.model})")
     top = rank_convs(ranking)[: protocol.weight_layers]
