@@ -23,4 +23,4 @@ export MEMPLAN_NUM_THREADS=1
     --weight-reference all-biases --bias-ks 49 --ratios 0.25,1 \
     --rank-by benchmarks/transfer_results/fisher-all.json --weight-layers 12 \
     -j "$workers" --out "$out/grid.json"
-"$memplan" contrib validate "$out/grid.json" --json "$out/validate.json" --plot "$out/validate.png"
+"$memplan" contrib validate "$out/grid.json" -j "$workers" --json "$out/validate.json" --plot "$out/validate.png"

@@ -35,10 +35,10 @@ def search(  # typer command: its own parameters, then one per option of SearchC
     if opts.accounting.budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
     validate = stage.validate_candidates
-    if validate is not None:  # an executor that does not exist is refused before any work
-        from .contrib.executors import EXECUTORS
+    if validate is not None:  # a bad executor is refused before any work
+        from .contrib.executors import check
 
-        EXECUTORS.choose(stage.validate_executor)
+        check(stage.validate_workers, stage.validate_executor, stage.validate_address)
     out = opts.output.out
     opts = opts.replace(
         target=target,

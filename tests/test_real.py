@@ -324,7 +324,7 @@ def test_validate_end_to_end_on_a_tiny_profile(tmp_path):
 
 
 def test_validate_resumes_from_its_checkpoint_and_correlates_every_objective(tmp_path, monkeypatch):
-    from memplan.contrib.final import Evaluator
+    from memplan.contrib.runner import SchemeRun
     from memplan.search.validate import validate_profile
 
     npz = make_npz(tmp_path / "task.npz", n=30)
@@ -345,8 +345,12 @@ def test_validate_resumes_from_its_checkpoint_and_correlates_every_objective(tmp
     assert set(first.by_objective) == {"mean", "lcb", "shrink"}
     assert all(p.objectives["mean"] == pytest.approx(p.summed) for p in first.points)
     assert all(p.objectives["lcb"] <= p.objectives["mean"] + 1e-9 for p in first.points)
+    # two workers train the same runs to the same accuracies, seed for seed
+    pooled = validate_profile(tmp_path / "p.json", ["2KB", "8KB"], per_budget=2, bootstrap=50, workers=2)
+    assert [p.accuracy for p in pooled.points] == [p.accuracy for p in first.points]
+    assert pooled.reference_accuracy == first.reference_accuracy
     # a rerun trains nothing: every scheme comes from the checkpoint, with the same accuracies
-    monkeypatch.setattr(Evaluator, "scheme", lambda *a, **k: pytest.fail("trained again"))
+    monkeypatch.setattr(SchemeRun, "run_on", lambda *a, **k: pytest.fail("trained again"))
     again = validate_profile(tmp_path / "p.json", ["2KB", "8KB"], per_budget=2, bootstrap=50, checkpoint=ckpt)
     assert [p.accuracy for p in again.points] == [p.accuracy for p in first.points]
 
@@ -360,3 +364,7 @@ def test_validate_refuses_too_few_schemes_before_training(tmp_path, monkeypatch)
     monkeypatch.setattr(Evaluator, "__init__", lambda *a, **k: pytest.fail("trained before refusing"))
     with pytest.raises(BadOption, match="a correlation needs at least 3"):
         validate_profile(tmp_path / "p.json", ["8KB"], per_budget=1, searched=False)
+    with pytest.raises(BadOption, match="workers must be a positive integer"):
+        validate_profile(tmp_path / "p.json", ["8KB"], per_budget=5, workers=0)
+    with pytest.raises(BadOption, match="an address applies only to the ray executor"):
+        validate_profile(tmp_path / "p.json", ["8KB"], per_budget=5, workers=2, address="10.0.0.1:6379")

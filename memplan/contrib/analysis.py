@@ -35,7 +35,7 @@ from .checkpoint import Checkpoint
 from .data import Data
 from .description import describe, rates_text
 from .estimators import ESTIMATORS, Env
-from .executors import EXECUTORS, default_threads, execute, num_threads
+from .executors import check as check_execution, default_threads, execute, num_threads
 from .options import ContribOptions, Execution, Protocol
 from .profile import ContribProfile, Resolution
 from .progress import bar as progress_bar, stage
@@ -73,7 +73,7 @@ def run_contrib(model: str | nn.Module, opts: ContribOptions | None = None) -> C
     if ex.threads is not None and (not isinstance(ex.threads, int) or ex.threads < 1):
         raise BadOption(f"threads must be a positive integer, got {ex.threads!r}")
     device = resolve_device(ex.device)
-    EXECUTORS.choose(ex.executor)  # an unknown executor or estimator fails before any work
+    check_execution(ex.workers, ex.executor, ex.address)  # a bad executor or estimator fails before any work
     ESTIMATORS.choose(opts.estimate.estimator)
     batches = opts.estimate.batches
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:

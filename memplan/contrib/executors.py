@@ -201,10 +201,16 @@ def execute(
     key: str = "",
 ) -> Iterator[dict]:
     """Records of ``specs`` as they finish, on the chosen executor (``key`` names the context)."""
+    return check(workers, executor, address).run(ctx, specs, workers, address, key)
+
+
+def check(workers: int, executor: str, address: str | None) -> Executor:
+    """The executor named ``executor``, after a one-line error for a bad worker count or an address
+    it cannot take (callers check before any expensive work)."""
     entry = EXECUTORS.choose(executor)
     if not isinstance(workers, int) or workers < 1:
         raise BadOption(f"workers must be a positive integer, got {workers!r}")
     if address is not None and not entry.remote:
         remote = " or ".join(n for n, e in EXECUTORS.items() if e.remote)
         raise BadOption(f"an address applies only to the {remote} executor")
-    return entry.run(ctx, specs, workers, address, key)
+    return entry

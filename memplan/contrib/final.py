@@ -13,8 +13,10 @@ here only: no learning rate, epoch count or scheme is chosen on it.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,9 +25,9 @@ from ..graph import LayerGraph
 from ..plan import Plan, Scheme, scheme_to_plan
 from ..strategies import make_plan
 from .data import Data
-from .executors import num_threads
+from .executors import execute, num_threads
 from .profile import ContribProfile
-from .runner import Context, Worker, first_trained, linear_probe, resolve_device
+from .runner import Context, SchemeRun, Worker, first_trained, linear_probe, resolve_device
 from .setup import Setup, setup_of
 
 
@@ -100,14 +102,60 @@ class Evaluator:
             label, rec["accuracy"], rec["trainable_params"], rec["train_s"] + rec["eval_s"] + rec["cache_s"], extra
         )
 
-    def scheme(self, label: str, scheme: Scheme, **extra: Any) -> Result:
+    def scheme(self, label: str, scheme: Scheme) -> Result:
         """A sparse-update scheme (biases of the last k convs, weights at ratios, norm modes, classifier;
         its added modules built on a copy of the model first: ``memplan.apply.add_modules``)."""
-        worker = None
-        if scheme.added_modules:
-            net = add_modules(copy.deepcopy(self.worker.ctx.model), scheme, self.worker.ctx.data.x_train.shape[1:])
-            worker = Worker(replace(self.worker.ctx, model=net))
-        return self.plan(label, lambda graph: scheme_to_plan(graph, scheme, method="sparse"), worker, **extra)
+        return next(self.schemes([(label, scheme)]))
+
+    def schemes(
+        self,
+        schemes: Sequence[tuple[str, Scheme]],
+        *,
+        workers: int = 1,
+        executor: str = "process",
+        address: str | None = None,
+    ) -> Iterator[Result]:
+        """Each ``(label, scheme)`` trained for every seed (one :class:`~memplan.contrib.runner.SchemeRun`
+        per seed, at the protocol's rates), as each finishes. One worker: in this process, reusing
+        its feature cache; more: on contribution analysis's executors
+        (``memplan.contrib.executors``, a local process pool or Ray), each model (the plain one, and
+        each set of added modules) on its own workers. Runs are ordered by split point, so that
+        consecutive runs share a cached prefix."""
+        seeds, rates = self.protocol.seeds, self.protocol.rates
+        groups: dict[str, list[SchemeRun]] = {}
+        for i, (_, scheme) in enumerate(schemes):
+            added = json.dumps([a.model_dump(mode="json") for a in scheme.added_modules], sort_keys=True)
+            groups.setdefault(added if scheme.added_modules else "", []).extend(
+                SchemeRun(f"{i}|{seed}", scheme, rates, seed) for seed in seeds
+            )
+        runs: dict[int, dict[int, dict]] = {}
+        for added, jobs in groups.items():
+            worker = self.worker
+            if added:
+                ctx = self.worker.ctx
+                net = add_modules(copy.deepcopy(ctx.model), jobs[0].scheme, ctx.data.x_train.shape[1:])
+                worker = Worker(replace(ctx, model=net))
+            jobs.sort(key=lambda job: self._split_index(worker, job.scheme))
+            if workers == 1:
+                with num_threads(self.threads):
+                    records = (job.run_on(worker) for job in jobs)
+            else:
+                tag = f"evaluate:{self.setup.name}:{hashlib.sha256(added.encode()).hexdigest()[:8]}"
+                records = execute(worker.ctx, jobs, workers=workers, executor=executor, address=address, key=tag)
+            for rec in records:
+                i, seed = map(int, rec["id"].split("|"))
+                runs.setdefault(i, {})[seed] = rec
+                if len(runs[i]) == len(seeds):
+                    recs = [runs[i][s] for s in seeds]
+                    seconds = sum(r["train_s"] + r["eval_s"] for r in recs) + max(r["cache_s"] for r in recs)
+                    yield Result(schemes[i][0], [r["accuracy"] for r in recs], recs[0]["trainable_params"], seconds)
+
+    @staticmethod
+    def _split_index(worker: Worker, scheme: Scheme) -> int:
+        """Position in ``worker``'s graph of the first layer ``scheme`` trains (where its cached prefix ends)."""
+        split = first_trained(worker.graph, scheme_to_plan(worker.graph, scheme, method="sparse"))
+        layers = [n.layer for n in worker.graph.nodes]
+        return layers.index(split) if split in layers else len(layers)
 
     def strategy(self, label: str, method: str, **options: Any) -> Result:
         """A whole strategy (e.g. ``full``: every parameter, norms in train mode)."""

@@ -18,7 +18,6 @@ re-estimated on the training split first and the linear-probe head re-fit on the
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -244,8 +243,8 @@ class Worker:
 @dataclass(frozen=True)
 class SchemeRun:
     """One run of a whole scheme at rates per family and one seed (the validation stage's unit of
-    work, ``memplan.search.select``): executors run it like a :class:`RunSpec`. ``id``: its
-    checkpoint id."""
+    work, ``memplan.search.select``, and of the final evaluations, ``memplan.contrib.final``):
+    executors run it like a :class:`RunSpec`. ``id``: its checkpoint id."""
 
     id: str
     scheme: Scheme
@@ -253,12 +252,15 @@ class SchemeRun:
     seed: int
 
     def run_on(self, worker: Worker) -> dict:
-        """The record: ``id``, ``accuracy`` (%, NaN when diverged), ``final_loss``, seconds."""
+        """The record: ``id``, ``accuracy`` on the context's evaluation split (%), ``final_loss`` (the
+        last step's training loss; not finite: the run diverged), ``trainable_params``, seconds."""
         make = lambda g: scheme_to_plan(g, self.scheme, method="sparse")  # noqa: E731
         proto = worker.ctx.protocol.at(self.rates, self.seed)
         rec = worker.train_plan(make, first_trained(worker.graph, make(worker.graph)), proto)
-        ok = math.isfinite(rec["final_loss"][0])
-        return {"id": self.id, "accuracy": rec["accuracy"][0] if ok else math.nan, "train_s": rec["train_s"]}
+        keep = ("trainable_params", "train_s", "eval_s", "cache_s")
+        return {"id": self.id, "accuracy": rec["accuracy"][0], "final_loss": rec["final_loss"][0]} | {
+            k: rec[k] for k in keep
+        }
 
 
 def _tensors(model: nn.Module) -> dict[str, Tensor]:

@@ -222,7 +222,7 @@ class ValidateOptions(Options):
     per_budget: int = option(5, "random schemes per budget")
     searched: bool = option(
         True,
-        "train the searched optimum of each budget too; --no-searched leaves it out",
+        "the searched optimum of each budget is trained too (the default); --no-searched leaves it out",
         flags=("--no-searched",),
         negate=True,
     )
@@ -230,7 +230,15 @@ class ValidateOptions(Options):
     seeds: tuple[int, ...] | None = option(None, "training seeds (default: the profile's)")
     bootstrap: int = option(2000, "bootstrap resamples of the confidence intervals")
     seed: int = option(0, "seed of the random schemes and the bootstrap")
-    threads: int = option(1, "torch threads of the training runs", cli=False)
+    threads: int = option(1, "torch threads of each training run", cli=False)
+    workers: int = option(
+        1,
+        "runs trained at once, one per scheme and seed (contribution analysis's executors); results do not "
+        "depend on it",
+        flags=("--workers", "-j"),
+    )
+    executor: str = option("process", "process (a local pool) | ray (memplan.contrib.executors)")
+    address: str | None = option(None, "Ray cluster address (with --executor ray)")
     device: str = option("cpu", "cpu | cuda | auto")
     checkpoint: str | os.PathLike | None = option(
         None,

@@ -42,7 +42,7 @@ from typing import Any
 
 from ..apply import add_modules
 from ..contrib.checkpoint import Checkpoint
-from ..contrib.executors import EXECUTORS, default_threads, execute, num_threads
+from ..contrib.executors import check as check_execution, default_threads, execute, num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
 from ..contrib.profile import load_profile
 from ..contrib.runner import Context, SchemeRun, Worker, linear_probe
@@ -104,7 +104,7 @@ class ProfileTrainer:
     def __init__(self, profile_path: str | Path, stage: Stage):
         self.stage = stage
         self.threads = stage.validate_threads or default_threads(stage.validate_workers)
-        EXECUTORS.choose(stage.validate_executor)
+        check_execution(stage.validate_workers, stage.validate_executor, stage.validate_address)
         with num_threads(self.threads):
             profile = load_profile(profile_path)
             setup = setup_of(profile)
@@ -134,6 +134,8 @@ class ProfileTrainer:
         return f"{candidate.key}|{rates}|{seed}"
 
     def _record(self, rec: dict[str, Any]) -> None:
+        if not math.isfinite(rec["final_loss"]):  # diverged: no accuracy to compare
+            rec = {**rec, "accuracy": math.nan}
         self.done[rec["id"]] = rec
         self.ckpt.append(rec)
         self.trained += 1

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..api import capture
 from ..contrib.checkpoint import Checkpoint
+from ..contrib.executors import check as check_execution
 from ..contrib.final import Evaluator, Result
 from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, is_delta_acc, load_profile
 from ..errors import BadOption
@@ -165,6 +166,7 @@ def validate_profile(
     budgets = default_budgets(prof, o.mode) if o.budgets is None else o.budgets
     if o.per_budget < 0 or not budgets:
         raise BadOption("give at least one budget and per_budget >= 0")
+    check_execution(o.workers, o.executor, o.address)
     budget_bytes = sorted({parse_bytes(b) for b in budgets})
     contributions = contributions_of(prof, f"contribution profile {source}")
     res = prof.costing_resolution
@@ -182,12 +184,13 @@ def validate_profile(
     evaluator = Evaluator(prof, seeds=o.seeds, threads=o.threads, device=o.device)
     say = o.progress or (lambda text: None)
     ckpt, done = _checkpoint(o.checkpoint, prof, evaluator, mode, budget_bytes, o.per_budget, o.searched, seed)
-    train = _trainer(evaluator, space, mode, ckpt, done)
-    ref = train("reference", Candidate(0))
+    schemes = [("reference", Candidate(0))] + [(f"{kind}|{b}", cand) for kind, b, cand in picks]
+    _train(evaluator, space, o, ckpt, done, schemes, say)
+    ref = _result(done, "reference", Candidate(0))
     say(f"classifier only: {ref.mean:.2f}%")
     points = []
     for kind, b, cand in picks:
-        r = train(f"{kind}|{b}", cand)
+        r = _result(done, f"{kind}|{b}", cand)
         points.append(
             Point(
                 kind,
@@ -297,22 +300,31 @@ def _checkpoint(
     return ckpt, done or {}
 
 
-def _trainer(
-    evaluator: Evaluator, space: SearchSpace, mode: str, ckpt: Checkpoint | None, done: dict[str, dict[str, Any]]
-) -> Callable[[str, Candidate], Result]:
-    """Trains a candidate (or takes it from the checkpoint) and records it."""
+def _train(
+    evaluator: Evaluator,
+    space: SearchSpace,
+    o: ValidateOptions,
+    ckpt: Checkpoint | None,
+    done: dict[str, dict[str, Any]],
+    schemes: list[tuple[str, Candidate]],
+    say: Callable[[str], None],
+) -> None:
+    """Train every ``(key, candidate)`` not in ``done`` (on ``o.workers`` workers of ``o.executor``)
+    and record each, in ``done`` and the checkpoint, as it finishes."""
+    todo = {f"{key}|{cand.describe()}": cand for key, cand in schemes}
+    todo = {rid: cand for rid, cand in todo.items() if rid not in done}
+    jobs = [(rid, space.to_scheme(cand, mode=o.mode)) for rid, cand in todo.items()]
+    run = {"workers": o.workers, "executor": o.executor, "address": o.address}
+    for n, r in enumerate(evaluator.schemes(jobs, **run), 1):
+        done[r.label] = {"id": r.label, "accuracy": r.accuracy, "trainable_params": r.trainable_params, "s": r.seconds}
+        if ckpt is not None:
+            ckpt.append(done[r.label])
+        say(f"trained {n}/{len(jobs)}: {r.label.split('|')[0]} {todo[r.label].describe()}, test {r.mean:.2f}%")
 
-    def train(key: str, cand: Candidate) -> Result:
-        rid = f"{key}|{cand.describe()}"
-        if rid not in done:
-            r = evaluator.scheme(cand.describe(), space.to_scheme(cand, mode=mode))
-            done[rid] = {"id": rid, "accuracy": r.accuracy, "trainable_params": r.trainable_params, "s": r.seconds}
-            if ckpt is not None:
-                ckpt.append(done[rid])
-        rec = done[rid]
-        return Result(cand.describe(), rec["accuracy"], rec["trainable_params"], rec["s"])
 
-    return train
+def _result(done: dict[str, dict[str, Any]], key: str, cand: Candidate) -> Result:
+    rec = done[f"{key}|{cand.describe()}"]
+    return Result(cand.describe(), rec["accuracy"], rec["trainable_params"], rec["s"])
 
 
 def save(check: AdditivityCheck, path: str | os.PathLike) -> None:
