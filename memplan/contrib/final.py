@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,7 +26,7 @@ from ..strategies import make_plan
 from .data import Data
 from .executors import execute, num_threads
 from .profile import ContribProfile
-from .runner import Context, SchemeRun, Worker, first_trained, linear_probe, resolve_device
+from .runner import Context, SchemeRun, Worker, added_key, first_trained, linear_probe, resolve_device
 from .setup import Setup, setup_of
 
 
@@ -124,8 +123,7 @@ class Evaluator:
         seeds, rates = self.protocol.seeds, self.protocol.rates
         groups: dict[str, list[SchemeRun]] = {}
         for i, (_, scheme) in enumerate(schemes):
-            added = json.dumps([a.model_dump(mode="json") for a in scheme.added_modules], sort_keys=True)
-            groups.setdefault(added if scheme.added_modules else "", []).extend(
+            groups.setdefault(added_key(scheme), []).extend(
                 SchemeRun(f"{i}|{seed}", scheme, rates, seed) for seed in seeds
             )
         runs: dict[int, dict[int, dict]] = {}
@@ -137,8 +135,7 @@ class Evaluator:
                 worker = Worker(replace(ctx, model=net))
             jobs.sort(key=lambda job: self._split_index(worker, job.scheme))
             if workers == 1:
-                with num_threads(self.threads):
-                    records = (job.run_on(worker) for job in jobs)
+                records = (self._run_here(job, worker) for job in jobs)
             else:
                 tag = f"evaluate:{self.setup.name}:{hashlib.sha256(added.encode()).hexdigest()[:8]}"
                 records = execute(worker.ctx, jobs, workers=workers, executor=executor, address=address, key=tag)
@@ -149,6 +146,10 @@ class Evaluator:
                     recs = [runs[i][s] for s in seeds]
                     seconds = sum(r["train_s"] + r["eval_s"] for r in recs) + max(r["cache_s"] for r in recs)
                     yield Result(schemes[i][0], [r["accuracy"] for r in recs], recs[0]["trainable_params"], seconds)
+
+    def _run_here(self, job: SchemeRun, worker: Worker) -> dict:
+        with num_threads(self.threads):
+            return job.run_on(worker)
 
     @staticmethod
     def _split_index(worker: Worker, scheme: Scheme) -> int:

@@ -18,6 +18,7 @@ re-estimated on the training split first and the linear-probe head re-fit on the
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -261,6 +262,13 @@ class SchemeRun:
         return {"id": self.id, "accuracy": rec["accuracy"][0], "final_loss": rec["final_loss"][0]} | {
             k: rec[k] for k in keep
         }
+
+
+def added_key(scheme: Scheme) -> str:
+    """What ``scheme`` adds to the model, as text ("" for the plain model): runs with the same key
+    train on the same model."""
+    added = [a.model_dump(mode="json") for a in scheme.added_modules]
+    return json.dumps(added, sort_keys=True) if added else ""
 
 
 def _tensors(model: nn.Module) -> dict[str, Tensor]:

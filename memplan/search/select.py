@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -45,7 +44,7 @@ from ..contrib.checkpoint import Checkpoint
 from ..contrib.executors import check as check_execution, default_threads, execute, num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
 from ..contrib.profile import load_profile
-from ..contrib.runner import Context, SchemeRun, Worker, linear_probe
+from ..contrib.runner import Context, SchemeRun, Worker, added_key, linear_probe
 from ..contrib.setup import setup_of
 from ..errors import BadOption, MemplanError
 from ..plan import Scheme, Training, Validation
@@ -140,16 +139,10 @@ class ProfileTrainer:
         self.ckpt.append(rec)
         self.trained += 1
 
-    @staticmethod
-    def added_key(scheme: Scheme) -> str:
-        """What ``scheme`` adds to the model, as text ("" for the plain model)."""
-        added = [a.model_dump(mode="json") for a in scheme.added_modules]
-        return json.dumps(added, sort_keys=True) if added else ""
-
     def context_for(self, scheme: Scheme) -> tuple[str, Context]:
         """(key, context): the plain model's, or one on the model with ``scheme``'s added modules built
         (``memplan.apply.add_modules``; one such set at a time, the previous one freed first)."""
-        key = self.added_key(scheme)
+        key = added_key(scheme)
         if key not in self.contexts:
             self.contexts = {"": self.contexts[""]} if "" in self.contexts else {}
             self.workers = {"": self.workers[""]} if "" in self.workers else {}
@@ -174,7 +167,7 @@ class ProfileTrainer:
             return
         groups: dict[str, list[SchemeRun]] = {}
         for job in jobs:  # one pool per model: the plain one, and each set of added modules
-            groups.setdefault(self.added_key(job.scheme), []).append(job)
+            groups.setdefault(added_key(job.scheme), []).append(job)
         for key, group in groups.items():
             ctx = self.context_for(group[0].scheme)[1]
             tag = f"{self.key}:{hashlib.sha256(key.encode()).hexdigest()[:8]}"
