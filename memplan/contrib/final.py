@@ -1,11 +1,11 @@
-"""Final evaluations on the test split: train a scheme (or a whole strategy) end to end from the
-setup a contribution profile was measured with, and report its test accuracy.
+"""Final evaluations on the test split: train sparse-update schemes end to end from the setup a
+contribution profile was measured with, and report their test accuracy.
 
 :class:`Evaluator` rebuilds the profile's setup (``memplan.contrib.setup.setup_of``: the same
 backbone, the same data, checked by digest), trains the linear probe again on the training
 split exactly as contribution analysis did (its validation accuracy is compared with the one
-the profile recorded), and then trains every configuration it is given with the profile's
-protocol (SGD, per-role learning rates, epochs, batch; ``seeds`` may differ) on the training
+the profile recorded), and then trains every scheme it is given with the profile's protocol
+(its optimizer, per-family learning rates, epochs, batch; ``seeds`` may differ) on the training
 split, through the feature cache, evaluating on the **test** split. The test split is used
 here only: no learning rate, epoch count or scheme is chosen on it.
 """
@@ -15,14 +15,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import statistics
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 
 from ..apply import add_modules
-from ..graph import LayerGraph
-from ..plan import Plan, Scheme, scheme_to_plan
-from ..strategies import make_plan
+from ..plan import Scheme, scheme_to_plan
 from .data import Data
 from .executors import execute, num_threads
 from .profile import ContribProfile
@@ -38,7 +35,6 @@ class Result:
     accuracy: list[float]
     trainable_params: int
     seconds: float
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
@@ -84,22 +80,6 @@ class Evaluator:
             self.worker = Worker(
                 Context(self.setup.name, self.setup.net, test_task, self.protocol, cache, threads, device)
             )
-
-    @property
-    def graph(self) -> LayerGraph:
-        return self.worker.graph
-
-    def plan(
-        self, label: str, make: Callable[[LayerGraph], Plan], worker: Worker | None = None, **extra: Any
-    ) -> Result:
-        """Train ``make(graph)``'s plan for every seed (on ``worker``, default the plain model's); test accuracy."""
-        worker = worker or self.worker
-        with num_threads(self.threads):
-            split = first_trained(worker.graph, make(worker.graph))
-            rec = worker.train_plan(make, split, self.protocol)
-        return Result(
-            label, rec["accuracy"], rec["trainable_params"], rec["train_s"] + rec["eval_s"] + rec["cache_s"], extra
-        )
 
     def scheme(self, label: str, scheme: Scheme) -> Result:
         """A sparse-update scheme (biases of the last k convs, weights at ratios, norm modes, classifier;
@@ -157,10 +137,6 @@ class Evaluator:
         split = first_trained(worker.graph, scheme_to_plan(worker.graph, scheme, method="sparse"))
         layers = [n.layer for n in worker.graph.nodes]
         return layers.index(split) if split in layers else len(layers)
-
-    def strategy(self, label: str, method: str, **options: Any) -> Result:
-        """A whole strategy (e.g. ``full``: every parameter, norms in train mode)."""
-        return self.plan(label, lambda graph: make_plan(graph, method, **options))
 
     def describe(self) -> str:
         t = self.setup.task
