@@ -260,8 +260,7 @@ class BenchTrainer:
         m = self.method(candidate)
         rid = run_id("grid", m.key, lr, seed)
         done = self.run.done
-        done.update(self.run.ckpt.finished() or {})
-        if rid not in done:
+        if rid not in refresh(self.run):
             if not self.train_missing:
                 raise LookupError(rid)
             done[rid] = {"id": rid, **self.bench.run(m, lr, seed, "validation")}
@@ -812,6 +811,13 @@ def choose_methods(run: Run) -> None:
             m.families = m.plan(g).families(g)
 
 
+def refresh(run: Run) -> dict:
+    """``run.done`` brought up to date with the checkpoint: read before every run, so that processes
+    sharing it (shards, a stage beside a method) never train a run twice."""
+    run.done.update(run.ckpt.finished(repair=False) or {})
+    return run.done
+
+
 def train(run: Run, t_start: float) -> None:
     """This shard's methods: the learning-rate grid on validation, then the seeds on test; every
     run checkpointed, the report rewritten after each method."""
@@ -830,24 +836,23 @@ def train(run: Run, t_start: float) -> None:
         )
         for m in mine:
             progress.update(bar, description=m.name)
-            done.update(ckpt.finished() or {})  # what other processes finished meanwhile
             grid = m.settings(a.lrs)
             for i, seed in enumerate(a.val_seeds if m.lr is None else ()):  # successive halving over the seeds
-                rungs = grid_rungs(m.key, grid, a.val_seeds, done)
+                rungs = grid_rungs(m.key, grid, a.val_seeds, refresh(run))
                 for lr in rungs[i] if i < len(rungs) else ():
                     rid = run_id("grid", m.key, lr, seed)
-                    if rid not in done:
+                    if rid not in refresh(run):
                         done[rid] = {"id": rid, **bench.run(m, lr, seed, "validation")}
                         ckpt.append(done[rid])
                 progress.advance(bar, len(a.lrs) // (i + 1))
-            best = m.lr if m.lr is not None else choose_lr(m.key, grid, done, a.val_seeds)
+            best = m.lr if m.lr is not None else choose_lr(m.key, grid, refresh(run), a.val_seeds)
             if best is None:
                 print(f"{m.name}: every learning rate of the grid diverged; widen --lrs", file=sys.stderr)
                 progress.advance(bar, len(a.seeds))
                 continue
             for seed in a.seeds:
                 rid = run_id("final", m.key, best, seed)
-                if rid not in done:
+                if rid not in refresh(run):
                     done[rid] = {"id": rid, **bench.run(m, best, seed, "test")}
                     ckpt.append(done[rid])
                 progress.advance(bar)
@@ -859,8 +864,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     too); returns the JSON."""
     a, setup, task = run.a, run.setup, run.setup.task
     out, res = Path(a.out), a.resolution
-    run.done.update(run.ckpt.finished() or {})
-    rows = assemble(run.methods, run.memory, a.lrs, a.seeds, run.done, a.val_seeds)
+    rows = assemble(run.methods, run.memory, a.lrs, a.seeds, refresh(run), a.val_seeds)
     front = pareto_front(rows)
     lines = verdicts(rows)
     header = {

@@ -313,6 +313,21 @@ def _accuracies(prof):
     return {r.id: r.accuracy for r in prof.runs}
 
 
+def test_a_reader_beside_writers_skips_a_torn_line_without_cutting_it(tmp_path):
+    """``finished(repair=False)``: a process that reads a checkpoint other processes append to skips a
+    line still being written; only a resume (``repair``, the default) cuts a torn tail off."""
+    from memplan.contrib.checkpoint import Checkpoint
+
+    ckpt = Checkpoint(tmp_path / "c.runs.jsonl", {"model": "x"})
+    ckpt.start()
+    ckpt.append({"id": "a", "accuracy": 1.0})
+    with open(ckpt.path, "a") as f:
+        f.write('{"run": {"id": "b", "accur')
+    before = ckpt.path.read_bytes()
+    assert set(ckpt.finished(repair=False)) == {"a"} and ckpt.path.read_bytes() == before
+    assert set(ckpt.finished()) == {"a"} and ckpt.path.read_bytes() == before[: before.index(b'{"run": {"id": "b"')]
+
+
 def test_process_pool_matches_serial(tmp_path):
     npz = make_npz(tmp_path / "task.npz", n=12, side=32)
     serial = run_contrib("minilearn-cifar10", data=str(npz), **POOL_GRID)

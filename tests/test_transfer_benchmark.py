@@ -153,6 +153,35 @@ def test_the_stage_trains_tinytl_as_the_benchmarks_tinytl(transfer, tmp_path):
     assert "grid|TinyTL lite-residual + bias|0.01|0" in ids  # the stage's TinyTL run is the baseline's
 
 
+def test_a_run_another_process_finished_meanwhile_is_not_trained_again(transfer, tmp_path, monkeypatch):
+    """Processes that share a checkpoint (shards; a stage beside a method that trains the same runs)
+    read it before every run: a seed another process finished while this one trained is skipped."""
+    npz, _ = tiny_profile(tmp_path)
+    out = tmp_path / "bench"
+    argv = [
+        "--model", "minilearn-cifar10", "--weights", "none", "--data", str(npz), "--resolution", "32",
+        "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
+        "--lrs", "0.01", "--val-seeds", "0", "--seeds", "0,1,2", "--methods", "classifier only",
+        "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    ckpt = out / "transfer.runs.jsonl"
+    trained = []
+
+    def run(self, m, lr, seed, split):
+        trained.append((split, seed))
+        if (split, seed) == ("test", 0):  # meanwhile, another process finishes seed 1
+            other = dict(id="final|classifier only|0.01|1", accuracy=50.0, diverged=False, trainable_params=0)
+            times = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0)
+            with open(ckpt, "a") as f:
+                f.write(json.dumps({"run": {**other, **times}}) + "\n")
+        return dict(accuracy=40.0, diverged=False, train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
+
+    monkeypatch.setattr(transfer.Bench, "run", run)
+    result = transfer.main(argv)
+    assert trained == [("validation", 0), ("test", 0), ("test", 2)]
+    assert result["rows"][0]["accuracy"] == [40.0, 50.0, 40.0]
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -21,9 +21,11 @@ class Checkpoint:
     def __init__(self, path: Path, identity: dict[str, Any]):
         self.path, self.identity = path, identity
 
-    def finished(self) -> dict[str, dict[str, Any]] | None:
+    def finished(self, repair: bool = True) -> dict[str, dict[str, Any]] | None:
         """Records already in the file (None when there is no usable header). A torn last line
-        (a kill during a write) is cut off; a header for another configuration is an error."""
+        (a kill during a write) is cut off with ``repair``, else only skipped (a reader beside
+        processes that append to the file must not cut a line being written); a header for
+        another configuration is an error."""
         if not self.path.is_file():
             return None
         raw = self.path.read_bytes()
@@ -39,7 +41,7 @@ class Checkpoint:
                 raise MemplanError(
                     f"checkpoint {self.path} is corrupt at line {i + 1}", "delete it to start over"
                 ) from None
-        if good != len(raw):  # drop the torn tail so the next append starts a fresh line
+        if repair and good != len(raw):  # drop the torn tail so the next append starts a fresh line
             with open(self.path, "r+b") as f:
                 f.truncate(good)
         if not rows or "identity" not in rows[0]:
