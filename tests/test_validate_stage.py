@@ -132,8 +132,12 @@ def test_validate_trains_tinytl_and_reestimated_statistics(tmp_path):
     # the final evaluation on the test split trains it too (its branches built on a copy)
     cap = capture("mcunet-5fps", resolution=32, method="tinytl-lb")
     tinytl = Scheme.from_plan(cap.graph, BASELINES.choose("TinyTL (lite residual + bias)").plan(cap.graph))
-    result = Evaluator(load_profile(profile), seeds=(0,)).scheme("tinytl", tinytl)
+    evaluator = Evaluator(load_profile(profile), seeds=(0,))
+    result = evaluator.scheme("tinytl", tinytl)
     assert len(result.accuracy) == 1 and math.isfinite(result.mean)
+    # on a pool, the branches are built once for the workers of that model: the same accuracy
+    (pooled,) = evaluator.schemes([("tinytl", tinytl)], workers=2)
+    assert pooled.accuracy == result.accuracy
 
 
 def test_union_trains_what_both_train_and_refuses_what_it_cannot_say():
