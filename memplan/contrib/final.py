@@ -12,18 +12,25 @@ here only: no learning rate, epoch count or scheme is chosen on it.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import statistics
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from ..apply import add_modules
 from ..plan import Scheme, scheme_to_plan
 from .data import Data
 from .executors import execute, num_threads
 from .profile import ContribProfile
-from .runner import Context, SchemeRun, Worker, added_key, first_trained, linear_probe, resolve_device
+from .runner import (
+    Context,
+    SchemeRun,
+    Worker,
+    added_key,
+    first_trained,
+    linear_probe,
+    resolve_device,
+    with_added_modules,
+)
 from .setup import Setup, setup_of
 
 
@@ -108,11 +115,7 @@ class Evaluator:
             )
         runs: dict[int, dict[int, dict]] = {}
         for added, jobs in groups.items():
-            worker = self.worker
-            if added:
-                ctx = self.worker.ctx
-                net = add_modules(copy.deepcopy(ctx.model), jobs[0].scheme, ctx.data.x_train.shape[1:])
-                worker = Worker(replace(ctx, model=net))
+            worker = Worker(with_added_modules(self.worker.ctx, jobs[0].scheme)) if added else self.worker
             jobs.sort(key=lambda job: self._split_index(worker, job.scheme))
             if workers == 1:
                 records = (self._run_here(job, worker) for job in jobs)

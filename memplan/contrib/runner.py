@@ -21,7 +21,7 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.fx as fx
@@ -29,7 +29,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..api import capture
-from ..apply import apply_plan
+from ..apply import add_modules, apply_plan
 from ..errors import BadOption
 from ..graph import ConvLayer, LayerGraph, Node, conv_table
 from ..nn.train import batches_of, fit, reestimate_norm_stats
@@ -269,6 +269,14 @@ def added_key(scheme: Scheme) -> str:
     train on the same model."""
     added = [a.model_dump(mode="json") for a in scheme.added_modules]
     return json.dumps(added, sort_keys=True) if added else ""
+
+
+def with_added_modules(ctx: Context, scheme: Scheme) -> Context:
+    """``ctx`` on a copy of its model with ``scheme``'s added modules built
+    (``memplan.apply.add_modules``, at the context's input shape); ``ctx`` itself when it adds none."""
+    if not scheme.added_modules:
+        return ctx
+    return replace(ctx, model=add_modules(copy.deepcopy(ctx.model), scheme, ctx.data.x_train.shape[1:]))
 
 
 def _tensors(model: nn.Module) -> dict[str, Tensor]:

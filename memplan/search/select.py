@@ -30,7 +30,6 @@ analysis's executors (``Stage.validate_workers``: a local process pool or Ray).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import time
@@ -39,12 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..apply import add_modules
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.executors import check as check_execution, default_threads, execute, num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
 from ..contrib.profile import load_profile
-from ..contrib.runner import Context, SchemeRun, Worker, added_key, linear_probe
+from ..contrib.runner import Context, SchemeRun, Worker, added_key, linear_probe, with_added_modules
 from ..contrib.setup import setup_of
 from ..errors import BadOption, MemplanError
 from ..plan import Scheme, Training, Validation
@@ -144,10 +142,10 @@ class ProfileTrainer:
         (``memplan.apply.add_modules``; one such set at a time, the previous one freed first)."""
         key = added_key(scheme)
         if key not in self.contexts:
-            self.contexts = {"": self.contexts[""]} if "" in self.contexts else {}
+            plain = self.contexts.get("") or Context(self.name, self.net, self.seen, self.protocol, True, self.threads)
+            self.contexts = {"": plain}
             self.workers = {"": self.workers[""]} if "" in self.workers else {}
-            net = add_modules(copy.deepcopy(self.net), scheme, self.seen.x_train.shape[1:]) if key else self.net
-            self.contexts[key] = Context(self.name, net, self.seen, self.protocol, True, self.threads)
+            self.contexts[key] = with_added_modules(plain, scheme)
         return key, self.contexts[key]
 
     def worker_for(self, scheme: Scheme) -> Worker:
