@@ -28,7 +28,7 @@ from memplan.contrib.data.fashion_mnist import FASHION_MNIST_FILES, fashion_mnis
 from memplan.errors import BadOption, MemplanError
 from memplan.modes import get_mode
 from memplan.plan import Scheme, WeightUpdate, fingerprint
-from memplan.search.validate import correlations
+from memplan.search.validate import ceiling, correlations
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "memplan" / "data" / "profiles"
@@ -297,6 +297,55 @@ def test_correlations_against_definitions():
     )
     assert out["pearson"] == pytest.approx(r)
     assert out["pearson_ci"][0] <= out["pearson"] <= out["pearson_ci"][1]
+
+
+def test_ceiling_from_seed_agreement_by_hand():
+    ref = [80.0, 81.0]
+    # seed 1 ranks the schemes as seed 0 does except one swap: Spearman 0.8 (as above); a repeated
+    # scheme counts once; Spearman-Brown for 2 seeds: 2 * 0.8 / 1.8
+    acc = [[81.0, 82.0], [82.0, 84.0], [83.0, 83.0], [84.0, 86.0], [85.0, 85.0], [81.0, 82.0]]
+    out = ceiling(ref, acc)
+    assert out["schemes"] == 5 and out["seeds"] == 2
+    assert out["seed_spearman"] == pytest.approx(0.8)
+    assert out["reliability"] == pytest.approx(1.6 / 1.8)
+    assert out["ceiling"] == pytest.approx(np.sqrt(1.6 / 1.8))
+    reversed_ = ceiling(ref, [[81.0, 86.0], [82.0, 85.0], [83.0, 84.0]])  # the seeds disagree entirely
+    assert reversed_["seed_spearman"] == pytest.approx(-1.0) and reversed_["ceiling"] == 0.0
+    assert ceiling([80.0], [[81.0], [82.0], [83.0]]) is None  # one seed: no agreement to measure
+    assert ceiling(ref, [[81.0, 82.0], [82.0, 84.0]]) is None  # two schemes
+
+
+def test_collapsed_schemes_are_named_and_correlated_apart():
+    from memplan.search.validate import Point, _noise
+
+    ref = [80.0, 82.0]
+
+    def point(summed, acc):
+        return Point("random", 1000, f"s{summed}", 1, [], 100, summed, acc, sum(acc) / 2 - 81.0)
+
+    points = [point(1.0, [81.0, 83.0]), point(2.0, [82.0, 84.0]), point(3.0, [83.0, 85.0])]
+    points += [point(9.0, [10.0, 84.0])]  # a seed at chance, 70 points below classifier only's worst seed
+    bound, stable, notes = _noise(ref, points, 100, 0)
+    assert stable["schemes"] == 3 and stable["spearman"] == pytest.approx(1.0)  # the rising three alone
+    assert any("1 scheme(s)" in n and "10.0%" in n for n in notes)
+    assert bound["schemes"] == 4
+    assert _noise(ref, points[:3], 100, 0)[1] is None  # nothing collapsed: no separate correlation
+
+
+def test_ceiling_bounds_a_predictor_that_knows_the_expected_gains():
+    """Simulated schemes with known expected gains and seed noise: the correlation of the expected
+    gains with the measured 3-seed mean, averaged over draws, is what the ceiling estimates."""
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    best, bound = [], []
+    for _ in range(300):
+        truth = rng.normal(0.0, 1.0, 40)
+        acc = truth[:, None] + rng.normal(0.0, 1.2, (40, 3))
+        best.append(stats.spearmanr(truth, acc.mean(1))[0])
+        bound.append(ceiling([0.0, 0.0, 0.0], acc.tolist())["ceiling"])
+    assert np.mean(bound) == pytest.approx(np.mean(best), abs=0.04)
+    assert 0.6 < np.mean(best) < 0.9  # the regime the check is for: noise comparable to the spread
 
 
 def test_validate_end_to_end_on_a_tiny_profile(tmp_path):

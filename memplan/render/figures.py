@@ -195,12 +195,17 @@ def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
         else f"the scheme's profile entries summed ({check.units})"
     )
     ax.set_ylabel("real test-accuracy gain over classifier only (points)")
-    ax.set_title(
+    title = (
         f"{check.model}: additivity (Fig. 5c)\nPearson {check.pearson:+.2f} "
         f"[{check.pearson_ci[0]:+.2f}, {check.pearson_ci[1]:+.2f}], Spearman {check.spearman:+.2f} "
-        f"[{check.spearman_ci[0]:+.2f}, {check.spearman_ci[1]:+.2f}]",
-        fontsize=9,
+        f"[{check.spearman_ci[0]:+.2f}, {check.spearman_ci[1]:+.2f}]"
     )
+    if check.ceiling is not None:
+        title += f"; seed-noise ceiling {check.ceiling['ceiling']:.2f}"
+    if check.stable is not None:
+        stable = check.stable
+        title += f"\nwithout collapsed schemes: Spearman {stable['spearman']:+.2f} ({stable['schemes']} schemes)"
+    ax.set_title(title, fontsize=9)
     ax.legend(title="budget (★ searched)", fontsize=8)
     fig.tight_layout()
     return _save(plt, fig, path, dpi=120)

@@ -10,6 +10,13 @@ of a scheme is its test accuracy minus the classifier-only one (accuracy points)
 Spearman correlations between summed Δacc and real gain come with percentile bootstrap
 confidence intervals over the schemes (resampled with replacement).
 
+How high a correlation can go is bounded by the measurement itself: with few seeds, the measured
+gains are noisy. ``ceiling`` measures that bound from the same runs: the Spearman correlation of
+one seed's gains with another's over the distinct schemes (averaged over seed pairs), raised to the
+reliability of the mean over all seeds (Spearman-Brown), and its square root: the correlation a
+predictor that knew every scheme's expected gain would reach, by the attenuation bound (exact for
+Pearson, close for Spearman).
+
 Random schemes: a bias depth k drawn uniformly from the profile's depths > 0, every conv in
 range given a weight update with probability d (d drawn uniformly per scheme) at a uniformly
 drawn ratio; weight updates are then dropped at random until the memory fits the budget (a
@@ -46,6 +53,8 @@ from .options import ValidateOptions
 from .space import Candidate, SearchSpace, build_space, contributions_of, profile_hash
 
 CONFIDENCE = 0.95
+#: a seed this many accuracy points below classifier only's worst seed is reported as collapsed
+COLLAPSE_POINTS = 10.0
 
 
 @dataclass
@@ -86,6 +95,11 @@ class AdditivityCheck:
     units: str = DELTA_ACC_UNITS  # what the profile's entries (a point's ``summed``) are
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: the measurement's own bound on the correlation (:func:`ceiling`); None with one seed or < 3 schemes
+    ceiling: dict[str, Any] | None = None
+    #: when some schemes collapsed (a seed ``COLLAPSE_POINTS`` below classifier only): the correlations
+    #: (as above) and the ceiling over the other ``schemes`` alone; None otherwise
+    stable: dict[str, Any] | None = None
 
     @property
     def is_delta_acc(self) -> bool:
@@ -124,6 +138,32 @@ def correlations(
             (float(np.percentile(vals, lo)), float(np.percentile(vals, hi))) if len(vals) else (math.nan, math.nan)
         )
     return out
+
+
+def ceiling(reference: Sequence[float], accuracy: Sequence[Sequence[float]]) -> dict[str, Any] | None:
+    """How far the measured gains themselves allow any predictor to correlate with them (module
+    docstring). ``reference``: classifier-only test accuracy per seed; ``accuracy``: per scheme, its
+    test accuracy per seed (same seed order; repeated schemes count once). Returns ``seed_spearman``
+    (mean over seed pairs of the Spearman correlation between the two seeds' paired gains),
+    ``reliability`` of the mean over ``seeds`` seeds (Spearman-Brown), ``ceiling`` (its square root;
+    0 when the seeds do not agree at all), ``schemes`` and ``seeds``; None with one seed or fewer than
+    three distinct schemes."""
+    from itertools import combinations
+
+    from scipy import stats
+
+    rows = list(dict.fromkeys(tuple(a) for a in accuracy))
+    n = len(reference)
+    if n < 2 or len(rows) < 3:
+        return None
+    gains = np.asarray(rows, float) - np.asarray(reference, float)
+    pairs = [stats.spearmanr(gains[:, a], gains[:, b])[0] for a, b in combinations(range(n), 2)]
+    pairs = [r for r in pairs if not math.isnan(r)]
+    if not pairs:
+        return None
+    r1 = float(np.mean(pairs))
+    rel = n * r1 / (1 + (n - 1) * r1) if r1 > 0 else 0.0
+    return {"seed_spearman": r1, "reliability": rel, "ceiling": math.sqrt(rel), "schemes": len(rows), "seeds": n}
 
 
 def draw(
@@ -216,7 +256,7 @@ def validate_profile(
         )
         for name in spaces
     }
-    notes = []
+    bound, stable, notes = _noise(ref.accuracy, points, bootstrap, seed)
     if prof.evaluated_on != "validation":
         notes.append("the profile measured Δacc on the test split: the check is not independent of it")
     if len(points) < 12:
@@ -238,7 +278,38 @@ def validate_profile(
         units=prof.units,
         seconds=round(time.perf_counter() - t0, 1),
         notes=notes,
+        ceiling=bound,
+        stable=stable,
     )
+
+
+def _noise(
+    reference: list[float], points: list[Point], bootstrap: int, seed: int
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[str]]:
+    """The check's ``ceiling``, its ``stable`` correlations and notes on both (class docstring)."""
+    bound = ceiling(reference, [p.accuracy for p in points])
+    notes = []
+    if bound is not None and bound["ceiling"] < 0.7:
+        notes.append(
+            f"the seeds agree little: one seed's gains rank the schemes like another's at Spearman "
+            f"{bound['seed_spearman']:+.2f}, so no predictor can correlate above about {bound['ceiling']:.2f} "
+            f"with the mean over {bound['seeds']} seeds; more seeds raise the ceiling"
+        )
+    low = min(reference) - COLLAPSE_POINTS
+    collapsed = [p for p in points if min(p.accuracy) < low]
+    stable = None
+    if collapsed:
+        notes.append(
+            f"{len(collapsed)} scheme(s) have a seed more than {COLLAPSE_POINTS:g} points below classifier only "
+            f"({', '.join(f'{min(p.accuracy):.1f}%' for p in collapsed)}): training them collapsed at the "
+            "profile's rates; they are counted as measured, and `stable` correlates the others alone"
+        )
+        kept = [p for p in points if min(p.accuracy) >= low]
+        if len(kept) >= 3:
+            x, y = [p.summed for p in kept], [p.gain for p in kept]
+            stable = {"schemes": len(kept)} | correlations(x, y, bootstrap=bootstrap, seed=seed)
+            stable["ceiling"] = ceiling(reference, [p.accuracy for p in kept])
+    return bound, stable, notes
 
 
 def _picks(space: SearchSpace, memory: MemoryModel, budget_bytes: list[int], o: ValidateOptions) -> list[Any]:
@@ -359,6 +430,20 @@ def summary(check: AdditivityCheck) -> list[str]:
         f"{check.pearson_ci[1]:+.3f}); Spearman rho = {check.spearman:+.3f} (CI {check.spearman_ci[0]:+.3f} .. "
         f"{check.spearman_ci[1]:+.3f}); {check.bootstrap} bootstrap resamples",
     ]
+    if check.ceiling is not None:
+        c = check.ceiling
+        lines.append(
+            f"ceiling from seed noise: seeds agree at Spearman {c['seed_spearman']:+.3f} over {c['schemes']} "
+            f"distinct schemes; reliability of the {c['seeds']}-seed mean {c['reliability']:.3f}, so any "
+            f"predictor correlates at most about {c['ceiling']:.3f}"
+        )
+    if check.stable is not None:
+        c, bound = check.stable, check.stable["ceiling"]
+        lines.append(
+            f"without the collapsed schemes ({c['schemes']} left): Spearman {c['spearman']:+.3f} (CI "
+            f"{c['spearman_ci'][0]:+.3f} .. {c['spearman_ci'][1]:+.3f})"
+            + (f", ceiling from seed noise {bound['ceiling']:.3f}" if bound else "")
+        )
     for name, c in check.by_objective.items():
         p, sp = c["pearson_ci"], c["spearman_ci"]
         if math.isnan(c["pearson"]):
