@@ -200,11 +200,14 @@ def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
         f"[{check.pearson_ci[0]:+.2f}, {check.pearson_ci[1]:+.2f}], Spearman {check.spearman:+.2f} "
         f"[{check.spearman_ci[0]:+.2f}, {check.spearman_ci[1]:+.2f}]"
     )
+    extra = []
     if check.ceiling is not None:
-        title += f"; seed-noise ceiling {check.ceiling['ceiling']:.2f}"
+        extra.append(f"seed-noise ceiling {check.ceiling['ceiling']:.2f}")
     if check.stable is not None:
         stable = check.stable
-        title += f"\nwithout collapsed schemes: Spearman {stable['spearman']:+.2f} ({stable['schemes']} schemes)"
+        extra.append(f"without collapsed schemes Spearman {stable['spearman']:+.2f} (n={stable['schemes']})")
+    if extra:
+        title += "\n" + "; ".join(extra)
     ax.set_title(title, fontsize=9)
     ax.legend(title="budget (★ searched)", fontsize=8)
     fig.tight_layout()
