@@ -664,7 +664,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile", default=None, help="contribution profile the searched schemes come from")
     ap.add_argument(
         "--budgets",
-        default="15MB,20MB,30MB,38MB,45MB",
+        default="15MB,20MB,30MB,38MB,45MB,48MB",
         help="budgets of the validated search rows: memplan `applied` memory at the training batch, fp32 state",
     )
     ap.add_argument("--validate", type=int, default=2, help="searched candidates of the validation stage per budget")
@@ -768,6 +768,20 @@ def start(a: argparse.Namespace) -> Run:
     return Run(a, setup, protocol, ckpt, previous or {}, probe)
 
 
+def split_names(text: str, names: set[str]) -> set[str]:
+    """The names a comma-separated ``text`` lists, where a name may hold commas itself ("norm + bias,
+    running statistics"): the longest run of comma-separated pieces that is a known name wins."""
+    pieces = [p.strip() for p in text.split(",")]
+    out, i = set(), 0
+    while i < len(pieces):
+        j = next((j for j in range(len(pieces), i, -1) if ", ".join(pieces[i:j]) in names), None)
+        if j is None:
+            raise MemplanError(f"unknown method {pieces[i]!r}", f"choose among: {', '.join(sorted(names))}")
+        out.add(", ".join(pieces[i:j]))
+        i = j
+    return out
+
+
 def choose_methods(run: Run) -> None:
     """The baselines and the searched schemes (``--methods`` keeps some), with their memory."""
     a, setup = run.a, run.setup
@@ -787,12 +801,7 @@ def choose_methods(run: Run) -> None:
                 methods.append(m)
     share_runs(methods, cap.graph)  # before --methods: a kept method may train what a left-out one trains
     if a.methods:
-        keep = set(a.methods.split(","))
-        unknown = keep - {m.name for m in methods} - {m.family for m in methods}
-        if unknown:
-            raise MemplanError(
-                f"unknown method {sorted(unknown)[0]!r}", f"choose among: {', '.join(m.name for m in methods)}"
-            )
+        keep = split_names(a.methods, {m.name for m in methods} | {m.family for m in methods})
         methods = [m for m in methods if m.name in keep or m.family in keep]
     caps: dict[tuple[str | None, int], Any] = {}
 

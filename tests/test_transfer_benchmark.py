@@ -43,6 +43,15 @@ def test_pareto_front_keeps_what_nothing_cheaper_beats(transfer):
     assert transfer.pareto_front(rows) == ["a", "c"]
 
 
+def test_methods_whose_names_hold_commas_can_be_chosen(transfer):
+    names = {"norm + bias", "norm + bias, running statistics", "norm + bias, re-estimated statistics", "MobileTL"}
+    got = transfer.split_names("norm + bias, re-estimated statistics,MobileTL", names)
+    assert got == {"norm + bias, re-estimated statistics", "MobileTL"}
+    assert transfer.split_names("norm + bias,MobileTL", names) == {"norm + bias", "MobileTL"}
+    with pytest.raises(MemplanError, match="unknown method 'nope'"):
+        transfer.split_names("MobileTL,nope", names)
+
+
 def test_the_report_says_why_a_method_is_not_in_the_table(transfer):
     header = {
         "model": "m", "data": "d", "description": "", "optimizer": "adam", "batch": 32, "input": "3x64x64",
