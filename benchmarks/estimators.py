@@ -45,7 +45,7 @@ from memplan.contrib.profile import ContribProfile
 from memplan.errors import MemplanError
 from memplan.io import write_text
 from memplan.search import run_search
-from memplan.search.validate import correlations
+from memplan.search.agreement import correlations
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ROOT / "memplan" / "data" / "profiles" / "efficientnet-lite0-fashion-mnist.json"

@@ -28,7 +28,7 @@ from memplan.contrib.data.fashion_mnist import FASHION_MNIST_FILES, fashion_mnis
 from memplan.errors import BadOption, MemplanError
 from memplan.modes import get_mode
 from memplan.plan import Scheme, WeightUpdate, fingerprint
-from memplan.search.validate import ceiling, correlations
+from memplan.search.agreement import ceiling, correlations
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "memplan" / "data" / "profiles"
@@ -316,7 +316,8 @@ def test_ceiling_from_seed_agreement_by_hand():
 
 
 def test_collapsed_schemes_are_named_and_correlated_apart():
-    from memplan.search.validate import Point, _noise
+    from memplan.search.agreement import noise_readings
+    from memplan.search.validate import Point
 
     ref = [80.0, 82.0]
 
@@ -325,11 +326,11 @@ def test_collapsed_schemes_are_named_and_correlated_apart():
 
     points = [point(1.0, [81.0, 83.0]), point(2.0, [82.0, 84.0]), point(3.0, [83.0, 85.0])]
     points += [point(9.0, [10.0, 84.0])]  # a seed at chance, 70 points below classifier only's worst seed
-    bound, stable, notes = _noise(ref, points, 100, 0)
+    bound, stable, notes = noise_readings(ref, points, 100, 0)
     assert stable["schemes"] == 3 and stable["spearman"] == pytest.approx(1.0)  # the rising three alone
     assert any("1 scheme(s)" in n and "10.0%" in n for n in notes)
     assert bound["schemes"] == 4
-    assert _noise(ref, points[:3], 100, 0)[1] is None  # nothing collapsed: no separate correlation
+    assert noise_readings(ref, points[:3], 100, 0)[1] is None  # nothing collapsed: no separate correlation
 
 
 def test_ceiling_bounds_a_predictor_that_knows_the_expected_gains():

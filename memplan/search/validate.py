@@ -8,14 +8,8 @@ the searched optimum of each budget, trains every scheme end to end from the pro
 measures its **test** accuracy, and the classifier-only scheme as the reference. The real gain
 of a scheme is its test accuracy minus the classifier-only one (accuracy points). Pearson and
 Spearman correlations between summed Δacc and real gain come with percentile bootstrap
-confidence intervals over the schemes (resampled with replacement).
-
-How high a correlation can go is bounded by the measurement itself: with few seeds, the measured
-gains are noisy. ``ceiling`` measures that bound from the same runs: the Spearman correlation of
-one seed's gains with another's over the distinct schemes (averaged over seed pairs), raised to the
-reliability of the mean over all seeds (Spearman-Brown), and its square root: the correlation a
-predictor that knew every scheme's expected gain would reach, by the attenuation bound (exact for
-Pearson, close for Spearman).
+confidence intervals over the schemes (resampled with replacement). The statistics, with the
+seed-noise ceiling and the schemes that collapsed, are in ``memplan.search.agreement``.
 
 Random schemes: a bias depth k drawn uniformly from the profile's depths > 0, every conv in
 range given a weight update with probability d (d drawn uniformly per scheme) at a uniformly
@@ -30,12 +24,10 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ..api import capture
 from ..contrib.checkpoint import Checkpoint
@@ -46,15 +38,12 @@ from ..errors import BadOption
 from ..io import write_text
 from ..options import with_keywords
 from ..units import parse_bytes
+from .agreement import CONFIDENCE, correlations, noise_readings
 from .exact import solve_exact
 from .memory import MemoryModel, build_table, check_additivity, probe_candidates
 from .objective import OBJECTIVES
 from .options import ValidateOptions
 from .space import Candidate, SearchSpace, build_space, contributions_of, profile_hash
-
-CONFIDENCE = 0.95
-#: a seed this many accuracy points below classifier only's worst seed is reported as collapsed
-COLLAPSE_POINTS = 10.0
 
 
 @dataclass
@@ -95,7 +84,7 @@ class AdditivityCheck:
     units: str = DELTA_ACC_UNITS  # what the profile's entries (a point's ``summed``) are
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
-    #: the measurement's own bound on the correlation (:func:`ceiling`); None with one seed or < 3 schemes
+    #: the measurement's own bound on the correlation (``agreement.ceiling``); None with one seed or < 3 schemes
     ceiling: dict[str, Any] | None = None
     #: when some schemes collapsed (a seed ``COLLAPSE_POINTS`` below classifier only): the correlations
     #: (as above) and the ceiling over the other ``schemes`` alone; None otherwise
@@ -109,61 +98,6 @@ class AdditivityCheck:
         import json
 
         return json.dumps(asdict(self), indent=1) + "\n"
-
-
-def correlations(
-    x: Sequence[float], y: Sequence[float], *, bootstrap: int = 2000, seed: int = 0, confidence: float = CONFIDENCE
-) -> dict[str, Any]:
-    """Pearson and Spearman correlation of paired samples with percentile bootstrap intervals
-    (pairs resampled with replacement; resamples where a correlation is undefined are skipped)."""
-    from scipy import stats
-
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) < 3:
-        raise BadOption(f"a correlation needs at least 3 points, got {len(x)}")
-
-    def both(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-        if np.ptp(a) == 0 or np.ptp(b) == 0:
-            return math.nan, math.nan
-        return float(stats.pearsonr(a, b)[0]), float(stats.spearmanr(a, b)[0])
-
-    rng = np.random.default_rng(seed)
-    samples = [both(x[i], y[i]) for i in (rng.integers(0, len(x), len(x)) for _ in range(bootstrap))]
-    lo, hi = (1 - confidence) / 2 * 100, (1 + confidence) / 2 * 100
-    out: dict[str, Any] = {}
-    for j, name in enumerate(("pearson", "spearman")):
-        vals = np.asarray([s[j] for s in samples if not math.isnan(s[j])])
-        out[name] = both(x, y)[j]
-        out[f"{name}_ci"] = (
-            (float(np.percentile(vals, lo)), float(np.percentile(vals, hi))) if len(vals) else (math.nan, math.nan)
-        )
-    return out
-
-
-def ceiling(reference: Sequence[float], accuracy: Sequence[Sequence[float]]) -> dict[str, Any] | None:
-    """How far the measured gains themselves allow any predictor to correlate with them (module
-    docstring). ``reference``: classifier-only test accuracy per seed; ``accuracy``: per scheme, its
-    test accuracy per seed (same seed order; repeated schemes count once). Returns ``seed_spearman``
-    (mean over seed pairs of the Spearman correlation between the two seeds' paired gains),
-    ``reliability`` of the mean over ``seeds`` seeds (Spearman-Brown), ``ceiling`` (its square root;
-    0 when the seeds do not agree at all), ``schemes`` and ``seeds``; None with one seed or fewer than
-    three distinct schemes."""
-    from itertools import combinations
-
-    from scipy import stats
-
-    rows = list(dict.fromkeys(tuple(a) for a in accuracy))
-    n = len(reference)
-    if n < 2 or len(rows) < 3:
-        return None
-    gains = np.asarray(rows, float) - np.asarray(reference, float)
-    pairs = [stats.spearmanr(gains[:, a], gains[:, b])[0] for a, b in combinations(range(n), 2)]
-    pairs = [r for r in pairs if not math.isnan(r)]
-    if not pairs:
-        return None
-    r1 = float(np.mean(pairs))
-    rel = n * r1 / (1 + (n - 1) * r1) if r1 > 0 else 0.0
-    return {"seed_spearman": r1, "reliability": rel, "ceiling": math.sqrt(rel), "schemes": len(rows), "seeds": n}
 
 
 def draw(
@@ -256,7 +190,7 @@ def validate_profile(
         )
         for name in spaces
     }
-    bound, stable, notes = _noise(ref.accuracy, points, bootstrap, seed)
+    bound, stable, notes = noise_readings(ref.accuracy, points, bootstrap, seed)
     if prof.evaluated_on != "validation":
         notes.append("the profile measured Δacc on the test split: the check is not independent of it")
     if len(points) < 12:
@@ -281,35 +215,6 @@ def validate_profile(
         ceiling=bound,
         stable=stable,
     )
-
-
-def _noise(
-    reference: list[float], points: list[Point], bootstrap: int, seed: int
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[str]]:
-    """The check's ``ceiling``, its ``stable`` correlations and notes on both (class docstring)."""
-    bound = ceiling(reference, [p.accuracy for p in points])
-    notes = []
-    if bound is not None and bound["ceiling"] < 0.7:
-        notes.append(
-            f"the seeds agree little: one seed's gains rank the schemes like another's at Spearman "
-            f"{bound['seed_spearman']:+.2f}, so no predictor can correlate above about {bound['ceiling']:.2f} "
-            f"with the mean over {bound['seeds']} seeds; more seeds raise the ceiling"
-        )
-    low = min(reference) - COLLAPSE_POINTS
-    collapsed = [p for p in points if min(p.accuracy) < low]
-    stable = None
-    if collapsed:
-        notes.append(
-            f"{len(collapsed)} scheme(s) have a seed more than {COLLAPSE_POINTS:g} points below classifier only "
-            f"({', '.join(f'{min(p.accuracy):.1f}%' for p in collapsed)}): training them collapsed at the "
-            "profile's rates; they are counted as measured, and `stable` correlates the others alone"
-        )
-        kept = [p for p in points if min(p.accuracy) >= low]
-        if len(kept) >= 3:
-            x, y = [p.summed for p in kept], [p.gain for p in kept]
-            stable = {"schemes": len(kept)} | correlations(x, y, bootstrap=bootstrap, seed=seed)
-            stable["ceiling"] = ceiling(reference, [p.accuracy for p in kept])
-    return bound, stable, notes
 
 
 def _picks(space: SearchSpace, memory: MemoryModel, budget_bytes: list[int], o: ValidateOptions) -> list[Any]:
