@@ -304,15 +304,16 @@ def test_ceiling_from_seed_agreement_by_hand():
     # seed 1 ranks the schemes as seed 0 does except one swap: Spearman 0.8 (as above); a repeated
     # scheme counts once; Spearman-Brown for 2 seeds: 2 * 0.8 / 1.8
     acc = [[81.0, 82.0], [82.0, 84.0], [83.0, 83.0], [84.0, 86.0], [85.0, 85.0], [81.0, 82.0]]
-    out = ceiling(ref, acc)
+    out = ceiling(ref, dict(zip("abcdea", acc)))  # scheme a fits two budgets
     assert out["schemes"] == 5 and out["seeds"] == 2
     assert out["seed_spearman"] == pytest.approx(0.8)
     assert out["reliability"] == pytest.approx(1.6 / 1.8)
     assert out["ceiling"] == pytest.approx(np.sqrt(1.6 / 1.8))
-    reversed_ = ceiling(ref, [[81.0, 86.0], [82.0, 85.0], [83.0, 84.0]])  # the seeds disagree entirely
+    disagree = dict(zip("abc", [[81.0, 86.0], [82.0, 85.0], [83.0, 84.0]]))  # the seeds disagree entirely
+    reversed_ = ceiling(ref, disagree)
     assert reversed_["seed_spearman"] == pytest.approx(-1.0) and reversed_["ceiling"] == 0.0
-    assert ceiling([80.0], [[81.0], [82.0], [83.0]]) is None  # one seed: no agreement to measure
-    assert ceiling(ref, [[81.0, 82.0], [82.0, 84.0]]) is None  # two schemes
+    assert ceiling([80.0], dict(zip("abc", [[81.0], [82.0], [83.0]]))) is None  # one seed: no agreement to measure
+    assert ceiling(ref, {"a": [81.0, 82.0], "b": [82.0, 84.0]}) is None  # two schemes
 
 
 def test_collapsed_schemes_are_named_and_correlated_apart():
@@ -344,7 +345,7 @@ def test_ceiling_bounds_a_predictor_that_knows_the_expected_gains():
         truth = rng.normal(0.0, 1.0, 40)
         acc = truth[:, None] + rng.normal(0.0, 1.2, (40, 3))
         best.append(stats.spearmanr(truth, acc.mean(1))[0])
-        bound.append(ceiling([0.0, 0.0, 0.0], acc.tolist())["ceiling"])
+        bound.append(ceiling([0.0, 0.0, 0.0], dict(enumerate(acc.tolist())))["ceiling"])
     assert np.mean(bound) == pytest.approx(np.mean(best), abs=0.04)
     assert 0.6 < np.mean(best) < 0.9  # the regime the check is for: noise comparable to the spread
 

@@ -12,7 +12,7 @@ Pearson, close for Spearman).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,10 +53,10 @@ def correlations(
     return out
 
 
-def ceiling(reference: Sequence[float], accuracy: Sequence[Sequence[float]]) -> dict[str, Any] | None:
+def ceiling(reference: Sequence[float], accuracy: Mapping[Any, Sequence[float]]) -> dict[str, Any] | None:
     """How far the measured gains themselves allow any predictor to correlate with them (module
-    docstring). ``reference``: classifier-only test accuracy per seed; ``accuracy``: per scheme, its
-    test accuracy per seed (same seed order; repeated schemes count once). Returns ``seed_spearman``
+    docstring). ``reference``: classifier-only test accuracy per seed; ``accuracy``: scheme -> its
+    test accuracy per seed (same seed order; a scheme that fits several budgets counts once). Returns ``seed_spearman``
     (mean over seed pairs of the Spearman correlation between the two seeds' paired gains),
     ``reliability`` of the mean over ``seeds`` seeds (Spearman-Brown), ``ceiling`` (its square root;
     0 when the seeds do not agree at all), ``schemes`` and ``seeds``; None with one seed or fewer than
@@ -65,7 +65,7 @@ def ceiling(reference: Sequence[float], accuracy: Sequence[Sequence[float]]) -> 
 
     from scipy import stats
 
-    rows = list(dict.fromkeys(tuple(a) for a in accuracy))
+    rows = list(accuracy.values())
     n = len(reference)
     if n < 2 or len(rows) < 3:
         return None
@@ -85,7 +85,7 @@ def noise_readings(
     """The additivity check's ``ceiling`` over all ``points`` (each with ``accuracy`` per seed, % ,
     ``summed`` and ``gain``, points), its ``stable`` correlations (None when no scheme collapsed:
     a seed more than ``COLLAPSE_POINTS`` below ``reference``'s worst seed) and notes on both."""
-    bound = ceiling(reference, [p.accuracy for p in points])
+    bound = ceiling(reference, {p.candidate: p.accuracy for p in points})
     notes = []
     if bound is not None and bound["ceiling"] < 0.7:
         notes.append(
@@ -106,5 +106,5 @@ def noise_readings(
         if len(kept) >= 3:
             x, y = [p.summed for p in kept], [p.gain for p in kept]
             stable = {"schemes": len(kept)} | correlations(x, y, bootstrap=bootstrap, seed=seed)
-            stable["ceiling"] = ceiling(reference, [p.accuracy for p in kept])
+            stable["ceiling"] = ceiling(reference, {p.candidate: p.accuracy for p in kept})
     return bound, stable, notes
