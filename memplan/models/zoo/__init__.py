@@ -20,6 +20,7 @@ from torch import nn
 
 from ...errors import ModelNotFound
 from ...registry import Registry
+from ..int8 import fp32_model, int8_model
 from .efficientnet import efficientnet_b0
 from .efficientnet_lite import efficientnet_lite0, efficientnet_lite2, imagenet_weights, imagenet_weights_lite2
 from .mcunet import mcunet_5fps
@@ -79,6 +80,18 @@ _ENTRIES = [
              "ProxylessNAS-w0.3 without feature mix, 128 px (Lin et al., 256KB on-device training, NeurIPS 2022)"),
     ZooEntry("mcunet-5fps", mcunet_5fps, 128, 1000,
              "MCUNet-5FPS, 128 px (Lin et al., MCUNet NeurIPS 2020 / 256KB on-device training NeurIPS 2022)"),
+    *[
+        entry
+        for name, paper in (("mcunet-5fps", "MCUNet-5FPS"), ("mbv2-w0.35", "MobileNetV2 x0.35"),
+                            ("proxyless-w0.3", "ProxylessNAS-w0.3"))
+        for entry in (
+            ZooEntry(f"{name}-int8", partial(int8_model, name), 128, 1000,
+                     f"{paper} as the 256KB paper's int8 training graph, with its ImageNet weights (shipped, MIT)",
+                     input_shape=image),
+            ZooEntry(f"{name}-fp32", partial(fp32_model, name), 128, 1000,
+                     f"{paper} with the int8 ImageNet weights dequantized to fp32, no BatchNorm (shipped, MIT)"),
+        )
+    ],
     ZooEntry("resnet18", resnet18, 224, 1000, "ResNet-18 (He et al., CVPR 2016): 11.69M params, 1.82G MACs"),
     ZooEntry("resnet50", resnet50, 224, 1000, "ResNet-50 (He et al., CVPR 2016): 25.56M params, 4.1G MACs"),
     ZooEntry("efficientnet-b0", efficientnet_b0, 224, 1000,
