@@ -64,6 +64,34 @@ def _sgd_momentum(groups: list[Any], lr: float, weight_decay: float) -> torch.op
     return torch.optim.SGD(groups, lr=lr, momentum=MOMENTUM, weight_decay=weight_decay)
 
 
+class QASSGD(torch.optim.SGD):
+    """SGD with Quantization-Aware Scaling (Lin et al., NeurIPS 2022, section 2.1): before each
+    step, the gradient of every quantized tensor is divided by ``s ** 2``, ``s`` being what one
+    unit of it is worth in real values (``qas_scale``, per output channel: ``w_scales`` for an
+    int8 weight, ``w_scales * x_scale`` for an int32 bias; set by
+    :class:`memplan.models.int8.QuantConv2d`). The weight/gradient norm ratio of the int8 graph
+    then matches the fp32 graph's. Tensors without a scale (the fp32 head) are left as they are."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                scale = getattr(p, "qas_scale", None)
+                if p.grad is not None and scale is not None:
+                    p.grad.div_(scale.to(p.grad).view(-1, *[1] * (p.dim() - 1)).square())
+        return super().step(closure)
+
+
+@register("sgd-qas", 0, "SGD without momentum + QAS (the 256KB paper's main setting): no state")
+def _sgd_qas(groups: list[Any], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return QASSGD(groups, lr=lr, momentum=0.0, weight_decay=weight_decay)
+
+
+@register("sgd-momentum-qas", 1, f"SGD with momentum {MOMENTUM} + QAS: one velocity buffer per trainable element")
+def _sgd_momentum_qas(groups: list[Any], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return QASSGD(groups, lr=lr, momentum=MOMENTUM, weight_decay=weight_decay)
+
+
 @register("adam", 2, "Adam (betas 0.9, 0.999): two moment buffers per trainable element")
 def _adam(groups: list[Any], lr: float, weight_decay: float) -> torch.optim.Optimizer:
     return torch.optim.Adam(groups, lr=lr, weight_decay=weight_decay)

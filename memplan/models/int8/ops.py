@@ -104,10 +104,11 @@ class QuantConv2d(nn.Conv2d):
         # the format's effective scale: float64 product, kept as float32 (tiny-training's buffer)
         self.register_buffer("effective_scale", (self.x_scale * w_scales / self.y_scale).float())
         self.weight_channels: Tensor | None = None
-        for p, scale in ((self.weight, self.w_scales), (self.bias, self.w_scales * self.x_scale)):
-            p.qas_scale = scale  # what one unit of the parameter is worth in real values (QAS)
 
     def forward(self, x: Tensor) -> Tensor:
+        # what one unit of each parameter is worth in real values, read by QAS (memplan.optim);
+        # set at every call, so copies and loaded models carry it too
+        self.weight.qas_scale, self.bias.qas_scale = self.w_scales, self.w_scales * self.x_scale
         return _QuantConvFn.apply(x, self.weight, self.bias, self)
 
     def train_channels(self, channels: Tensor | None) -> None:
