@@ -1,0 +1,363 @@
+"""The 256KB paper's own setting: the int8 mcunet-5fps (ImageNet weights) fine-tuned on CIFAR-10.
+
+Two experiments, each a list of methods (a model form, what trains, an optimizer):
+
+* ``table1``: Table 1's CIFAR-10 column, the last two blocks of mcunet-5fps (+ the new head):
+  fp32 SGD-M, int8 SGD-M, int8 Adam, int8 SGD-M + QAS (paper: 86.0 / 75.4 / 84.5 / 86.9);
+* ``fig9``: Figure 9's baselines on the int8 graph with SGD + QAS (no momentum, the paper's main
+  setting): classifier only, biases of the last k convs, weights and biases of the last k convs
+  (the full update included), the paper's own 100 KB scheme.
+
+Protocol (``PROTOCOL``, written into the results): a seeded training subset of CIFAR-10's train
+split, a disjoint validation subset of it for choosing the rate, the whole test split for test
+accuracy; 128 px; the paper's augmentation (random-resized crop, scale 0.08-1, aspect 3/4-4/3,
+horizontal flip, colour jitter 0.4 on brightness / contrast / saturation), the MCU transform
+(``pixel - 127.5``; the fp32 form takes the same input times ``2/255``, its real scale); batch
+64; linear warm-up then cosine; no weight decay. Rates are chosen per method on the selection
+seed (100: never a test seed) from one grid per optimizer family, widened until the
+choice is interior; ties go to the smaller rate. Test seeds 0-4 (mean ± 95% CI, Student t).
+
+Every finished run is one line of ``runs.jsonl`` in ``--out`` (resume skips them); the report
+(``report.json`` and a Markdown table on stdout) is rebuilt from it. ``--device cuda`` and
+``--workers`` (processes; several share one GPU) make it fast where a GPU is lent; the numbers
+then say which device gave them.
+
+    python benchmarks/mcu_transfer.py --out benchmarks/mcu_results --experiments table1 fig9
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from memplan.models.int8 import fp32_model, int8_model
+from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, convs, last_k_weights, trained
+from memplan.optim import make_optimizer
+
+MODEL = "mcunet-5fps"
+N_CONVS = 42
+PROTOCOL = {
+    "model": MODEL,
+    "data": "CIFAR-10 (JPEG copy, ../shared/datasets/cifar10)",
+    "train_per_class": 500,
+    "val_per_class": 100,
+    "resolution": 128,
+    "epochs": 12,
+    "warmup_epochs": 1,
+    "batch": 64,
+    "augment": "random-resized crop (0.08-1, 3/4-4/3), flip, colour jitter 0.4",
+    "selection_seeds": [100],
+    "test_seeds": [0, 1, 2, 3, 4],
+    "grids": {
+        "sgd": [0.01, 0.03, 0.1],
+        "adam": [0.0003, 0.001, 0.003],
+    },
+    "grid_step": 3.0,
+    "max_widen": 6,
+    "tie_rule": "the smaller rate",
+}
+
+
+def methods() -> dict[str, dict[str, tuple[str, Update, str]]]:
+    """experiment -> method name -> (form, update, optimizer)."""
+    last2 = Update(blocks=2, description="last two blocks")
+    fig9: dict[str, tuple[str, Update, str]] = {"classifier only": ("int8", Update(), "sgd-qas")}
+    for k in (6, 12, 22, N_CONVS):
+        fig9[f"biases of the last {k} convs"] = ("int8", Update(bias_last=k), "sgd-qas")
+    for k in (2, 4, 6, 12, 22):
+        fig9[f"weights+biases of the last {k} convs"] = (
+            "int8",
+            Update(bias_last=k, weights=last_k_weights(N_CONVS, k)),
+            "sgd-qas",
+        )
+    fig9["full update"] = ("int8", Update(full=True), "sgd-qas")
+    fig9["paper's 100 KB scheme"] = ("int8", PAPER_SCHEMES["mcunet-5fps-paper-100KB"], "sgd-qas")
+    return {
+        "table1": {
+            "fp32 SGD-M": ("fp32", last2, "sgd-momentum"),
+            "int8 SGD-M": ("int8", last2, "sgd-momentum"),
+            "int8 Adam": ("int8", last2, "adam"),
+            "int8 SGD-M + QAS": ("int8", last2, "sgd-momentum-qas"),
+        },
+        "fig9": fig9,
+    }
+
+
+# ----------------------------------------------------------------------------- data
+def decode(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 N x 3 x 32 x 32 images and labels of a JPEG npz (jpeg, offsets, labels)."""
+    from PIL import Image
+
+    with np.load(path) as z:
+        jpeg, offsets, labels = z["jpeg"], z["offsets"], z["labels"]
+    imgs = [
+        np.asarray(Image.open(io.BytesIO(jpeg[offsets[i] : offsets[i + 1]].tobytes())).convert("RGB"))
+        for i in range(len(labels))
+    ]
+    return np.stack(imgs).transpose(0, 3, 1, 2).copy(), labels.astype(np.int64)
+
+
+def subsets(labels: np.ndarray, train: int, val: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, a seeded permutation: the first ``val`` for validation, the next ``train`` for training."""
+    rng = np.random.default_rng(seed)
+    tr, va = [], []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        va.append(idx[:val])
+        tr.append(idx[val : val + train])
+    return np.sort(np.concatenate(tr)), np.sort(np.concatenate(va))
+
+
+def augment(x: torch.Tensor, res: int, gen: torch.Generator) -> torch.Tensor:
+    """uint8 B x 3 x h x w -> float pixels B x 3 x res x res in [0, 255], augmented (PROTOCOL)."""
+    b = x.shape[0]
+    dev = x.device
+    u = lambda *s: torch.rand(*s, generator=gen).to(dev)  # noqa: E731
+    area = 0.08 + 0.92 * u(b)
+    logr = math.log(3 / 4) + (math.log(4 / 3) - math.log(3 / 4)) * u(b)
+    ratio = torch.exp(logr)
+    sw, sh = torch.sqrt(area * ratio).clamp(max=1), torch.sqrt(area / ratio).clamp(max=1)
+    cx, cy = (1 - sw) * (2 * u(b) - 1), (1 - sh) * (2 * u(b) - 1)
+    flip = torch.where(u(b) < 0.5, -1.0, 1.0)
+    theta = torch.zeros(b, 2, 3, device=dev)
+    theta[:, 0, 0], theta[:, 0, 2] = sw * flip, cx
+    theta[:, 1, 1], theta[:, 1, 2] = sh, cy
+    grid = F.affine_grid(theta, (b, 3, res, res), align_corners=False)
+    img = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="reflection", align_corners=False)
+    bright, contrast, sat = (0.6 + 0.8 * u(b).view(b, 1, 1, 1) for _ in range(3))
+    img = img * bright
+    grey = (0.299 * img[:, 0] + 0.587 * img[:, 1] + 0.114 * img[:, 2]).unsqueeze(1)
+    img = (img - grey.mean((2, 3), keepdim=True)) * contrast + grey.mean((2, 3), keepdim=True)
+    grey = (0.299 * img[:, 0] + 0.587 * img[:, 1] + 0.114 * img[:, 2]).unsqueeze(1)
+    img = (img - grey) * sat + grey
+    return img.clamp(0, 255)
+
+
+def resize(x: torch.Tensor, res: int) -> torch.Tensor:
+    return F.interpolate(x.float(), size=(res, res), mode="bilinear", align_corners=False).clamp(0, 255)
+
+
+def model_input(pixels: torch.Tensor, form: str) -> torch.Tensor:
+    """The MCU transform; the fp32 form takes its real value (x_scale 2/255)."""
+    x = pixels - 127.5
+    return x if form == "int8" else x * (2 / 255)
+
+
+# ----------------------------------------------------------------------------- one run
+def build(form: str, update: Update, device: str) -> torch.nn.Module:
+    model = (int8_model if form == "int8" else fp32_model)(MODEL, 10)
+    return apply_update(model, update).to(device)
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, form: str, res: int) -> float:
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), 500):
+            out = model(model_input(resize(x[i : i + 500], res), form))
+            correct += int((out.argmax(1) == y[i : i + 500]).sum())
+    return 100.0 * correct / len(x)
+
+
+def run(job: dict, data: dict[str, torch.Tensor]) -> dict:
+    """Train one (method, rate, seed); accuracy on validation (selection seeds) or test. A job
+    whose ``deadline`` (epoch seconds) has passed is skipped (None)."""
+    if time.time() > job.get("deadline", float("inf")):
+        return None
+    torch.manual_seed(job["seed"])
+    form, update, optimizer = methods()[job["experiment"]][job["method"]]
+    dev, p = job["device"], job["protocol"]
+    model = build(form, update, dev)
+    opt = make_optimizer(trained(model), optimizer, job["lr"])
+    x, y = data["x_train"], data["y_train"]
+    steps_per_epoch = len(x) // p["batch"]
+    total, warm = steps_per_epoch * p["epochs"], steps_per_epoch * p["warmup_epochs"]
+    gen = torch.Generator().manual_seed(job["seed"])
+    t0, step, losses = time.time(), 0, []
+    for _ in range(p["epochs"]):
+        perm = torch.randperm(len(x), generator=gen).to(dev)
+        for i in range(steps_per_epoch):
+            idx = perm[i * p["batch"] : (i + 1) * p["batch"]]
+            scale = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))
+            for g in opt.param_groups:
+                g["lr"] = job["lr"] * scale
+            loss = F.cross_entropy(model(model_input(augment(x[idx], p["resolution"], gen), form)), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+            step += 1
+    split = "val" if job["seed"] in p["selection_seeds"] else "test"
+    acc = evaluate(model, data[f"x_{split}"], data[f"y_{split}"], form, p["resolution"])
+    finite = all(math.isfinite(v) for v in losses)
+    return {**{k: job[k] for k in ("id", "experiment", "method", "lr", "seed")}, "split": split, "acc": acc,
+            "final_loss": float(np.mean(losses[-steps_per_epoch:])), "diverged": not finite,
+            "seconds": time.time() - t0, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- driver
+_DATA: dict[str, torch.Tensor] = {}
+
+
+def _init_worker(data_dir: str, device: str, protocol: dict) -> None:
+    torch.set_num_threads(1)
+    torch.backends.cudnn.allow_tf32 = False  # the int8 graph's integer arithmetic needs exact fp32 sums
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _DATA.update(load_data(Path(data_dir), device, protocol))
+
+
+def _worker(job: dict) -> dict:
+    return run(job, _DATA)
+
+
+def load_data(data_dir: Path, device: str, p: dict) -> dict[str, torch.Tensor]:
+    train = sorted(data_dir.glob("*train*.npz"))[0]
+    test = sorted(data_dir.glob("*test*.npz"))[0]
+    x, y = decode(train)
+    with np.load(train) as z:  # a subset file carries the indices and labels of the whole split
+        source = (z["source_index"], z["source_labels"]) if "source_index" in z.files else None
+    if source is None:
+        tr, va = subsets(y, p["train_per_class"], p["val_per_class"])
+    else:
+        tr, va = (np.searchsorted(source[0], i) for i in subsets(source[1], p["train_per_class"], p["val_per_class"]))
+    xt, yt = decode(test)
+    t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    return {"x_train": t(x[tr]), "y_train": t(y[tr]), "x_val": t(x[va]), "y_val": t(y[va]),
+            "x_test": t(xt), "y_test": t(yt)}  # fmt: skip
+
+
+def grid_of(optimizer: str, p: dict) -> list[float]:
+    return list(p["grids"]["adam" if optimizer.startswith("adam") else "sgd"])
+
+
+def read_runs(path: Path) -> dict[str, dict]:
+    runs = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+                runs[r["id"]] = r
+            except (json.JSONDecodeError, KeyError):
+                continue  # a torn last line: that run is redone
+    return runs
+
+
+def job_id(experiment: str, method: str, lr: float, seed: int) -> str:
+    return f"{experiment}|{method}|{lr:g}|{seed}"
+
+
+def choose(runs: dict[str, dict], experiment: str, method: str, grid: list[float], p: dict) -> float | None:
+    """The rate with the best mean validation accuracy over the selection seeds (ties: the smaller)."""
+    means = []
+    for lr in grid:
+        accs = [runs.get(job_id(experiment, method, lr, s)) for s in p["selection_seeds"]]
+        if any(a is None for a in accs):
+            return None
+        means.append((np.mean([a["acc"] for a in accs]), -lr))
+    return -max(means)[1]
+
+
+def pending(runs: dict[str, dict], experiment: str, method: str, optimizer: str, p: dict) -> list[tuple[float, int]]:
+    """The (rate, seed) runs still needed: the grid, widened (at most ``max_widen`` times) while
+    the choice sits on an edge, then the test seeds at the chosen rate."""
+    grid = grid_of(optimizer, p)
+    for widened in range(p["max_widen"] + 1):
+        missing = [(lr, s) for lr in grid for s in p["selection_seeds"] if job_id(experiment, method, lr, s) not in runs]
+        if missing:
+            return missing
+        best = choose(runs, experiment, method, grid, p)
+        if widened == p["max_widen"] or grid[0] < best < grid[-1]:
+            break
+        grid = [grid[0] / p["grid_step"], *grid] if best == grid[0] else [*grid, grid[-1] * p["grid_step"]]
+    return [(best, s) for s in p["test_seeds"] if job_id(experiment, method, best, s) not in runs]
+
+
+def expanded_grid(runs: dict[str, dict], experiment: str, method: str) -> list[float]:
+    return sorted({r["lr"] for r in runs.values() if r["experiment"] == experiment and r["method"] == method
+                   and r["split"] == "val"})  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/datasets/cifar10")
+    ap.add_argument("--experiments", nargs="+", default=["table1", "fig9"])
+    ap.add_argument("--methods", nargs="*", default=None, help="only these methods")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--set", nargs="*", default=[], help="protocol overrides KEY=JSON (cheap forms)")
+    ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no run after this many seconds")
+    args = ap.parse_args(argv)
+    p = dict(PROTOCOL)
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        p[k] = json.loads(v)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "runs.jsonl"
+    (args.out / "protocol.json").write_text(json.dumps(p, indent=1))
+    t0 = time.time()
+    ctx = mp.get_context("spawn" if args.device == "cuda" or os.environ.get("MCU_SPAWN") else "fork")
+    init = (str(args.data), args.device, p)
+    with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_init_worker, initargs=init) as ex:
+        while time.time() - t0 < args.budget_s:
+            runs = read_runs(log)
+            jobs = [
+                {"id": job_id(e, m, lr, s), "experiment": e, "method": m, "lr": lr, "seed": s,
+                 "device": args.device, "protocol": p, "deadline": t0 + args.budget_s}  # fmt: skip
+                for e in args.experiments
+                for m, (_, _, opt) in methods()[e].items()
+                if args.methods is None or m in args.methods
+                for lr, s in pending(runs, e, m, opt, p)
+            ]
+            if not jobs:
+                break
+            for r in ex.map(_worker, jobs):
+                if r is None:
+                    continue
+                with open(log, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+                print(f"{time.time() - t0:6.0f}s {r['experiment']:6} {r['method'][:38]:38} lr {r['lr']:<8g} seed {r['seed']:<3} "
+                      f"{r['split']:4} {r['acc']:6.2f}% {r['seconds']:6.1f}s", flush=True)  # fmt: skip
+    print(json.dumps(report(read_runs(log), args.experiments, p), indent=1))
+    return 0
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    from scipy import stats
+
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        return float(v.mean()), float("nan")
+    return float(v.mean()), float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
+    out: dict = {"protocol": p, "experiments": {}}
+    for e in experiments:
+        rows = {}
+        for m, (_, _, opt) in methods()[e].items():
+            grid = expanded_grid(runs, e, m)
+            best = choose(runs, e, m, grid, p) if grid else None
+            tests = [runs[job_id(e, m, best, s)] for s in p["test_seeds"] if best is not None and job_id(e, m, best, s) in runs]
+            if not tests:
+                continue
+            mean, ci = mean_ci([r["acc"] for r in tests])
+            rows[m] = {"optimizer": opt, "lr": best, "grid": grid, "test": [r["acc"] for r in tests], "mean": mean,
+                       "ci95": ci, "diverged": any(r["diverged"] for r in tests), "device": tests[0]["device"]}  # fmt: skip
+        out["experiments"][e] = rows
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
