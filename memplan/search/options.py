@@ -152,7 +152,16 @@ class Stage(Options):
         "family, a bare rate for the rest (1.25e-2/weight=5e-4; families: classifier, bias, norm, weight)",
         parse="texts",
     )
-    validate_seeds: tuple[int, ...] = option((0, 1), "seeds of --validate (one rung each)", parse="ints")
+    validate_seeds: tuple[int, ...] = option(
+        (100, 101),
+        "seeds of --validate (one rung each); their own, never a seed the test runs use (0-9 by convention)",
+        parse="ints",
+    )
+    validate_widen: int = option(
+        4,
+        "times a chosen rate at an edge of its grid may widen the grid by one step beyond it (the schedule runs "
+        "again); 0 keeps the grid as given",
+    )
     validate_dir: str | os.PathLike = option(
         ".memplan-validate", "checkpoint folder of --validate (reruns resume from it)"
     )
@@ -184,6 +193,13 @@ class Stage(Options):
     def _seeds(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v or len(set(v)) != len(v):
             raise ValueError(f"the validation stage's seeds must be distinct, got {list(v)}")
+        return v
+
+    @field_validator("validate_widen")
+    @classmethod
+    def _widen(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"--validate-widen must be >= 0, got {v}")
         return v
 
     @field_validator("validate_workers")
