@@ -128,8 +128,8 @@ def outward(grid: Iterable[Rates], chosen: Rates) -> list[Rates]:
     (one rate for every family) lies on the line of the grid's uniform points; a per-family point
     on one line per family, the points equal to it in every other family. On a line of at least
     two rates, ``chosen`` at the lowest (highest) gets the point one step lower (higher), the step
-    being the ratio of that edge to its neighbour (the grid's own spacing); a line of one rate has
-    no edge."""
+    being the ratio of that edge to its neighbour (the grid's own spacing), rounded to 6
+    significant digits; a line of one rate has no edge."""
     grid = list(grid)
     if chosen.single is not None:
         lines = {None: [r.single for r in grid if r.single is not None]}
@@ -145,6 +145,6 @@ def outward(grid: Iterable[Rates], chosen: Rates) -> list[Rates]:
         if len(rates) < 2 or at not in (rates[0], rates[-1]):
             continue
         near, edge = (rates[1], rates[0]) if at == rates[0] else (rates[-2], rates[-1])
-        beyond = edge * edge / near
+        beyond = float(f"{edge * edge / near:.6g}")  # as its text form reads back: 1e-4, not 9.999999999999999e-05
         out.append(Rates.uniform(beyond) if family is None else replace(chosen, **{family: beyond}))
     return out
