@@ -86,7 +86,6 @@ from transfer_protocol import (
     load_protocol,
     missing_runs,
     redone,
-    resolve,
     run_id,
 )
 from transfer_report import VALIDATED, assemble, chosen_lr, comparisons, left_out, markdown, plot, verdicts
@@ -199,8 +198,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.lrs = [Rates.parse(x) for x in a.lrs]
     a.stage_lrs = [Rates.parse(x) for x in a.stage_lrs]
     a.budgets = ",".join(a.budgets)
-    a.profile = None if a.profile is None else resolve(a.profile)
-    a.data = resolve(a.data)
     try:
         a.shard = tuple(int(x) for x in a.shard.split("/"))
     except ValueError as exc:

@@ -43,7 +43,7 @@ class BenchProtocol(BaseModel):
 
     model: str
     weights: str = Field(description="zoo | a state_dict file | none (as built)")
-    data: str = Field(description="a data source of memplan.contrib.data (a .py:factory path is from the repo root)")
+    data: str = Field(description="a data source of memplan.contrib.data (paths from the repo root, where it runs)")
     resolution: int = Field(gt=0)
     train_per_class: int = Field(gt=0)
     validation: int = Field(gt=0, description="validation images per class, carved from training")
@@ -56,7 +56,7 @@ class BenchProtocol(BaseModel):
     val_seeds: list[int] = Field(min_length=1, description="seeds of every choice on validation")
     probe_epochs: int = Field(gt=0)
     probe_lr: float = Field(gt=0)
-    profile: str | None = Field(description="contribution profile of the validated rows (from the repo root)")
+    profile: str | None = Field(description="contribution profile of the validated rows (a path from the repo root)")
     budgets: list[str] = Field(description="budgets of the validated rows, applied memory at the training batch")
     validate_candidates: int = Field(gt=0, description="searched candidates of the validation stage per budget")
     stage_lrs: list[str] = Field(min_length=1, description="the validation stage's grid")
@@ -88,15 +88,6 @@ class BenchProtocol(BaseModel):
 
 #: protocol fields that are options of the command line too (``--flag`` = the field's name with dashes)
 CLI_FIELDS = tuple(f for f in BenchProtocol.model_fields if f not in ("ties", "notes"))
-
-
-def resolve(path: str) -> str:
-    """A relative path (or the ``file.py`` of ``file.py:factory``) as from the repo root, when it is
-    there; anything else (a built-in name, an absolute path) as given."""
-    head, colon, tail = path.partition(":") if ".py:" in path else (path, "", "")
-    if not Path(head).is_absolute() and (ROOT / head).exists():
-        head = str(ROOT / head)
-    return head + colon + tail
 
 
 def load_protocol(path: str | Path) -> tuple[BenchProtocol, str]:
