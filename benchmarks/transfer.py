@@ -298,15 +298,17 @@ def choose_methods(run: Run) -> None:
     methods += natural_methods(cap, budgets, applied)
     share_runs(methods, cap.graph)
     run.methods = methods
-    if run.profile is not None:  # the validation stage trains (shard 0 only; --report and other shards read)
-        bench = Bench(run.setup, run.protocol, a.threads)
-        for b in budgets:
-            m = validated(run, bench, cap, b, train_missing=not a.report and a.shard[0] == 0)
-            if m is not None:
-                methods.append(m)
-    share_runs(methods, cap.graph)  # before --methods: a kept method may train what a left-out one trains
+    stages = [f"validated {b}" for b in budgets] if run.profile is not None else []
+    keep = None
     if a.methods:
-        keep = split_names(a.methods, {m.name for m in methods} | {m.family for m in methods})
+        keep = split_names(a.methods, {m.name for m in methods} | {m.family for m in methods} | {*stages, VALIDATED})
+    bench = Bench(run.setup, run.protocol, a.threads)
+    for b, name in zip(budgets, stages):  # the stage trains in shard 0 only (--report and other shards read)
+        if keep is None or name in keep or VALIDATED in keep:
+            m = validated(run, bench, cap, b, train_missing=not a.report and a.shard[0] == 0)
+            methods += [m] if m is not None else []
+    share_runs(methods, cap.graph)  # before --methods: a kept method may train what a left-out one trains
+    if keep is not None:
         methods = [m for m in methods if m.name in keep or m.family in keep]
     run.methods = methods
     run.memory = {m.name: memory_of(cap_at, m, a.optimizer, a.batch_size) for m in methods}
@@ -325,7 +327,7 @@ def train_method(run: Run, bench: Bench, m: Method) -> None:
             rid = run_id("grid", m.key, lr, seed)
             if rid not in refresh(run):
                 record(run, rid, bench.run(m, lr, seed, "validation"))
-    _, best = chosen_lr(m, a, refresh(run))
+    best = chosen_lr(m, a, refresh(run))[1]
     if best is None:
         print(f"{m.name}: every learning rate of the grid diverged; widen the protocol's lrs", file=sys.stderr)
         return

@@ -7,9 +7,9 @@
 * the choice of a method's learning rate on validation (:func:`grid_rungs`, :func:`choose_lr`):
   successive halving over the validation seeds, the best mean validation accuracy wins, a tie
   goes to the smaller rate (:data:`TIES`);
-* grids without edges (:func:`method_grid`): a rate chosen at an edge of its grid widens the grid
-  one step beyond it (``memplan.rates.outward``) until the choice is interior, at most ``widen``
-  times;
+* grids without edges (:func:`method_grid`): a rate chosen at an edge of its grid, and better
+  than its neighbour there (a tie is a plateau), widens the grid one step beyond it
+  (``memplan.rates.outward``) until the choice is interior, at most ``widen`` times;
 * the runs redone (:func:`redone`): what the checkpoint holds twice, under another protocol, or
   at a rate no longer chosen.
 """
@@ -152,20 +152,33 @@ def choose_lr(method: str, lrs: list[Rates], done: dict[str, dict], val_seeds: S
     return min(ok)[1] if ok else None
 
 
+def pulled(key: str, best: Rates, inner: Rates, done: dict[str, dict], val_seeds: Sequence[int]) -> bool:
+    """Whether ``best`` (at an edge of its grid) beats its neighbour ``inner`` on the validation seeds
+    both ran: the data pull it to the edge; a tie is a plateau the tie rule's smaller rate sits on.
+    A neighbour that diverged (or never ran) pulls."""
+    pairs = [(done.get(run_id("grid", key, best, s)), done.get(run_id("grid", key, inner, s))) for s in val_seeds]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    if not pairs or any(b["diverged"] for _, b in pairs):
+        return True
+    return _mean([a for a, _ in pairs]) > _mean([b for _, b in pairs])
+
+
 def method_grid(
     key: str, grid: list[Rates], done: dict[str, dict], val_seeds: Sequence[int], widen: int
-) -> tuple[list[Rates], Rates | None]:
-    """The grid the method recorded as ``key`` uses and the rate chosen on it (None until chosen):
-    ``grid``, widened one step beyond the chosen rate while it lies at an edge (at most ``widen``
-    times); decided by the finished runs alone, so every process and the report agree."""
+) -> tuple[list[Rates], Rates | None, bool]:
+    """The grid the method recorded as ``key`` uses, the rate chosen on it (None until chosen) and
+    whether that rate is still at an edge the data pull it to: ``grid``, widened one step beyond
+    the chosen rate while it lies at such an edge (:func:`pulled`), at most ``widen`` times;
+    decided by the finished runs alone, so every process and the report agree."""
     grid = sorted(grid)
     for step in range(widen + 1):
         best = choose_lr(key, grid, done, val_seeds)
-        beyond = [] if best is None or step == widen else [r for r in outward(grid, best) if r not in grid]
-        if not beyond:
-            return grid, best
+        edges = [] if best is None else outward(grid, best)
+        beyond = [b for b, inner in edges if b not in grid and pulled(key, best, inner, done, val_seeds)]
+        if not beyond or step == widen:
+            return grid, best, bool(beyond)
         grid = sorted(grid + beyond)
-    return grid, None  # not reached: the last step returns
+    raise AssertionError("not reached: the last step returns")
 
 
 def missing_runs(
@@ -173,17 +186,12 @@ def missing_runs(
 ) -> list[tuple[Rates, int]]:
     """The validation runs the method must train next: those of the first unfinished rung of its
     (widened) grid; empty once its rate is chosen or every rate diverged."""
-    used, _ = method_grid(key, grid, done, val_seeds, widen)
+    used = method_grid(key, grid, done, val_seeds, widen)[0]
     for i, rung in enumerate(grid_rungs(key, used, list(val_seeds), done)):
         todo = [(lr, val_seeds[i]) for lr in rung if run_id("grid", key, lr, val_seeds[i]) not in done]
         if todo:
             return todo
     return []
-
-
-def at_edge(grid: list[Rates], lr: Rates | None) -> bool:
-    """Whether ``lr`` still lies at an edge of the grid actually used (widening exhausted)."""
-    return lr is not None and bool(outward(grid, lr))
 
 
 # ----------------------------------------------------------------------------- runs redone

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transfer_protocol import TIES, at_edge, method_grid, run_id
+from transfer_protocol import TIES, method_grid, run_id
 from transfer_runs import MEMORY_COLUMNS, Method
 from transfer_stats import ALPHA, compare, holm, holm_verdict, mean_ci, paired, pareto_front
 
@@ -23,12 +23,12 @@ from memplan.units import parse_bytes
 VALIDATED = "searched + validated"
 
 
-def chosen_lr(m: Method, a: argparse.Namespace, done: dict) -> tuple[list[Rates], Rates | None]:
-    """The grid ``m`` used and its rate: the stage's (its grid as the stage widened it), or its own
-    grid widened while its choice lies at an edge (``transfer_protocol.method_grid``; the rate is
-    None until chosen)."""
+def chosen_lr(m: Method, a: argparse.Namespace, done: dict) -> tuple[list[Rates], Rates | None, bool]:
+    """The grid ``m`` used, its rate and whether that rate is still at an edge: the stage's (its grid
+    as the stage widened it), or its own grid widened while its choice lies at an edge
+    (``transfer_protocol.method_grid``; the rate is None until chosen)."""
     if m.lr is not None:
-        return [Rates.parse(x) for x in m.detail.get("grid", [str(m.lr)])], m.lr
+        return [Rates.parse(x) for x in m.detail.get("grid", [str(m.lr)])], m.lr, m.detail.get("lr_at_grid_edge", False)
     return method_grid(m.key, m.settings(a.lrs), done, a.val_seeds, a.widen)
 
 
@@ -47,7 +47,7 @@ def finished_finals(m: Method, lr: Rates | None, seeds: list[int], done: dict) -
 def left_out(m: Method, a: argparse.Namespace, done: dict) -> str:
     """Why ``m`` has no row yet, in words: not trained, its grid under way or diverged, or how
     many of its test seeds are finished."""
-    grid, lr = chosen_lr(m, a, done)
+    grid, lr, _ = chosen_lr(m, a, done)
     finals = finished_finals(m, lr, a.seeds, done)
     if finals:
         return f"{len(finals)} of {len(a.seeds)} test seeds finished"
@@ -63,7 +63,7 @@ def assemble(methods: list[Method], memory: dict[str, dict[str, int]], a: argpar
     """One row per method whose every test seed is finished (accuracy %, memory bytes, seconds)."""
     rows = []
     for m in methods:
-        grid, lr = chosen_lr(m, a, done)
+        grid, lr, edge = chosen_lr(m, a, done)
         by_setting = grid_runs(m, grid, done, a.val_seeds)
         finals = finished_finals(m, lr, a.seeds, done)
         if lr is None or len(finals) < len(a.seeds):
@@ -84,7 +84,7 @@ def assemble(methods: list[Method], memory: dict[str, dict[str, int]], a: argpar
                 "accuracy_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,  # over seeds
                 "lr": str(lr),
                 "grid": [str(x) for x in grid],  # the grid actually used (widened beyond a chosen edge)
-                "lr_at_grid_edge": at_edge(grid, lr),
+                "lr_at_grid_edge": edge,  # still pulled to an edge of the grid it used (widening exhausted)
                 "grid_validation": {k: [r["accuracy"] for r in v] for k, v in by_setting.items()},
                 "grid_diverged": [k for k, v in by_setting.items() if any(r["diverged"] for r in v)],
                 "final_diverged": any(f["diverged"] for f in finals),

@@ -17,16 +17,16 @@ R = Rates.parse
 
 def test_outward_steps_beyond_an_edge_by_the_grids_own_spacing():
     grid = [R(x) for x in ("5e-4", "2.5e-3", "1.25e-2", "1.25e-2/weight=5e-4", "1.25e-2/weight=2.5e-3")]
-    assert outward(grid, R("5e-4")) == [Rates.uniform(1e-4)]
-    assert outward(grid, R("1.25e-2")) == [Rates.uniform(6.25e-2)]
+    assert outward(grid, R("5e-4")) == [(Rates.uniform(1e-4), R("2.5e-3"))]  # (beyond, the inner neighbour)
+    assert outward(grid, R("1.25e-2")) == [(Rates.uniform(6.25e-2), R("2.5e-3"))]
     assert outward(grid, R("2.5e-3")) == []  # interior
     # a per-family point: its weight line is 5e-4, 2.5e-3, 1.25e-2 (the uniform point), at the bottom
-    assert outward(grid, R("1.25e-2/weight=5e-4")) == [R("1.25e-2/weight=1e-4")]
+    assert outward(grid, R("1.25e-2/weight=5e-4")) == [(R("1.25e-2/weight=1e-4"), R("1.25e-2/weight=2.5e-3"))]
     assert outward(grid, R("1.25e-2/weight=2.5e-3")) == []
     assert outward([R("0.01")], R("0.01")) == []  # one rate: no edge
     two = [R("0.01"), R("0.03")]
-    assert outward(two, R("0.03")) == [Rates.uniform(0.09)]
-    assert outward(two, R("0.01"))[0].single == pytest.approx(0.01 / 3, rel=1e-5)
+    assert outward(two, R("0.03")) == [(Rates.uniform(0.09), R("0.01"))]
+    assert outward(two, R("0.01"))[0][0].single == pytest.approx(0.01 / 3, rel=1e-5)
 
 
 class Stub:
@@ -72,7 +72,8 @@ def test_widening_stops_at_its_limit_and_says_so():
     assert choose(candidates(), Stub(1e-6), lrs=[R("5e-4"), R("2.5e-3")], seeds=[100], widen=0).at_edge
 
 
-def test_a_tie_goes_to_the_cheaper_candidate_then_the_smaller_rate():
+def test_a_tie_goes_to_the_cheaper_candidate_then_the_smaller_rate_and_a_plateau_widens_nothing():
     grid = [R("1.25e-2"), R("2.5e-3"), R("5e-4"), R("1e-4")]  # not in order: the rule does not depend on it
-    v = choose(candidates(), Stub(0, flat=True), lrs=grid, seeds=[100, 101], widen=0)
+    v = choose(candidates(), Stub(0, flat=True), lrs=grid, seeds=[100, 101], widen=3)
     assert v.chosen.name == "base" and v.halving.best.lr == R("1e-4")
+    assert sorted(v.lrs) == sorted(grid) and not v.at_edge  # 1e-4 ties 5e-4: a plateau, not an edge pull

@@ -18,15 +18,16 @@ never re-scores a model the stage chose on). A point is one rate for every train
 per parameter family (:class:`memplan.rates.Rates`): the default grid is one rate in {5e-4,
 2.5e-3, 1.25e-2} for everything, and the biases, norms and head at 1.25e-2 with the weights at
 5e-4 or 2.5e-3 (schemes that mix biases with early conv weights diverge at the rate the biases
-need). A candidate gets each distinct training only once: points that differ only in a family
-it does not train are one. A winning rate at an edge of its grid widens the grid by one step
-beyond it and the schedule runs again (``Stage.validate_widen`` times at most), so the choice is
-interior; a tie goes to the cheaper candidate, then to the smaller rate. Baselines are never
-halved away, so the returned scheme's validation accuracy is at least that of every baseline
-that fits, on the same seeds and grid. The scheme records the rates and optimizer it was
-validated with (``training``) and its validation accuracy ± SE with the runners-up
-(``validation``). Runs are checkpointed (JSONL, one line per finished run, keyed by what the
-candidate trains, its rates and seed, so budgets and reruns share them): an interrupted stage resumes where it was.
+need). A candidate gets each distinct training only once: points that differ only in a family it
+does not train are one. A winning rate at an edge of its grid (better than its neighbour there: a
+tie is a plateau) widens the grid by one step beyond it and the schedule runs again
+(``Stage.validate_widen`` times at most), so the choice is interior; a tie goes to the cheaper
+candidate, then to the smaller rate. Baselines are never halved away, so the returned scheme's
+validation accuracy is at least that of every baseline that fits, on the same seeds and grid. The
+scheme records the rates and optimizer it was validated with (``training``) and its validation
+accuracy ± SE with the runners-up (``validation``). Runs are checkpointed (JSONL, one line per
+finished run, keyed by what the candidate trains, its rates and seed, so budgets and reruns share
+them): an interrupted stage resumes where it was.
 Runs execute one after another in this process, or each rung's runs at once on contribution
 analysis's executors (``Stage.validate_workers``: a local process pool or Ray).
 """
@@ -214,6 +215,19 @@ def _halve(
     )
 
 
+def _pulled(halving: Halving, best: Any, inner: Rates) -> bool:
+    """Whether ``best`` (a configuration at an edge of its grid) beats its neighbour ``inner`` on
+    the seeds both trained: a rate the data pull to the edge, not one a tie put there (a plateau,
+    where the tie rule's smaller rate is at the edge). A neighbour that diverged or never ran pulls."""
+    other = next((c for c in halving.configs if c.candidate == best.candidate and c.lr == inner), None)
+    seeds = [s for s in best.accuracy if other is not None and s in other.accuracy]
+    if not seeds:
+        return True
+    mine = sum(best.accuracy[s] for s in seeds) / len(seeds)
+    theirs = sum(other.accuracy[s] for s in seeds) / len(seeds)
+    return not theirs >= mine  # NaN (diverged) pulls
+
+
 def choose(  # the stage's schedule, one keyword each
     candidates: Sequence[Candidate],
     trainer: Any,
@@ -229,7 +243,8 @@ def choose(  # the stage's schedule, one keyword each
     over ``seeds`` with ``trainer`` (baselines protected); the winner as a scheme with
     ``training`` and ``validation`` filled in. A winning rate at an edge of its grid widens the
     grid (:func:`memplan.rates.outward`, every candidate gets the new points) and the schedule runs
-    again, up to ``widen`` times (the runs already trained come from the trainer's checkpoint);
+    again, up to ``widen`` times; an edge that only ties its inner neighbour is a plateau and
+    widens nothing (the runs already trained come from the trainer's checkpoint);
     ``Validated.lrs`` is the grid used, ``Validated.at_edge`` says whether the choice is still at
     its edge. Ties: the cheaper candidate (``candidates`` come cheapest first), then the smaller
     rate (each candidate's settings are tried in ascending order)."""
@@ -245,7 +260,8 @@ def choose(  # the stage's schedule, one keyword each
                 "every candidate diverged at every learning rate of the validation stage", "widen the rates"
             )
         best = halving.best
-        beyond = [r for r in outward(by_key[best.candidate].settings(lrs), best.lr) if r not in lrs]
+        edges = outward(by_key[best.candidate].settings(lrs), best.lr)
+        beyond = [b for b, inner in edges if b not in lrs and _pulled(halving, best, inner)]
         if not beyond or widened == widen:
             break
         lrs += beyond
