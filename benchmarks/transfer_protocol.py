@@ -212,7 +212,8 @@ def redone(lines: Sequence[dict], sha: str, chosen: Callable[[str], set[str]]) -
         if other is not None and other != sha:
             out.append({"id": rid, "why": f"trained under protocol {other[:12]}, not this one"})
     for rid in seen:
-        stage, method, lr, _ = rid.split("|")
+        stage, rest = rid.split("|", 1)
+        method, lr, _ = rest.rsplit("|", 2)
         now = chosen(method) if stage == "final" else set()
         if now and lr not in now:
             out.append({"id": rid, "why": f"superseded: {method} now trains at {', '.join(sorted(now))}, not {lr}"})
