@@ -53,6 +53,8 @@ GRADIENT = ("fisher", "rgn")
 
 
 def _transfer():
+    if str(ROOT / "benchmarks") not in sys.path:  # its modules (transfer_*.py) import each other
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("transfer", ROOT / "benchmarks" / "transfer.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("transfer", mod)  # its dataclasses look their module up
@@ -190,8 +192,8 @@ def search(a: argparse.Namespace, out: Path, grid_path: Path, grid: ContribProfi
 def train_argv(a: argparse.Namespace, schemes: list[dict[str, Any]], report_only: bool) -> list[str]:
     files = ",".join(s["scheme"] for s in schemes)
     argv = ["--schemes", files, "--methods", ",".join(s["method"] for s in schemes), "--name", "estimators_e2e"]
-    argv += ["--seeds", a.seeds, "--no-progress", "--shard", a.shard]
-    argv += ["--out", a.transfer_out]
+    argv += ["--protocol", a.transfer_protocol, "--no-progress", "--shard", a.shard]
+    argv += ["--out", a.transfer_out] + (["--seeds", a.seeds] if a.seeds else [])
     return argv + (["--report"] if report_only else []) + a.transfer_args
 
 
@@ -342,7 +344,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, default=8, help="mini-batches of fisher / rgn (the probe's steps)")
     ap.add_argument("--budgets", default="20KB,100KB,800KB")
     ap.add_argument("--optimizer", default="adam")
-    ap.add_argument("--seeds", default="0,1,2", help="seeds of the end-to-end test runs")
+    ap.add_argument(
+        "--seeds",
+        default=None,
+        help="seeds of the end-to-end test runs (default: the protocol's; given, they must match)",
+    )
+    ap.add_argument(
+        "--transfer-protocol",
+        default=str(ROOT / "benchmarks" / "protocols" / "lite0-fashion-mnist.json"),
+        help="benchmarks/transfer.py's protocol file (its setup, grids and seeds)",
+    )
     ap.add_argument("--shard", default="0/1", help="i/n of the end-to-end runs (benchmarks/transfer.py --shard)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the estimators (default: all cores)")
     ap.add_argument("--train", action="store_true", help="train and test the searched schemes (hours)")
@@ -351,7 +362,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--transfer-out", default=str(ROOT / "benchmarks" / "transfer_results"), help="benchmarks/transfer.py's --out"
     )
-    a, a.transfer_args = ap.parse_known_args(argv)  # the rest goes to benchmarks/transfer.py (its setup, --lrs)
+    a, a.transfer_args = ap.parse_known_args(argv)  # the rest goes to benchmarks/transfer.py
     a.estimators = [e for e in a.estimators.split(",") if e]
     a.budgets = [b for b in a.budgets.split(",") if b]
     return a

@@ -120,3 +120,33 @@ def param_groups(model: Any, rates: Rates, classifier: str | None) -> list[dict[
         if p.requires_grad:
             groups[family_of(name, p, classifier)].append(p)
     return [{"params": ps, "lr": getattr(rates, f), "family": f} for f, ps in groups.items() if ps]
+
+
+def outward(grid: Iterable[Rates], chosen: Rates) -> list[tuple[Rates, Rates]]:
+    """Where ``chosen`` lies at an edge of ``grid``: for each such edge, the point one step beyond
+    it and its neighbour inside the grid (empty when ``chosen`` is interior). A grid without edges
+    widens by these points until its choice is interior. A uniform point (one rate for every
+    family) lies on the line of the grid's uniform points; a per-family point on one line per
+    family, the points equal to it in every other family. On a line of at least two rates,
+    ``chosen`` at the lowest (highest) gets the point one step lower (higher), the step being the
+    ratio of that edge to its neighbour (the grid's own spacing), rounded to 6 significant
+    digits; a line of one rate has no edge."""
+    grid = list(grid)
+    if chosen.single is not None:
+        lines = {None: [r.single for r in grid if r.single is not None]}
+    else:
+        lines = {
+            f: [getattr(r, f) for r in grid if all(getattr(r, g) == getattr(chosen, g) for g in FAMILIES if g != f)]
+            for f in FAMILIES
+        }
+    out = []
+    for family, line in lines.items():
+        rates = sorted(set(line))
+        at = chosen.single if family is None else getattr(chosen, family)
+        if len(rates) < 2 or at not in (rates[0], rates[-1]):
+            continue
+        near, edge = (rates[1], rates[0]) if at == rates[0] else (rates[-2], rates[-1])
+        beyond = float(f"{edge * edge / near:.6g}")  # as its text form reads back: 1e-4, not 9.999999999999999e-05
+        point = Rates.uniform if family is None else (lambda v, f=family: replace(chosen, **{f: v}))
+        out.append((point(beyond), point(near)))
+    return out

@@ -42,8 +42,12 @@ def predicted_and_measured(model, shape, method, opts, mode="pytorch", classes=1
 
 def load_benchmark(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` as a module (registered in ``sys.modules``: dataclasses resolve
-    their module by name)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    their module by name); ``benchmarks/`` goes on ``sys.path``, as when the script runs, so a
+    benchmark split into modules (``transfer_*.py``) imports its siblings."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    path = folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"{name}_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -13,6 +13,7 @@ from memplan.contrib.analysis import run_contrib
 
 from .helpers import load_benchmark
 from .test_real import make_npz
+from .test_transfer_benchmark import protocol as bench_protocol
 
 torch.set_num_threads(1)
 
@@ -32,9 +33,7 @@ def test_cheap_form_runs_end_to_end(estimators, tmp_path):
         "--grid", str(grid), "--estimators", "fisher,probe", "--batches", "2", "--budgets", "40KB",
         "--seeds", "0,1", "--train", "--out", str(out),
         # benchmarks/transfer.py's setup for the end-to-end runs
-        "--model", "minilearn-cifar10", "--weights", "none", "--data", str(npz), "--resolution", "32",
-        "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
-        "--lrs", "0.001,0.01",
+        "--transfer-protocol", bench_protocol(tmp_path / "protocol.json", data=str(npz), lrs=["0.001", "0.01"]),
     ]  # fmt: skip
     result = estimators.main(argv + ["--transfer-out", str(tmp_path / "bench")])
     assert set(result["times"]) == {"fisher", "probe"}

@@ -330,7 +330,8 @@ def test_collapsed_schemes_are_named_and_correlated_apart():
     bound, stable, notes = noise_readings(ref, points, 100, 0)
     assert stable["schemes"] == 3 and stable["spearman"] == pytest.approx(1.0)  # the rising three alone
     assert any("1 scheme(s)" in n and "10.0%" in n for n in notes)
-    assert bound["schemes"] == 4
+    assert bound["schemes"] == 3 and bound == stable["ceiling"]  # the ceiling is the stable schemes'
+    assert bound == ceiling(ref, {p.candidate: p.accuracy for p in points[:3]})
     assert noise_readings(ref, points[:3], 100, 0)[1] is None  # nothing collapsed: no separate correlation
 
 

@@ -1,8 +1,11 @@
 """The cheap form of benchmarks/transfer.py that CI runs: a tiny task, a few methods (a searched
 scheme among them), two seeds. It checks that the pipeline, the checkpoint, the table and the
 plot are produced and that a rerun resumes; it asserts no accuracy (those depend on the CPU).
-The statistics it reports (Student-t CI, Pareto front) are checked against hand computations."""
+The statistics it reports (Student-t CI, Pareto front) are checked against hand computations.
+Every run reads a protocol file (written here, as the committed ones are); the benchmark refuses
+to run without one, and no choice is ever made on a test seed."""
 
+import hashlib
 import json
 import math
 import statistics
@@ -22,6 +25,21 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def transfer():
     return load_benchmark("transfer")
+
+
+#: the tiny protocol of these tests (``protocol`` changes fields)
+TINY = dict(
+    model="minilearn-cifar10", weights="none", data="", resolution=32, train_per_class=6, validation=4,
+    test_per_class=None, epochs=1, batch_size=8, optimizer="adam", lrs=["0.01"], seeds=[0, 1], val_seeds=[100, 101],
+    probe_epochs=1, probe_lr=0.01, profile=None, budgets=[], validate_candidates=2, stage_lrs=["0.01"], widen=0,
+    ties="smaller rate", notes=[],
+)  # fmt: skip
+
+
+def protocol(path, **fields) -> str:
+    """A protocol file at ``path`` (TINY with ``fields``); its path as text."""
+    path.write_text(json.dumps({**TINY, **fields}))
+    return str(path)
 
 
 def test_mean_ci_is_the_student_t_interval(transfer):
@@ -52,20 +70,23 @@ def test_methods_whose_names_hold_commas_can_be_chosen(transfer):
         transfer.split_names("MobileTL,nope", names)
 
 
-def test_the_report_says_why_a_method_is_not_in_the_table(transfer):
+def test_the_report_says_why_a_method_is_not_in_the_table(transfer, tmp_path):
     header = {
         "model": "m", "data": "d", "description": "", "optimizer": "adam", "batch": 32, "input": "3x64x64",
         "seeds": [0, 1, 2], "val_seeds": [0, 1], "lrs": ["0.01"], "machine": "x",
     }  # fmt: skip
-    a = transfer.parse_args(["--lrs", "0.01,0.1", "--seeds", "0,1,2", "--val-seeds", "0"])
+    a = transfer.parse_args(
+        ["--protocol", protocol(tmp_path / "p.json", lrs=["0.01", "0.1"], seeds=[0, 1, 2], val_seeds=[100])]
+    )
     method = transfer.strategy_method("full fine-tuning", "full fine-tuning", "full")
     run = lambda lr, seed, diverged, stage="grid": {  # noqa: E731
         transfer.run_id(stage, method.key, Rates.parse(lr), seed): {"accuracy": 50.0, "diverged": diverged}
     }
     assert transfer.left_out(method, a, {}) == "not trained"
-    assert transfer.left_out(method, a, run("0.01", 0, False)) == "learning-rate grid under way (1 runs finished)"
-    assert transfer.left_out(method, a, run("0.01", 0, True) | run("0.1", 0, True)) == "every rate it trained diverged"
-    done = run("0.01", 0, False) | run("0.1", 0, True) | run("0.01", 2, False, "final")
+    assert transfer.left_out(method, a, run("0.01", 100, False)) == "learning-rate grid under way (1 runs finished)"
+    both = run("0.01", 100, True) | run("0.1", 100, True)
+    assert transfer.left_out(method, a, both) == "every rate it trained diverged"
+    done = run("0.01", 100, False) | run("0.1", 100, True) | run("0.01", 2, False, "final")
     assert transfer.left_out(method, a, done) == "1 of 3 test seeds finished"
     missing = [{"name": "full fine-tuning", "memory_bytes": 279_124_196, "status": "not trained"}]
     assert "Not in the table: full fine-tuning (279,124,196 B; not trained)" in transfer.markdown(
@@ -76,12 +97,12 @@ def test_the_report_says_why_a_method_is_not_in_the_table(transfer):
 def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch):
     npz, profile = tiny_profile(tmp_path, seeds=(0, 1))
     out = tmp_path / "bench"
+    points = ["0.001", "0.01", "0.01/weight=0.001"]
+    fields = dict(
+        data=str(npz), lrs=points, stage_lrs=points, profile=str(profile), budgets=["300KB"], validate_candidates=2
+    )
     argv = [
-        "--model", "minilearn-cifar10", "--weights", "none", "--data", str(npz), "--resolution", "32",
-        "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
-        "--lrs", "0.001,0.01,0.01/weight=0.001", "--stage-lrs", "0.001,0.01,0.01/weight=0.001", "--seeds", "0,1",
-        "--profile", str(profile),
-        "--budgets", "300KB", "--validate", "2",
+        "--protocol", protocol(tmp_path / "protocol.json", **fields),
         "--methods", "classifier only,bias only,last-1 weights+biases,searched + validated",
         "--out", str(out), "--no-progress",
     ]  # fmt: skip
@@ -135,7 +156,7 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
         ),
     )
     wider = list(argv)
-    wider[wider.index("--lrs") + 1] = "0.001,0.01,0.01/weight=0.001,0.1"
+    wider[1] = protocol(tmp_path / "wider.json", **{**fields, "lrs": [*points, "0.1"]})
     key = lambda rows: [(r["name"], r["lr"], r["accuracy"]) for r in rows]  # noqa: E731
     assert key(transfer.main(wider)["rows"]) == key(result["rows"])  # the new rate diverged: same choices
     distinct = [r for r in result["rows"] if r["same_runs_as"] is None]  # a method that trains what another does
@@ -151,15 +172,22 @@ def test_the_stage_trains_tinytl_as_the_benchmarks_tinytl(transfer, tmp_path):
     model, as the benchmark's own TinyTL method: the stage and the baseline share its runs."""
     npz, profile = tiny_profile(tmp_path, "mcunet-5fps", resolution=32)
     out = tmp_path / "bench"
+    fields = dict(
+        model="mcunet-5fps",
+        data=str(npz),
+        val_seeds=[100],
+        seeds=[0],
+        profile=str(profile),
+        budgets=["50MB"],
+        validate_candidates=1,
+    )
     argv = [
-        "--model", "mcunet-5fps", "--weights", "none", "--data", str(npz), "--resolution", "32",
-        "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
-        "--lrs", "0.01", "--stage-lrs", "0.01", "--val-seeds", "0", "--seeds", "0", "--profile", str(profile),
-        "--budgets", "50MB", "--validate", "1", "--methods", "validated 50MB", "--out", str(out), "--no-progress",
+        "--protocol", protocol(tmp_path / "protocol.json", **fields), "--methods", "validated 50MB",
+        "--out", str(out), "--no-progress",
     ]  # fmt: skip
     transfer.main(argv)  # the stage alone: the TinyTL baseline itself is not run
     ids = [json.loads(x)["run"]["id"] for x in (out / "transfer.runs.jsonl").read_text().splitlines()[1:]]
-    assert "grid|TinyTL lite-residual + bias|0.01|0" in ids  # the stage's TinyTL run is the baseline's
+    assert "grid|TinyTL lite-residual + bias|0.01|100" in ids  # the stage's TinyTL run is the baseline's
 
 
 def test_a_run_another_process_finished_meanwhile_is_not_trained_again(transfer, tmp_path, monkeypatch):
@@ -168,10 +196,8 @@ def test_a_run_another_process_finished_meanwhile_is_not_trained_again(transfer,
     npz, _ = tiny_profile(tmp_path)
     out = tmp_path / "bench"
     argv = [
-        "--model", "minilearn-cifar10", "--weights", "none", "--data", str(npz), "--resolution", "32",
-        "--train-per-class", "6", "--validation", "4", "--epochs", "1", "--batch-size", "8", "--probe-epochs", "1",
-        "--lrs", "0.01", "--val-seeds", "0", "--seeds", "0,1,2", "--methods", "classifier only",
-        "--out", str(out), "--no-progress",
+        "--protocol", protocol(tmp_path / "protocol.json", data=str(npz), val_seeds=[100], seeds=[0, 1, 2]),
+        "--methods", "classifier only", "--out", str(out), "--no-progress",
     ]  # fmt: skip
     ckpt = out / "transfer.runs.jsonl"
     trained = []
@@ -187,23 +213,40 @@ def test_a_run_another_process_finished_meanwhile_is_not_trained_again(transfer,
 
     monkeypatch.setattr(transfer.Bench, "run", run)
     result = transfer.main(argv)
-    assert trained == [("validation", 0), ("test", 0), ("test", 2)]
+    assert trained == [("validation", 100), ("test", 0), ("test", 2)]
     assert result["rows"][0]["accuracy"] == [40.0, 50.0, 40.0]
 
 
 @pytest.mark.parametrize(
-    "argv",
+    "argv,fields",
     [
-        ["--shard", "2/2"],
-        ["--shard", "x"],
-        ["--lrs", "0.01,-1"],
-        ["--lrs", "0.01/momentum=0.9"],
-        ["--lrs", "weight=0.01"],
-        ["--seeds", "0,0"],
-        ["--profile", "/nonexistent.json"],
+        (["--shard", "2/2"], {}),
+        (["--shard", "x"], {}),
+        (["--epochs", "3"], {}),  # contradicts the protocol
+        (["--seeds", "0,1,2"], {}),
+        ([], {"lrs": ["0.01", "-1"]}),
+        ([], {"lrs": ["0.01/momentum=0.9"]}),
+        ([], {"lrs": ["weight=0.01"]}),
+        ([], {"seeds": [0, 0]}),
+        ([], {"seeds": [0, 1], "val_seeds": [1, 2]}),  # a choice would be re-scored on its own seed
+        ([], {"profile": "/nonexistent.json"}),
+        ([], {"epochs": None}),
+        ([], {"surprise": 1}),
+        ([], {"ties": "larger rate"}),
     ],
 )
-def test_bad_options_exit_2_before_any_work(transfer, argv, capsys):
+def test_bad_options_exit_2_before_any_work(transfer, tmp_path, argv, fields, capsys):
     with pytest.raises(SystemExit) as exc:
-        transfer.parse_args(argv)
+        transfer.parse_args(["--protocol", protocol(tmp_path / "p.json", **fields), *argv])
     assert exc.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_the_benchmark_refuses_to_run_without_a_protocol(transfer, tmp_path, capsys):
+    for argv in ([], ["--protocol", str(tmp_path / "none.json")], ["--protocol", str(tmp_path)]):
+        with pytest.raises(SystemExit) as exc:
+            transfer.parse_args(argv)
+        assert exc.value.code == 2 and "protocol" in capsys.readouterr().err
+    path = protocol(tmp_path / "p.json")
+    a = transfer.parse_args(["--protocol", path, "--epochs", "1", "--seeds", "0,1"])  # repeating it is fine
+    assert a.epochs == 1 and a.seeds == [0, 1] and a.val_seeds == [100, 101]
+    assert a.protocol_sha256 == hashlib.sha256(open(path, "rb").read()).hexdigest()

@@ -7,7 +7,9 @@ split exactly as contribution analysis did (its validation accuracy is compared 
 the profile recorded), and then trains every scheme it is given with the profile's protocol
 (its optimizer, per-family learning rates, epochs, batch; ``seeds`` may differ) on the training
 split, through the feature cache, evaluating on the **test** split. The test split is used
-here only: no learning rate, epoch count or scheme is chosen on it.
+here only: no learning rate, epoch count or scheme is chosen on it. With ``split="validation"``
+it evaluates on the profile's validation split instead (a check made while choosing, such as
+the additivity check of ``memplan contrib validate``, never looks at test).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from ..errors import BadOption
 from ..plan import Scheme, scheme_to_plan
 from .data import Data
 from .executors import execute, num_threads
@@ -53,7 +56,8 @@ class Result:
 
 
 class Evaluator:
-    """Trains configurations from ``profile``'s setup and measures them on the test split."""
+    """Trains configurations from ``profile``'s setup and measures them on the test split (or, with
+    ``split="validation"``, on its validation split)."""
 
     def __init__(
         self,
@@ -63,8 +67,9 @@ class Evaluator:
         threads: int = 1,
         cache: bool = True,
         device: str = "cpu",
+        split: str = "test",
     ):
-        self.profile = profile
+        self.profile, self.split = profile, split
         self.protocol = (
             profile.protocol if seeds is None else profile.protocol.model_copy(update={"seeds": tuple(seeds)})
         )
@@ -73,16 +78,22 @@ class Evaluator:
         with num_threads(threads):
             self.setup: Setup = setup_of(profile)
             task = self.setup.task
+            if split == "validation" and task.x_val is None:
+                raise BadOption("the profile has no validation split to measure on", "measure it with --validation N")
             seen = task.validation_task() if task.x_val is not None else task
             self.probe_validation = linear_probe(self.setup.net, self.setup.head, seen, profile.protocol, device)
-            test_task = Data(
-                task.name,
-                task.description + " [test split]",
-                task.x_train,
-                task.y_train,
-                task.x_test,
-                task.y_test,
-                task.classes,
+            test_task = (
+                seen
+                if split == "validation"
+                else Data(
+                    task.name,
+                    task.description + " [test split]",
+                    task.x_train,
+                    task.y_train,
+                    task.x_test,
+                    task.y_test,
+                    task.classes,
+                )
             )
             self.worker = Worker(
                 Context(self.setup.name, self.setup.net, test_task, self.protocol, cache, threads, device)
@@ -141,12 +152,18 @@ class Evaluator:
         layers = [n.layer for n in worker.graph.nodes]
         return layers.index(split) if split in layers else len(layers)
 
+    def _measured(self) -> str:
+        t = self.setup.task
+        if self.split == "validation":
+            return f"{t.x_val.shape[0]} validation images (carved from the training data)"
+        return f"{t.x_test.shape[0]} test images"
+
     def describe(self) -> str:
         t = self.setup.task
         p = self.protocol
         return (
             f"{self.setup.name} from {self.setup.weights.get('source')} on {t.name}: trained on the "
-            f"{t.x_train.shape[0]} training images, tested on the {t.x_test.shape[0]} test images at "
+            f"{t.x_train.shape[0]} training images, measured on the {self._measured()} at "
             f"{'x'.join(map(str, self.setup.shape))}; the profile's protocol ({p.epochs} epochs {p.optimizer}, batch "
             f"{p.batch_size}, lr classifier {p.lr_classifier} / biases {p.lr_bias} / weights {p.lr_weight}), "
             f"seeds {list(p.seeds)}; linear probe {self.probe_validation:.2f}% on validation "

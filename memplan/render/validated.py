@@ -35,3 +35,8 @@ def print_validated(v: Validated, console: Console) -> None:
         f"{tr.batch_size}): {val.accuracy:.2f} ± {val.se:.2f}% on validation over seeds {val.seeds}; "
         f"{v.runs_trained} runs trained now, the rest from {v.checkpoint}; {v.seconds:.0f} s"
     )
+    if v.at_edge:
+        console.print(
+            "[yellow]warning:[/] the chosen rate is still at an edge of the grid after widening it as far as "
+            "--validate-widen allows: widen --validate-lrs or raise --validate-widen"
+        )

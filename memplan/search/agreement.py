@@ -82,29 +82,32 @@ def ceiling(reference: Sequence[float], accuracy: Mapping[Any, Sequence[float]])
 def noise_readings(
     reference: list[float], points: Sequence[Any], bootstrap: int, seed: int
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[str]]:
-    """The additivity check's ``ceiling`` over all ``points`` (each with ``accuracy`` per seed, % ,
-    ``summed`` and ``gain``, points), its ``stable`` correlations (None when no scheme collapsed:
-    a seed more than ``COLLAPSE_POINTS`` below ``reference``'s worst seed) and notes on both."""
-    bound = ceiling(reference, {p.candidate: p.accuracy for p in points})
+    """The additivity check's ``ceiling`` over its stable ``points`` (each with ``candidate``,
+    ``accuracy`` per seed, %, ``summed`` and ``gain``, points): a scheme that collapsed (a seed
+    more than ``COLLAPSE_POINTS`` below ``reference``'s worst seed) ranks last on that seed
+    whatever the noise elsewhere, and would make the seeds look as if they agreed; its ``stable``
+    correlations (None when no scheme collapsed) and notes on both."""
+    low = min(reference) - COLLAPSE_POINTS
+    collapsed = [p for p in points if min(p.accuracy) < low]
+    kept = [p for p in points if min(p.accuracy) >= low]
+    bound = ceiling(reference, {p.candidate: p.accuracy for p in kept})
     notes = []
     if bound is not None and bound["ceiling"] < 0.7:
         notes.append(
-            f"the seeds agree little: one seed's gains rank the schemes like another's at Spearman "
-            f"{bound['seed_spearman']:+.2f}, so no predictor can correlate above about {bound['ceiling']:.2f} "
+            f"the seeds agree little: one seed's gains rank the {bound['schemes']} stable schemes like another's at "
+            f"Spearman {bound['seed_spearman']:+.2f}, so no predictor can correlate above about {bound['ceiling']:.2f} "
             f"with the mean over {bound['seeds']} seeds; more seeds raise the ceiling"
         )
-    low = min(reference) - COLLAPSE_POINTS
-    collapsed = [p for p in points if min(p.accuracy) < low]
     stable = None
     if collapsed:
         notes.append(
             f"{len(collapsed)} scheme(s) have a seed more than {COLLAPSE_POINTS:g} points below classifier only "
             f"({', '.join(f'{min(p.accuracy):.1f}%' for p in collapsed)}): training them collapsed at the "
-            "profile's rates; they are counted as measured, and `stable` correlates the others alone"
+            "profile's rates; they are counted as measured, `stable` correlates the others alone, and the ceiling "
+            "is theirs"
         )
-        kept = [p for p in points if min(p.accuracy) >= low]
         if len(kept) >= 3:
             x, y = [p.summed for p in kept], [p.gain for p in kept]
             stable = {"schemes": len(kept)} | correlations(x, y, bootstrap=bootstrap, seed=seed)
-            stable["ceiling"] = ceiling(reference, {p.candidate: p.accuracy for p in kept})
+            stable["ceiling"] = bound
     return bound, stable, notes

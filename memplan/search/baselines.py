@@ -5,6 +5,11 @@ on the model as that strategy's architecture transform builds it (TinyTL's lite 
 branches), changed by ``adjust`` where the baseline is a variant. ``Scheme.from_plan`` writes it as
 a scheme (added modules as ``added_modules``), so the validation stage
 (``memplan.search.select``) trains it, costs it and returns it exactly like a searched scheme.
+
+A *sized* baseline is a family of plans, one per size k = 1 .. the model's convs, each training
+more than the one before (``Baseline.sized``): "every bias + the weights of the last k convs"
+and "the biases of the last k convs", the natural hand-made schemes of the sparse-update space.
+Where it competes at a budget it is the largest k that fits (:func:`largest`).
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..graph import LayerGraph
-from ..plan import Plan
+from ..graph import LayerGraph, conv_layers
+from ..plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..registry import Registry
 from ..strategies import make_plan
 
@@ -21,12 +26,22 @@ from ..strategies import make_plan
 @dataclass(frozen=True)
 class Baseline:
     """Strategy ``method``'s plan on the graph of the model captured with ``method`` (its
-    architecture transform, if any, applied), changed by ``adjust(graph, plan)`` (None: as it is)."""
+    architecture transform, if any, applied), changed by ``adjust(graph, plan)`` (None: as it is).
+    ``sized(graph, k)``: instead, the k-th plan of a sized baseline (module docstring), k = 1 ..
+    :meth:`sizes`."""
 
     method: str
     adjust: Callable[[LayerGraph, Plan], Plan] | None = None
+    sized: Callable[[LayerGraph, int], Plan] | None = None
 
-    def plan(self, graph: LayerGraph) -> Plan:
+    def sizes(self, graph: LayerGraph) -> int:
+        """How many plans a sized baseline has on ``graph`` (its convs); 0 for a plain one."""
+        return 0 if self.sized is None else len(conv_layers(graph))
+
+    def plan(self, graph: LayerGraph, k: int | None = None) -> Plan:
+        """The plan (a sized baseline's k-th, its largest when ``k`` is None)."""
+        if self.sized is not None:
+            return self.sized(graph, self.sizes(graph) if k is None else k)
         plan = make_plan(graph, self.method)
         return plan if self.adjust is None else self.adjust(graph, plan)
 
@@ -49,6 +64,50 @@ def _reestimated(graph: LayerGraph, plan: Plan) -> Plan:
     return Plan("norm-reestimated", plan.train, set(), plan.approx, reestimate=stats)
 
 
+def _bias_scheme(graph: LayerGraph, bias_update: int, weights: int) -> Plan:
+    """The plan of the scheme that trains the biases of the last ``bias_update`` convs and the whole
+    weights of the last ``weights`` convs (and the classifier)."""
+    convs = conv_layers(graph)
+    first = len(convs) - weights
+    scheme = Scheme(
+        model=graph.model_name,
+        fingerprint=fingerprint(graph),
+        input_shape=list(graph.input_shape[1:]),
+        bias_update=bias_update,
+        weight_updates=[WeightUpdate(layer=c.name, conv_index=i, ratio=1.0) for i, c in enumerate(convs) if i >= first],
+    )
+    return scheme_to_plan(graph, scheme)
+
+
+def _biases_and_last_weights(graph: LayerGraph, k: int) -> Plan:
+    """Every bias (and norm shift) and the whole weights of the last ``k`` convs."""
+    return _bias_scheme(graph, len(conv_layers(graph)), k)
+
+
+def _last_biases(graph: LayerGraph, k: int) -> Plan:
+    """The biases (and norm shifts) of the last ``k`` convs."""
+    return _bias_scheme(graph, k, 0)
+
+
+def sized_name(name: str, k: int) -> str:
+    """The name of the k-th plan of the sized baseline registered as ``name``: ``name (k=4)``."""
+    return f"{name} (k={k})"
+
+
+def largest(fits: Callable[[int], bool], n: int) -> int:
+    """The largest k in 1 .. ``n`` with ``fits(k)`` (0 when none), by bisection: a sized
+    baseline's memory grows with k (each size trains a superset of the one before), so what fits is
+    a prefix of the sizes. ``fits`` is asked about log2(n) + 1 sizes."""
+    lo, hi = 0, n  # fits(lo) (or lo == 0); the answer is in lo .. hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 for _name, _baseline in (
     ("classifier only", Baseline("last")),
     ("bias only", Baseline("bias")),
@@ -59,5 +118,7 @@ for _name, _baseline in (
     ("TinyTL (lite residual + bias)", Baseline("tinytl-lb")),
     ("MobileTL", Baseline("mobiletl")),
     ("full fine-tuning", Baseline("full")),
+    ("every bias + last-k conv weights", Baseline("bias", sized=_biases_and_last_weights)),
+    ("biases of the last k convs", Baseline("bias", sized=_last_biases)),
 ):
     BASELINES.add(_name, _baseline)

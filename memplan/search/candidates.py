@@ -17,7 +17,7 @@ from ..errors import BadOption, MemplanError, SchemeError
 from ..plan import Scheme, scheme_to_plan
 from ..rates import Rates, distinct
 from ..strategies import changes_architecture
-from .baselines import BASELINES
+from .baselines import BASELINES, Baseline, largest, sized_name
 from .memory import METRICS
 from .objective import OBJECTIVES
 from .result import SearchResult
@@ -93,12 +93,20 @@ def memory_of(result: SearchResult, cap: Any, scheme: Scheme, options: dict[str,
 
 def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any]) -> list[Candidate]:
     """Every baseline that fits ``result``'s budget, costed like the search costs (``options``:
-    optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`). ``cap``: the
-    plain model's capture; a baseline that changes the architecture (TinyTL's lite residual
-    branches) is planned on a capture with its transform."""
+    optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`); of a sized
+    baseline, its largest size that fits (:func:`sized_candidate`). ``cap``: the plain model's
+    capture; a baseline that changes the architecture (TinyTL's lite residual branches) is planned
+    on a capture with its transform."""
     out = []
+    memory = lambda own, scheme: memory_of(result, own, scheme, options)  # noqa: E731
     for name, baseline in BASELINES.items():
         try:
+            if baseline.sized is not None:
+                found = sized_candidate(
+                    name, baseline, cap.graph, lambda s: memory(cap, s), result.budget_bytes, mode=result.mode
+                )
+                out += [found] if found is not None else []
+                continue
             own = cap
             if changes_architecture(baseline.method, {}):
                 shape, batch = cap.graph.input_shape[1:], cap.graph.batch
@@ -106,10 +114,30 @@ def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any])
             scheme = Scheme.from_plan(own.graph, baseline.plan(own.graph), model=result.model, mode=result.mode)
         except (SchemeError, BadOption):  # not a point of this model's space (e.g. no blocks)
             continue
-        memory = memory_of(result, own, scheme, options)
-        if memory <= result.budget_bytes:
-            out.append(Candidate(name, scheme, memory, True))
+        bytes_ = memory(own, scheme)
+        if bytes_ <= result.budget_bytes:
+            out.append(Candidate(name, scheme, bytes_, True))
     return out
+
+
+def sized_candidate(  # noqa: PLR0913 (the mode is the scheme's record of how it was costed)
+    name: str, baseline: Baseline, graph: Any, memory: Callable[[Scheme], int], budget_bytes: int, mode: str
+) -> Candidate | None:
+    """The largest plan of the sized ``baseline`` (registered as ``name``) on ``graph`` whose
+    ``memory(scheme)`` (bytes, costed in ``mode``) fits ``budget_bytes``
+    (:func:`memplan.search.baselines.largest`), as a baseline candidate named ``name (k=K)``; None
+    when not even k = 1 fits."""
+    model = graph.model_name
+    schemes: dict[int, Scheme] = {}
+    costs: dict[int, int] = {}
+
+    def fits(k: int) -> bool:
+        schemes[k] = Scheme.from_plan(graph, baseline.plan(graph, k), model=model, mode=mode)
+        costs[k] = memory(schemes[k])
+        return costs[k] <= budget_bytes
+
+    k = largest(fits, baseline.sizes(graph))
+    return None if k == 0 else Candidate(sized_name(name, k), schemes[k], costs[k], True)
 
 
 def union(a: Scheme, b: Scheme) -> Scheme | None:

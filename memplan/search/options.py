@@ -35,6 +35,8 @@ from ..options import (
 )
 from ..rates import Rates
 
+#: the fewest seeds of the additivity check: with fewer, seed-to-seed agreement (its ceiling) is too loose
+MIN_CHECK_SEEDS = 4
 #: the paper's channel ratios (0 = bias only is always allowed)
 DEFAULT_RATIOS = (0.125, 0.25, 0.5, 1.0)
 
@@ -152,7 +154,16 @@ class Stage(Options):
         "family, a bare rate for the rest (1.25e-2/weight=5e-4; families: classifier, bias, norm, weight)",
         parse="texts",
     )
-    validate_seeds: tuple[int, ...] = option((0, 1), "seeds of --validate (one rung each)", parse="ints")
+    validate_seeds: tuple[int, ...] = option(
+        (100, 101),
+        "seeds of --validate (one rung each); their own, never a seed the test runs use (0-9 by convention)",
+        parse="ints",
+    )
+    validate_widen: int = option(
+        4,
+        "times a chosen rate at an edge of its grid may widen the grid by one step beyond it (the schedule runs "
+        "again); 0 keeps the grid as given",
+    )
     validate_dir: str | os.PathLike = option(
         ".memplan-validate", "checkpoint folder of --validate (reruns resume from it)"
     )
@@ -184,6 +195,13 @@ class Stage(Options):
     def _seeds(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v or len(set(v)) != len(v):
             raise ValueError(f"the validation stage's seeds must be distinct, got {list(v)}")
+        return v
+
+    @field_validator("validate_widen")
+    @classmethod
+    def _widen(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"--validate-widen must be >= 0, got {v}")
         return v
 
     @field_validator("validate_workers")
@@ -227,7 +245,17 @@ class ValidateOptions(Options):
         negate=True,
     )
     mode: Mode = "tinytraining"
-    seeds: tuple[int, ...] | None = option(None, "training seeds (default: the profile's)")
+    seeds: tuple[int, ...] = option(
+        (100, 101, 102, 103),
+        "training seeds, at least 4 (seed-to-seed agreement bounds the check: ceiling); the default ones are "
+        "neither the profile's nor the test runs'",
+        parse="ints",
+    )
+    split: str = option(
+        "validation",
+        "where the schemes are measured: validation (the profile's validation split: the check is made while "
+        "choosing, so it never looks at test) | test",
+    )
     bootstrap: int = option(2000, "bootstrap resamples of the confidence intervals")
     seed: int = option(0, "seed of the random schemes and the bootstrap")
     threads: int = option(1, "torch threads of each training run", cli=False)
@@ -246,3 +274,17 @@ class ValidateOptions(Options):
         "skips them (default: beside --json, .runs.jsonl)",
     )
     progress: Any = option(None, "called with each line of progress", cli=False)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if len(v) < MIN_CHECK_SEEDS or len(set(v)) != len(v):
+            raise ValueError(f"the additivity check needs at least {MIN_CHECK_SEEDS} distinct seeds, got {list(v)}")
+        return v
+
+    @field_validator("split")
+    @classmethod
+    def _split(cls, v: str) -> str:
+        if v not in ("validation", "test"):
+            raise ValueError(f"--split must be validation or test, got {v!r}")
+        return v

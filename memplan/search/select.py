@@ -13,17 +13,21 @@ candidates (:mod:`memplan.search.candidates`):
   baseline extended by another or by the search: MobileTL + every bias);
 
 each at every point of a small learning-rate grid, by successive halving over the validation
-seeds (:mod:`memplan.contrib.halving`). A point is one rate for every trained tensor or rates
+seeds (:mod:`memplan.contrib.halving`; by default 100 and 101, seeds of their own: a test run
+never re-scores a model the stage chose on). A point is one rate for every trained tensor or rates
 per parameter family (:class:`memplan.rates.Rates`): the default grid is one rate in {5e-4,
 2.5e-3, 1.25e-2} for everything, and the biases, norms and head at 1.25e-2 with the weights at
 5e-4 or 2.5e-3 (schemes that mix biases with early conv weights diverge at the rate the biases
-need). A candidate gets each distinct training only once: points that differ only in a family
-it does not train are one. Baselines are never halved away, so the returned scheme's
-validation accuracy is at least that of every baseline that fits, on the same seeds and grid.
-The scheme records the rates and optimizer it was validated with (``training``) and its
-validation accuracy ± SE with the runners-up (``validation``). Runs are checkpointed (JSONL,
-one line per finished run, keyed by what the candidate trains, its rates and seed, so budgets
-and reruns share them): an interrupted stage resumes where it was.
+need). A candidate gets each distinct training only once: points that differ only in a family it
+does not train are one. A winning rate at an edge of its grid (better than its neighbour there: a
+tie is a plateau) widens the grid by one step beyond it and the schedule runs again
+(``Stage.validate_widen`` times at most), so the choice is interior; a tie goes to the cheaper
+candidate, then to the smaller rate. Baselines are never halved away, so the returned scheme's
+validation accuracy is at least that of every baseline that fits, on the same seeds and grid. The
+scheme records the rates and optimizer it was validated with (``training``) and its validation
+accuracy ± SE with the runners-up (``validation``). Runs are checkpointed (JSONL, one line per
+finished run, keyed by what the candidate trains, its rates and seed, so budgets and reruns share
+them): an interrupted stage resumes where it was.
 Runs execute one after another in this process, or each rung's runs at once on contribution
 analysis's executors (``Stage.validate_workers``: a local process pool or Ray).
 """
@@ -46,7 +50,7 @@ from ..contrib.runner import Context, SchemeRun, Worker, added_key, linear_probe
 from ..contrib.setup import setup_of
 from ..errors import BadOption, MemplanError
 from ..plan import Scheme, Training, Validation
-from ..rates import Rates
+from ..rates import Rates, outward
 from .candidates import Candidate, collect_candidates
 from .options import Stage
 from .result import SearchResult
@@ -54,6 +58,7 @@ from .result import SearchResult
 #: the learning-rate grid of the stage (module docstring)
 DEFAULT_LRS = Stage().grid
 DEFAULT_SEEDS = Stage.model_fields["validate_seeds"].default
+DEFAULT_WIDEN = Stage.model_fields["validate_widen"].default
 
 
 @dataclass
@@ -69,6 +74,7 @@ class Validated:
     runs_trained: int  # runs trained now (the rest came from the checkpoint)
     seconds: float
     checkpoint: str
+    at_edge: bool = False  # the chosen rate is still at an edge of ``lrs`` (widened as far as allowed)
 
     def table(self) -> list[dict[str, Any]]:
         """One row per candidate: its best configuration (rate, accuracy %, SE, seeds), memory."""
@@ -181,31 +187,24 @@ class ProfileTrainer:
         return self.done[rid]["accuracy"]
 
 
-def choose(  # the stage's schedule, one keyword each
+def _halve(
     candidates: Sequence[Candidate],
     trainer: Any,
-    *,
-    lrs: Sequence[Rates] = DEFAULT_LRS,
-    seeds: Sequence[int] = DEFAULT_SEEDS,
-    budget_bytes: int | None = None,
-    on_start: Callable[[int], None] | None = None,
-    on_run: Callable[[], None] | None = None,
-) -> Validated:
-    """Successive halving of every candidate at each of its :meth:`Candidate.settings` of ``lrs``
-    over ``seeds`` with ``trainer`` (baselines protected); the winner as a scheme with
-    ``training`` and ``validation`` filled in."""
-    if len(set(seeds)) != len(seeds) or not seeds or not lrs:
-        raise BadOption("the validation stage needs distinct seeds and at least one learning rate")
-    t0 = time.perf_counter()
-    lrs = [Rates.of(r) for r in lrs]
+    lrs: Sequence[Rates],
+    seeds: Sequence[int],
+    on_start: Callable[[int], None] | None,
+    on_run: Callable[[], None] | None,
+) -> Halving:
+    """One successive halving of ``candidates`` over the grid ``lrs`` (each candidate's settings in
+    ascending order: a tie goes to the smaller rate) and ``seeds`` with ``trainer``."""
     by_key = {c.key: c for c in candidates}
-    settings = {c.key: c.settings(lrs) for c in candidates}
+    settings = {c.key: sorted(c.settings(lrs)) for c in candidates}
     if on_start is not None:
         n_protected = sum(c.baseline for c in candidates)
         n_configs = sum(map(len, settings.values()))
         on_start(planned_runs(n_configs, len(seeds)) + n_protected * (len(seeds) - 1))
     prefetch = getattr(trainer, "prefetch", None)
-    halving = successive_halving(
+    return successive_halving(
         list(by_key),
         settings,
         list(seeds),
@@ -214,12 +213,61 @@ def choose(  # the stage's schedule, one keyword each
         on_run=on_run,
         on_rung=None if prefetch is None else lambda rung: prefetch([(by_key[k], r, s) for k, r, s in rung]),
     )
-    if halving.best is None:
-        raise MemplanError("every candidate diverged at every learning rate of the validation stage", "widen the rates")
+
+
+def _pulled(halving: Halving, best: Any, inner: Rates) -> bool:
+    """Whether ``best`` (a configuration at an edge of its grid) beats its neighbour ``inner`` on
+    the seeds both trained: a rate the data pull to the edge, not one a tie put there (a plateau,
+    where the tie rule's smaller rate is at the edge). A neighbour that diverged or never ran pulls."""
+    other = next((c for c in halving.configs if c.candidate == best.candidate and c.lr == inner), None)
+    seeds = [s for s in best.accuracy if other is not None and s in other.accuracy]
+    if not seeds:
+        return True
+    mine = sum(best.accuracy[s] for s in seeds) / len(seeds)
+    theirs = sum(other.accuracy[s] for s in seeds) / len(seeds)
+    return not theirs >= mine  # NaN (diverged) pulls
+
+
+def choose(  # the stage's schedule, one keyword each
+    candidates: Sequence[Candidate],
+    trainer: Any,
+    *,
+    lrs: Sequence[Rates] = DEFAULT_LRS,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    budget_bytes: int | None = None,
+    widen: int = DEFAULT_WIDEN,
+    on_start: Callable[[int], None] | None = None,
+    on_run: Callable[[], None] | None = None,
+) -> Validated:
+    """Successive halving of every candidate at each of its :meth:`Candidate.settings` of ``lrs``
+    over ``seeds`` with ``trainer`` (baselines protected); the winner as a scheme with
+    ``training`` and ``validation`` filled in. A winning rate at an edge of its grid widens the
+    grid (:func:`memplan.rates.outward`, every candidate gets the new points) and the schedule runs
+    again, up to ``widen`` times; an edge that only ties its inner neighbour is a plateau and
+    widens nothing (the runs already trained come from the trainer's checkpoint);
+    ``Validated.lrs`` is the grid used, ``Validated.at_edge`` says whether the choice is still at
+    its edge. Ties: the cheaper candidate (``candidates`` come cheapest first), then the smaller
+    rate (each candidate's settings are tried in ascending order)."""
+    if len(set(seeds)) != len(seeds) or not seeds or not lrs:
+        raise BadOption("the validation stage needs distinct seeds and at least one learning rate")
+    t0 = time.perf_counter()
+    lrs = [Rates.of(r) for r in lrs]
+    by_key = {c.key: c for c in candidates}
+    for widened in range(widen + 1):
+        halving = _halve(candidates, trainer, lrs, seeds, on_start if widened == 0 else None, on_run)
+        if halving.best is None:
+            raise MemplanError(
+                "every candidate diverged at every learning rate of the validation stage", "widen the rates"
+            )
+        best = halving.best
+        edges = outward(by_key[best.candidate].settings(lrs), best.lr)
+        beyond = [b for b, inner in edges if b not in lrs and _pulled(halving, best, inner)]
+        if not beyond or widened == widen:
+            break
+        lrs += beyond
     chosen = by_key[halving.best.candidate]
-    validated = Validated(
-        chosen.scheme, chosen, list(candidates), halving, list(lrs), list(seeds), 0, 0.0, trainer.checkpoint
-    )
+    validated = Validated(chosen.scheme, chosen, list(candidates), halving, list(lrs), list(seeds), 0, 0.0, "")
+    validated.checkpoint, validated.at_edge = trainer.checkpoint, bool(beyond)
     rates: Rates = halving.best.lr
     training = Training(
         optimizer=trainer.optimizer,
@@ -271,6 +319,7 @@ def validate_search(
         lrs=stage.grid,
         seeds=stage.validate_seeds,
         budget_bytes=result.budget_bytes,
+        widen=stage.validate_widen,
         on_start=on_start,
         on_run=on_run,
     )

@@ -5,11 +5,15 @@
 memplan's cost model in the chosen mode at the profile's costing resolution), optionally adds
 the searched optimum of each budget, trains every scheme end to end from the profile's setup
 (``memplan.contrib.final.Evaluator``: same backbone, data, linear-probe head and protocol) and
-measures its **test** accuracy, and the classifier-only scheme as the reference. The real gain
-of a scheme is its test accuracy minus the classifier-only one (accuracy points). Pearson and
+measures its accuracy on the profile's **validation** split (``split``; the check is made while
+choosing, so it never looks at test), over at least 4 seeds of its own (default 100-103), and
+the classifier-only scheme as the reference. Each scheme is trained once: a draw that repeats a
+scheme already picked (at this budget or another) is drawn again. The real gain of a scheme is
+its accuracy minus the classifier-only one (accuracy points). Pearson and
 Spearman correlations between summed Δacc and real gain come with percentile bootstrap
 confidence intervals over the schemes (resampled with replacement). The statistics, with the
-seed-noise ceiling and the schemes that collapsed, are in ``memplan.search.agreement``.
+seed-noise ceiling (over the stable schemes: a collapsed run says nothing about how seeds rank
+the others) and the schemes that collapsed, are in ``memplan.search.agreement``.
 
 Random schemes: a bias depth k drawn uniformly from the profile's depths > 0, every conv in
 range given a weight update with probability d (d drawn uniformly per scheme) at a uniformly
@@ -45,10 +49,13 @@ from .objective import OBJECTIVES
 from .options import ValidateOptions
 from .space import Candidate, SearchSpace, build_space, contributions_of, profile_hash
 
+#: draws of a random scheme before giving up on one that was not picked yet
+REDRAWS = 50
+
 
 @dataclass
 class Point:
-    """One trained scheme: its memory, summed Δacc, test accuracy per seed and gain over classifier-only."""
+    """One trained scheme: its memory, summed Δacc, accuracy per seed and gain over classifier-only."""
 
     kind: str  # "random" | "searched"
     budget_bytes: int
@@ -57,8 +64,8 @@ class Point:
     weights: list[list[float]]  # [conv index, ratio]
     memory_bytes: int
     summed: float  # the profile's entries summed (AdditivityCheck.units)
-    accuracy: list[float]
-    gain: float  # mean test accuracy - classifier-only mean test accuracy, points
+    accuracy: list[float]  # per seed, on the check's split (validation by default), %
+    gain: float  # mean accuracy - classifier-only mean accuracy, points
     objectives: dict[str, float] = field(default_factory=dict)  # the scheme's summed gains per search objective
 
 
@@ -71,7 +78,7 @@ class AdditivityCheck:
     mode: str
     costing_input_shape: list[int]
     description: str
-    reference_accuracy: list[float]  # classifier-only, test split, per seed
+    reference_accuracy: list[float]  # classifier-only, the check's split, per seed
     points: list[Point]
     pearson: float
     pearson_ci: tuple[float, float]
@@ -84,7 +91,8 @@ class AdditivityCheck:
     units: str = DELTA_ACC_UNITS  # what the profile's entries (a point's ``summed``) are
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
-    #: the measurement's own bound on the correlation (``agreement.ceiling``); None with one seed or < 3 schemes
+    #: the measurement's own bound on the correlation (``agreement.ceiling``), over the stable schemes (none
+    #: collapsed); None with one seed or < 3 such schemes
     ceiling: dict[str, Any] | None = None
     #: when some schemes collapsed (a seed ``COLLAPSE_POINTS`` below classifier only): the correlations
     #: (as above) and the ceiling over the other ``schemes`` alone; None otherwise
@@ -126,10 +134,11 @@ def validate_profile(
     profile: str | os.PathLike | ContribProfile, opts: ValidateOptions | None = None
 ) -> AdditivityCheck:
     """Train ``per_budget`` random schemes per budget (and the searched optimum of each with
-    ``searched``) end to end and correlate their summed Δacc with their real test-accuracy gain
+    ``searched``) end to end and correlate their summed Δacc with their real accuracy gain
     (module docstring). ``opts``: the :class:`~memplan.search.options.ValidateOptions`, or its
     options by name as keywords, ``budgets`` also second by position (default: 4 spread over the
-    profile's range, :func:`default_budgets`). ``seeds``: training seeds (default: the profile's).
+    profile's range, :func:`default_budgets`). ``seeds``: training seeds (at least 4); ``split``:
+    where the schemes are measured (validation, or test).
     ``checkpoint``: a JSONL file of the trained schemes (one fsync'ed line each); a rerun with the
     same options skips them. The summed gains under every search objective
     (``memplan.search.objective``) the profile allows are correlated too (``by_objective``)."""
@@ -155,7 +164,7 @@ def validate_profile(
         )
     mode, bootstrap, seed = o.mode, o.bootstrap, o.seed
     spaces = _objective_spaces(cap.graph, contributions)
-    evaluator = Evaluator(prof, seeds=o.seeds, threads=o.threads, device=o.device)
+    evaluator = Evaluator(prof, seeds=o.seeds, threads=o.threads, device=o.device, split=o.split)
     say = o.progress or (lambda text: None)
     ckpt, done = _checkpoint(o.checkpoint, prof, evaluator, mode, budget_bytes, o.per_budget, o.searched, seed)
     schemes = [("reference", Candidate(0))] + [(f"{kind}|{b}", cand) for kind, b, cand in picks]
@@ -181,7 +190,7 @@ def validate_profile(
         )
         say(
             f"{kind} {cand.describe()} ({points[-1].memory_bytes} B <= {b} B): summed "
-            f"{points[-1].summed:+.4g}, test {r.mean:.2f}% (gain {points[-1].gain:+.2f})"
+            f"{points[-1].summed:+.4g}, {o.split} {r.mean:.2f}% (gain {points[-1].gain:+.2f})"
         )
     stats = correlations([p.summed for p in points], [p.gain for p in points], bootstrap=bootstrap, seed=seed)
     by_objective = {
@@ -191,6 +200,8 @@ def validate_profile(
         for name in spaces
     }
     bound, stable, notes = noise_readings(ref.accuracy, points, bootstrap, seed)
+    if o.split == "test":
+        notes.append("measured on the test split: a check made while choosing should measure on validation")
     if prof.evaluated_on != "validation":
         notes.append("the profile measured Δacc on the test split: the check is not independent of it")
     if len(points) < 12:
@@ -224,16 +235,31 @@ def _picks(space: SearchSpace, memory: MemoryModel, budget_bytes: list[int], o: 
     additive = check_additivity(memory, table, probe_candidates(space, seed=o.seed)).additive
     rng = random.Random(o.seed)
     picks: list[tuple[str, int, Candidate]] = []
+    seen = {Candidate(0).describe()}  # the reference, classifier only, is trained apart
     for b in budget_bytes:
         if o.searched and additive:
             best = solve_exact(space, table, b)
-            if best is not None:
+            if best is not None and best.candidate.describe() not in seen:
+                seen.add(best.candidate.describe())
                 picks.append(("searched", b, best.candidate))
         for _ in range(o.per_budget):
-            cand = draw(space, memory.measure, b, rng)
+            cand = _draw_new(space, memory.measure, b, rng, seen)
             if cand is not None:
+                seen.add(cand.describe())
                 picks.append(("random", b, cand))
     return picks
+
+
+def _draw_new(
+    space: SearchSpace, memory: Callable[[Candidate], int], budget: int, rng: random.Random, seen: set[str]
+) -> Candidate | None:
+    """A random candidate that fits ``budget`` (:func:`draw`) and is none of ``seen`` (its
+    ``describe()``), drawn again up to ``REDRAWS`` times; None if none was found."""
+    for _ in range(REDRAWS):
+        cand = draw(space, memory, budget, rng)
+        if cand is None or cand.describe() not in seen:
+            return cand
+    return None
 
 
 def _objective_spaces(graph: Any, contributions: Any) -> dict[str, SearchSpace]:
@@ -268,6 +294,7 @@ def _checkpoint(
         "per_budget": per_budget,
         "searched": searched,
         "seed": seed,
+        "split": evaluator.split,
     }
     ckpt = Checkpoint(Path(path), identity)
     done = ckpt.finished()
@@ -295,7 +322,7 @@ def _train(
         done[r.label] = {"id": r.label, "accuracy": r.accuracy, "trainable_params": r.trainable_params, "s": r.seconds}
         if ckpt is not None:
             ckpt.append(done[r.label])
-        say(f"trained {n}/{len(jobs)}: {r.label.split('|')[0]} {todo[r.label].describe()}, test {r.mean:.2f}%")
+        say(f"trained {n}/{len(jobs)}: {r.label.split('|')[0]} {todo[r.label].describe()}, {r.mean:.2f}%")
 
 
 def _result(done: dict[str, dict[str, Any]], key: str, cand: Candidate) -> Result:
@@ -327,7 +354,7 @@ def summary(check: AdditivityCheck) -> list[str]:
     ref = statistics.fmean(check.reference_accuracy)
     lines = [
         check.description,
-        f"classifier only (reference): {ref:.2f}% test accuracy",
+        f"classifier only (reference): {ref:.2f}% accuracy",
         f"{len(check.points)} schemes ({sum(p.kind == 'random' for p in check.points)} random, "
         f"{sum(p.kind == 'searched' for p in check.points)} searched), memory in mode {check.mode} at "
         f"{'x'.join(map(str, check.costing_input_shape))}",
@@ -339,7 +366,7 @@ def summary(check: AdditivityCheck) -> list[str]:
         c = check.ceiling
         lines.append(
             f"ceiling from seed noise: seeds agree at Spearman {c['seed_spearman']:+.3f} over {c['schemes']} "
-            f"distinct schemes; reliability of the {c['seeds']}-seed mean {c['reliability']:.3f}, so any "
+            f"distinct stable schemes; reliability of the {c['seeds']}-seed mean {c['reliability']:.3f}, so any "
             f"predictor correlates at most about {c['ceiling']:.3f}"
         )
     if check.stable is not None:

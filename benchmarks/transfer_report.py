@@ -1,0 +1,253 @@
+"""The transfer benchmark's report (benchmarks/transfer.py): rows from the checkpoint's finished
+runs, the verdicts (each validated row against the best baseline that fits its budget: the CI
+verdict, the paired per-seed difference with its paired-t p-value, and the Holm-corrected verdict
+across the backbone's budgets), the Markdown table and the plot."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transfer_protocol import TIES, method_grid, run_id
+from transfer_runs import MEMORY_COLUMNS, Method
+from transfer_stats import ALPHA, compare, holm, holm_verdict, mean_ci, paired, pareto_front
+
+from memplan.optim import OPTIMIZERS
+from memplan.rates import Rates
+from memplan.units import parse_bytes
+
+VALIDATED = "searched + validated"
+
+
+def chosen_lr(m: Method, a: argparse.Namespace, done: dict) -> tuple[list[Rates], Rates | None, bool]:
+    """The grid ``m`` used, its rate and whether that rate is still at an edge: the stage's (its grid
+    as the stage widened it), or its own grid widened while its choice lies at an edge
+    (``transfer_protocol.method_grid``; the rate is None until chosen)."""
+    if m.lr is not None:
+        return [Rates.parse(x) for x in m.detail.get("grid", [str(m.lr)])], m.lr, m.detail.get("lr_at_grid_edge", False)
+    return method_grid(m.key, m.settings(a.lrs), done, a.val_seeds, a.widen)
+
+
+def grid_runs(m: Method, grid: list[Rates], done: dict, val_seeds: list[int]) -> dict[str, list[dict]]:
+    """``m``'s finished validation runs by grid setting (its own grid: none for a validated row)."""
+    if m.lr is not None:
+        return {}
+    return {str(x): [r for s in val_seeds if (r := done.get(run_id("grid", m.key, x, s)))] for x in grid}
+
+
+def finished_finals(m: Method, lr: Rates | None, seeds: list[int], done: dict) -> list[dict]:
+    """The finished test runs of ``m`` at rate ``lr`` (none while no rate is chosen)."""
+    return [f for s in seeds if lr is not None and (f := done.get(run_id("final", m.key, lr, s)))]
+
+
+def left_out(m: Method, a: argparse.Namespace, done: dict) -> str:
+    """Why ``m`` has no row yet, in words: not trained, its grid under way or diverged, or how
+    many of its test seeds are finished."""
+    grid, lr, _ = chosen_lr(m, a, done)
+    finals = finished_finals(m, lr, a.seeds, done)
+    if finals:
+        return f"{len(finals)} of {len(a.seeds)} test seeds finished"
+    runs = [r for rs in grid_runs(m, grid, done, a.val_seeds).values() for r in rs]
+    if not runs and m.lr is None:
+        return "not trained"
+    if runs and all(r["diverged"] for r in runs):
+        return "every rate it trained diverged"
+    return f"learning-rate grid under way ({len(runs)} runs finished)" if m.lr is None else "no test seed finished"
+
+
+def assemble(methods: list[Method], memory: dict[str, dict[str, int]], a: argparse.Namespace, done: dict) -> list[dict]:
+    """One row per method whose every test seed is finished (accuracy %, memory bytes, seconds)."""
+    rows = []
+    for m in methods:
+        grid, lr, edge = chosen_lr(m, a, done)
+        by_setting = grid_runs(m, grid, done, a.val_seeds)
+        finals = finished_finals(m, lr, a.seeds, done)
+        if lr is None or len(finals) < len(a.seeds):
+            continue
+        accs = [f["accuracy"] for f in finals]
+        mean, half = mean_ci(accs)
+        runs = [r for rs in by_setting.values() for r in rs] + finals
+        rows.append(
+            {
+                "name": m.name,
+                "method": m.family,
+                "memory_bytes": memory[m.name]["applied"],
+                "memory": memory[m.name],
+                "accuracy": accs,
+                "seeds": list(a.seeds),
+                "accuracy_mean": mean,
+                "accuracy_ci": half,  # the 95% Student-t CI half-width (the plot's error bar)
+                "accuracy_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,  # over seeds
+                "lr": str(lr),
+                "grid": [str(x) for x in grid],  # the grid actually used (widened beyond a chosen edge)
+                "lr_at_grid_edge": edge,  # still pulled to an edge of the grid it used (widening exhausted)
+                "grid_validation": {k: [r["accuracy"] for r in v] for k, v in by_setting.items()},
+                "grid_diverged": [k for k, v in by_setting.items() if any(r["diverged"] for r in v)],
+                "final_diverged": any(f["diverged"] for f in finals),
+                "trainable_params": finals[0]["trainable_params"],
+                "wall_s": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in runs), 1),
+                "cpu_s": round(sum(r["cpu_s"] for r in runs), 1),
+                "same_runs_as": m.runs_as,
+                **m.detail,
+            }
+        )
+    return rows
+
+
+def comparisons(rows: list[dict]) -> list[dict[str, Any]]:
+    """Each validated row against the best baseline (highest mean) whose applied memory fits its
+    budget: the CI verdict, the paired per-seed difference (points) with its 95% CI and paired-t
+    p-value, and the Holm-adjusted p-value and verdict over every validated row of the report (one
+    backbone's budgets)."""
+    base = [r for r in rows if r["method"] not in (VALIDATED, "scheme")]
+    out = []
+    for r in (x for x in rows if x["method"] == VALIDATED):
+        budget = parse_bytes(r["budget"])
+        fits = [b for b in base if b["memory_bytes"] <= budget]
+        c: dict[str, Any] = {"name": r["name"], "budget_bytes": budget, "baseline": None}
+        if fits:
+            best = max(fits, key=lambda b: b["accuracy_mean"])
+            d = paired(dict(zip(r["seeds"], r["accuracy"])), dict(zip(best["seeds"], best["accuracy"])))
+            c |= {"baseline": best["name"], "ci_verdict": compare(r, best), **d}
+        out.append(c)
+    tested = [c for c in out if c["baseline"] is not None]
+    for c, p in zip(tested, holm([c["p"] for c in tested])):
+        c["p_holm"], c["holm_verdict"] = p, holm_verdict(c["difference"], p)
+    return out
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """The acceptance checks, in words (:func:`comparisons`), and, at <= 1/10 of full fine-tuning's
+    memory, each validated row's gap to full fine-tuning."""
+    lines = []
+    by_name = {r["name"]: r for r in rows}
+    full = next((r for r in rows if r["method"] == "full fine-tuning"), None)
+    for c in comparisons(rows):
+        r = by_name[c["name"]]
+        head = (
+            f"{r['name']} (chose {r['chosen']}): {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f}% "
+            f"at {r['memory_bytes']:,} B"
+        )
+        if c["baseline"] is None:
+            lines.append(f"{head}; no baseline fits {c['budget_bytes']:,} B")
+            continue
+        b = by_name[c["baseline"]]
+        lines.append(
+            f"{head} vs the best baseline that fits {c['budget_bytes']:,} B, {b['name']}: {b['accuracy_mean']:.2f} ± "
+            f"{b['accuracy_ci']:.2f}% at {b['memory_bytes']:,} B -> {c['ci_verdict']}; paired over "
+            f"{len(c['seeds'])} seeds {c['difference']:+.2f} ± {c['ci']:.2f} points, p = {c['p']:.3g}, "
+            f"Holm p = {c['p_holm']:.3g} -> {c['holm_verdict']} (at {ALPHA:g})"
+        )
+        if full is not None and r["memory_bytes"] <= full["memory_bytes"] / 10:
+            gap = full["accuracy_mean"] - r["accuracy_mean"]
+            lines.append(
+                f"{r['name']} at {r['memory_bytes'] / full['memory_bytes']:.3f}x full fine-tuning's memory: "
+                f"{gap:+.2f} points behind it -> {'' if gap <= 1 else 'NOT '}within 1 point"
+            )
+    return lines
+
+
+def _protocol_lines(header: dict[str, Any]) -> list[str]:
+    """The protocol file, its hash, its notes, the tie rule and the runs redone (from ``header``)."""
+    if "protocol" not in header:
+        return []
+    out = [
+        f"Protocol: `{header['protocol']}` (sha256 `{header['protocol_sha256']}`), fixed before the runs. "
+        f"Ties: {TIES}. A rate chosen at an edge of its grid widens the grid one step beyond it, at most "
+        f"{header.get('widen', 0)} times (* in the LR column: still at an edge).",
+        "",
+    ]
+    out += [f"- note: {n}" for n in header.get("notes", [])]
+    redone = header.get("redone", [])
+    out += [f"- run redone: `{x['id']}`: {x['why']}" for x in redone] or ["- runs redone: none"]
+    return [*out, ""]
+
+
+def markdown(
+    rows: list[dict], header: dict[str, Any], front: list[str], lines: list[str], missing: Sequence[dict] = ()
+) -> str:
+    """The table, the validation stages and the verdicts; ``missing``: the methods left out of the
+    table (not trained, or not every test seed finished), each with its applied memory, bytes."""
+    tt = MEMORY_COLUMNS["tinytraining"][3]
+    out = [
+        f"# Transfer benchmark: {header['model']} -> {header['data']}",
+        "",
+        header["description"],
+        "",
+        *_protocol_lines(header),
+        f"Memory, bytes, optimizer `{header['optimizer']}` ({OPTIMIZERS[header['optimizer']].description}) counted: "
+        f"**applied** = memplan `applied` mode (the run as trained: memplan's lean modules, eager PyTorch on the CPU) "
+        f"at the training batch {header['batch']} at {header['input']}, fp32 optimizer state; **tinytraining** = the "
+        f"256KB paper's analytic memory, batch 1, {tt}. Accuracy: test split, mean ± 95% CI (Student t) over seeds "
+        f"{header['seeds']}. LR: chosen on validation from {header['lrs']} with seeds {header['val_seeds']} "
+        "(successive halving; * = at the edge of the grid it used). Wall: seconds of all the method's runs "
+        "(grid + final) on this machine. P = on the Pareto front (applied memory).",
+        "",
+        "| method | applied (B) | tinytraining (B) | test acc % | seeds | lr | trainable params | wall s | P |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|:-:|",
+    ]
+    for r in sorted(rows, key=lambda r: r["memory_bytes"]):
+        alias = f" (= {r['same_runs_as']})" if r.get("same_runs_as") else ""
+        out.append(
+            f"| {r['name']}{alias} | {r['memory']['applied']:,} | {r['memory']['tinytraining']:,} | "
+            f"{r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f} | "
+            f"{len(r['accuracy'])} | {r['lr']}{'*' if r['lr_at_grid_edge'] else ''} | {r['trainable_params']:,} | "
+            f"{r['wall_s']:.0f} | {'P' if r['name'] in front else ''} |"
+        )
+    stage = [r for r in rows if r["method"] == VALIDATED]
+    if stage:
+        out += ["", "## Validation stage (memplan search B --validate)", ""]
+        for r in stage:
+            val = r["validation"]
+            runners = ", ".join(
+                f"{x['name']} {x['accuracy']:.2f}" for x in val["runners_up"] if x["accuracy"] is not None
+            )
+            out.append(
+                f"- {r['name']}: chose **{r['chosen']}** at lr {r['lr']} (grid {', '.join(r.get('grid', []))}), "
+                f"validation {val['accuracy']:.2f} ± {val['se']:.2f}% (seeds {val['seeds']}); runners-up: {runners}. "
+                f"The stage compared {r['stage_runs']} runs: {r['stage_run_s']:,.0f} s of training and evaluation "
+                f"one after another ({r['stage_cpu_s']:,.0f} CPU s)"
+            )
+    out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
+    if missing:
+        said = [f"{m['name']} ({m['memory_bytes']:,} B; {m['status']})" for m in missing]
+        out += [f"Not in the table: {'; '.join(said)}", ""]
+    out += [f"Machine: {header['machine']}", ""]
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], front: list[str], path: Path, title: str, xlabels: dict[str, str]) -> None:
+    """Accuracy against memory, one panel per memory column (log x), error bars = 95% CI."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(xlabels), figsize=(13, 4.8), sharey=True)
+    families = list(dict.fromkeys(r["method"] for r in rows))
+    markers = "os^vD<>pPX*h"
+    for ax, (column, xlabel) in zip(axes, xlabels.items()):
+        for fam, mk in zip(families, markers * 2):
+            pts = sorted(
+                (r["memory"][column], r["accuracy_mean"], r["accuracy_ci"]) for r in rows if r["method"] == fam
+            )
+            xs, ys, es = zip(*pts)
+            ax.errorbar(xs, ys, yerr=es, fmt=mk + ("-" if len(xs) > 1 else ""), capsize=3, label=fam, ms=6)
+        pf = pareto_front([{**r, "memory_bytes": r["memory"][column]} for r in rows])
+        fr = sorted((r["memory"][column], r["accuracy_mean"]) for r in rows if r["name"] in pf)
+        if fr:
+            ax.step(*zip(*fr), where="post", color="k", lw=0.8, ls="--", label="Pareto front")
+        ax.set_xscale("log")
+        ax.set(xlabel=xlabel)
+    axes[0].set(ylabel="test accuracy, % (95% CI)")
+    axes[-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)

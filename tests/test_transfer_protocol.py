@@ -1,0 +1,92 @@
+"""The transfer benchmark's fair protocol (issue 39), with a stub trainer in place of training
+(``Bench.run``: its accuracy peaks at a known rate outside the protocol's grid, the same for every
+seed): the validation stage and every method's grid choose on the validation seeds only (never on
+a test seed), every grid widens until its choice is interior, the shipped protocol files are
+complete and fair, and the report lists the runs redone."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from .helpers import load_benchmark
+from .test_real import tiny_profile
+from .test_transfer_benchmark import protocol
+
+torch.set_num_threads(1)
+
+PROTOCOLS = Path(__file__).resolve().parents[1] / "benchmarks" / "protocols"
+PEAK = 1e-4  # the stub's best rate: below the protocol's grid
+
+
+@pytest.fixture(scope="module")
+def transfer():
+    return load_benchmark("transfer")
+
+
+def stub(calls):
+    def run(self, m, lr, seed, split):
+        calls.append((m.name, split, seed))
+        acc = 80.0 - 5 * abs(math.log10(lr.classifier) - math.log10(PEAK))
+        return dict(accuracy=acc, diverged=False, train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=1)
+
+    return run
+
+
+def test_no_choice_is_made_on_a_test_seed_and_every_grid_loses_its_edges(transfer, tmp_path, monkeypatch):
+    npz, profile = tiny_profile(tmp_path, seeds=(0, 1))
+    fields = dict(
+        data=str(npz), lrs=["1e-3", "1e-2"], stage_lrs=["1e-3", "1e-2"], seeds=list(range(10)), val_seeds=[100, 101],
+        profile=str(profile), budgets=["300KB"], validate_candidates=1, widen=3,
+    )  # fmt: skip
+    calls = []
+    monkeypatch.setattr(transfer.Bench, "run", stub(calls))
+    out = tmp_path / "bench"
+    argv = ["--protocol", protocol(tmp_path / "p.json", **fields), "--out", str(out), "--no-progress"]
+    argv += ["--methods", "classifier only,bias only,searched + validated"]
+    result = transfer.main(argv)
+    assert {split for _, split, _ in calls} == {"validation", "test"}
+    assert {seed for _, split, seed in calls if split == "validation"} == {100, 101}  # the stage's runs included
+    assert {seed for _, split, seed in calls if split == "test"} == set(range(10))
+    rows = {r["name"]: r for r in result["rows"]}
+    validated = rows["validated 300KB"]
+    assert validated["validation"]["seeds"] == [100, 101]
+    assert all(x["seeds"] in ([100], [100, 101]) for x in validated["validation"]["runners_up"])
+    for r in rows.values():  # 1e-3 was the grid's bottom: widened to 1e-4 (chosen), then 1e-5 (below it)
+        assert r["lr"] == "0.0001" and not r["lr_at_grid_edge"], r["name"]
+        assert {"1e-05", "0.0001"} <= set(r["grid"]) and r["seeds"] == list(range(10))
+    assert set(rows["bias only"]["grid_validation"]) >= {"1e-05", "0.0001", "0.001", "0.01"}
+    ids = [json.loads(x)["run"]["id"] for x in (out / "transfer.runs.jsonl").read_text().splitlines()[1:]]
+    assert all(int(i.split("|")[-1]) in (100, 101) for i in ids if i.startswith("grid|"))
+    assert all(int(i.split("|")[-1]) in range(10) for i in ids if i.startswith("final|"))
+    assert result["protocol_sha256"] and result["redone"] == []
+    assert all("Holm p" in v for v in result["verdicts"] if "best baseline" in v)
+
+
+def test_the_report_lists_runs_redone_and_why(transfer):
+    proto = load_benchmark("transfer_protocol")
+    lines = [
+        {"id": "grid|a|0.01|100", "protocol_sha256": "new"},
+        {"id": "grid|a|0.01|100", "protocol_sha256": "new"},  # trained again
+        {"id": "final|a|0.01|0", "protocol_sha256": "old"},  # another protocol
+        {"id": "final|a|0.0025|0", "protocol_sha256": "new"},  # a rate no longer chosen
+    ]
+    got = proto.redone(lines, "new", lambda key: {"0.01"} if key == "a" else set())
+    why = {(x["id"], x["why"].split(":")[0].split(" ")[0]) for x in got}
+    assert why == {("grid|a|0.01|100", "recorded"), ("final|a|0.01|0", "trained"), ("final|a|0.0025|0", "superseded")}
+
+
+@pytest.mark.parametrize("path", sorted(PROTOCOLS.glob("*.json")), ids=lambda p: p.stem)
+def test_the_shipped_protocols_are_complete_and_fair(transfer, path):
+    proto = load_benchmark("transfer_protocol")
+    p, sha = proto.load_protocol(path)
+    assert len(sha) == 64 and not p.problems()
+    assert p.seeds == list(range(10)) and not set(p.seeds) & set(p.val_seeds)
+    assert p.widen >= 1 and p.ties == "smaller rate" and p.budgets
+    assert set(p.stage_lrs) <= set(p.lrs)
+
+
+def test_there_are_three_shipped_protocols():
+    assert {p.stem for p in PROTOCOLS.glob("*.json")} == {"lite0-fashion-mnist", "lite2-fashion-mnist", "lite0-cifar10"}

@@ -1,0 +1,70 @@
+"""The transfer benchmark's statistics (benchmarks/transfer_stats.py) against scipy and hand
+computations: the paired per-seed difference and its paired-t p-value (``scipy.stats.ttest_rel``),
+Holm's step-down adjustment (worked by hand, and against its definition on random p-values)."""
+
+import itertools
+import math
+import random
+
+import pytest
+from scipy import stats
+
+from .helpers import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def st():
+    return load_benchmark("transfer_stats")
+
+
+def test_paired_difference_and_p_value_are_scipys_paired_t(st):
+    a = {0: 85.1, 1: 84.7, 2: 85.9, 3: 84.2, 4: 85.0, 9: 99.0}  # seed 9 has no partner: left out
+    b = {0: 84.3, 1: 84.9, 2: 84.8, 3: 83.9, 4: 84.1, 5: 10.0}
+    seeds = [0, 1, 2, 3, 4]
+    got = st.paired(a, b)
+    ref = stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds])
+    assert got["seeds"] == seeds
+    assert got["difference"] == pytest.approx(sum(a[s] - b[s] for s in seeds) / 5)
+    assert got["p"] == pytest.approx(ref.pvalue, rel=1e-12) and got["t"] == pytest.approx(ref.statistic)
+    ci = stats.t.interval(0.95, 4, loc=got["difference"], scale=stats.sem([a[s] - b[s] for s in seeds]))
+    assert got["ci"] == pytest.approx((ci[1] - ci[0]) / 2)
+
+
+def test_paired_degenerate_cases(st):
+    assert st.paired({0: 80.0, 1: 81.0}, {0: 80.0, 1: 81.0})["p"] == 1.0  # every difference 0
+    assert st.paired({0: 81.0, 1: 82.0}, {0: 80.0, 1: 81.0})["p"] == 0.0  # every difference the same
+    one = st.paired({0: 81.0}, {0: 80.0})
+    assert one["difference"] == 1.0 and math.isnan(one["p"])
+
+
+def test_holm_by_hand(st):
+    # sorted 0.01, 0.02, 0.03, 0.04 (m = 4): 0.04, 0.06, 0.06 (non-decreasing), 0.04 -> 0.06
+    assert st.holm([0.03, 0.01, 0.04, 0.02]) == pytest.approx([0.06, 0.04, 0.06, 0.06])
+    assert st.holm([0.5, 0.9]) == [1.0, 1.0]  # capped at 1
+    out = st.holm([0.01, math.nan, 0.04])  # a NaN is not counted: m = 2
+    assert out[0] == pytest.approx(0.02) and math.isnan(out[1]) and out[2] == pytest.approx(0.04)
+
+
+def test_holm_rejects_what_its_step_down_definition_rejects(st):
+    """Holm at level alpha rejects the hypotheses of the sorted p-values up to the first p_(i) >
+    alpha / (m - i): the adjusted p-values below alpha are exactly those."""
+    rng = random.Random(0)
+    for m, alpha in itertools.product((1, 2, 3, 6), (0.05, 0.1)):
+        ps = [rng.random() ** 3 for _ in range(m)]
+        order = sorted(range(m), key=lambda i: ps[i])
+        rejected = set()
+        for rank, i in enumerate(order):
+            if ps[i] > alpha / (m - rank):
+                break
+            rejected.add(i)
+        assert {i for i, p in enumerate(st.holm(ps)) if p <= alpha} == rejected
+
+
+def test_mean_ci_compare_and_verdicts(st):
+    mean, half = st.mean_ci([80.0, 82.0, 84.0])
+    assert mean == 82.0 and half == pytest.approx(stats.t.ppf(0.975, 2) * 2 / math.sqrt(3))
+    row = lambda m, c: {"accuracy_mean": m, "accuracy_ci": c}  # noqa: E731
+    assert st.compare(row(85, 0.4), row(84, 0.5)) == "BEATS (CIs apart)"
+    assert st.compare(row(84, 0.6), row(85, 0.5)) == "ties (CIs overlap)"
+    assert st.holm_verdict(0.8, 0.01) == "BEATS" and st.holm_verdict(-0.8, 0.01) == "LOSES"
+    assert st.holm_verdict(0.8, 0.2) == "no significant difference"
