@@ -146,6 +146,7 @@ class VerifyOptions(Options):
     strategy: StrategyOptions = StrategyOptions()
     batch: Batch = 2
     resolution: Resolution = None
+    input_shape: InputShape = None
     classes: Classes = None
     norm: Norm = None
     steps: int = option(2, "real training steps on random data")
