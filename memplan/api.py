@@ -38,7 +38,7 @@ from .io import read_json
 from .models import recorded_shape, resolve, sample_shape, zoo
 from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
-from .nn.transforms import replace_head, swap_norm
+from .nn.transforms import replace_module, swap_norm
 from .optim import OPTIMIZERS
 from .options import with_keywords
 from .plan import Scheme
@@ -184,9 +184,8 @@ def capture(
 
 
 def _rehead(net: nn.Module, graph: LayerGraph, classes: int) -> None:
-    """Re-head ``net`` (a class or factory that takes no ``num_classes``, built by memplan) for
-    ``classes`` outputs: a new ``nn.Linear`` in place of its classifier; a one-line error for a
-    classifier that is no ``nn.Linear`` module of its own."""
+    """Re-head ``net`` (built by memplan from a spec without ``num_classes``) for ``classes`` outputs: a new
+    ``nn.Linear`` in place of its classifier (a one-line error for a classifier that is no such module)."""
     head = graph.classifier
     if not isinstance(head.module, nn.Linear) or not head.name or not head.params:
         raise BadOption(
@@ -194,7 +193,9 @@ def _rehead(net: nn.Module, graph: LayerGraph, classes: int) -> None:
             f"{head.name!r} is no nn.Linear module memplan can replace",
             f"give a model factory that accepts num_classes, or build the model with {classes} outputs",
         )
-    replace_head(net, head.name, classes)
+    old = head.module  # the new head: torch's default initialisation from its current random state
+    new = nn.Linear(old.in_features, classes, old.bias is not None, old.weight.device, old.weight.dtype)
+    replace_module(net, head.name, new.train(old.training))
 
 
 def _scheme_data(scheme: Any) -> dict[str, Any] | None:
@@ -218,10 +219,9 @@ def scheme_input_shape(scheme: Any) -> tuple[int, ...] | None:
 
 @contextmanager
 def planned_for(scheme: Any, *, shape_given: bool = False) -> Iterator[None]:
-    """A model that fails on a scheme's recorded input shape is not the model the scheme was planned
-    for (that one ran there): such a failure inside the block is raised as the scheme's error
-    (``SchemeError``: "scheme was planned for X"). ``shape_given``: the input shape was given, not
-    the scheme's, and errors pass as they are; so they do without a scheme or a recorded shape."""
+    """A model failing at a scheme's recorded input shape is not the one it was planned for (that one ran
+    there): such a failure in the block is raised as a ``SchemeError`` ("scheme was planned for X"); with
+    ``shape_given`` (the shape is not the scheme's), without a scheme or a recorded shape, as it is."""
     try:
         yield
     except InputShapeError as exc:

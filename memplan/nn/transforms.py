@@ -76,18 +76,6 @@ def replace_module(model: nn.Module, qualname: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, name, new)
 
 
-def replace_head(model: nn.Module, qualname: str, classes: int) -> None:
-    """Put a new ``nn.Linear`` with ``classes`` outputs in place of the linear classifier ``qualname``
-    of ``model`` (the same inputs, bias, device and dtype; torch's default initialisation from its
-    current random state), as a model re-headed for another task is."""
-    old = model.get_submodule(qualname)
-    new = nn.Linear(
-        old.in_features, classes, bias=old.bias is not None, device=old.weight.device, dtype=old.weight.dtype
-    )
-    new.train(old.training)
-    replace_module(model, qualname, new)
-
-
 def swap_norm(model: nn.Module, norm: str) -> nn.Module:
     """Replace every BatchNorm (1d / 2d / 3d) by a GroupNorm with 8 channels per group
     (:func:`group_count`), in place; returns the model (the new norm when ``model`` is a BatchNorm).
