@@ -92,9 +92,10 @@ def _load_head(model: nn.Module, classifier: str, path: Path) -> None:
         stored = torch.load(path, map_location="cpu", weights_only=True)
         model.get_submodule(classifier).load_state_dict(stored["head"])
     except (OSError, RuntimeError, KeyError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise MemplanError(
-            f"cannot load the linear-probe head {path} into {classifier!r}: {type(exc).__name__}",
-            "give the head file contrib measure wrote beside this profile",
+            f"cannot load the linear-probe head {path} into {classifier!r}: {first}",
+            "give the head file contrib measure wrote beside this profile, and a model with its class count",
         ) from None
 
 
