@@ -138,6 +138,14 @@ def test_recorded_shape_keeps_channels():
     assert recorded_shape([3, 28, 40], 40) == (3, 28, 40)  # a side equal to the recorded one keeps the shape
 
 
+def test_profile_the_grey_model_checked_against_a_real_run(user, capsys):
+    """Step 1: the profile at the model's own 1 x 28 x 28; --check compares the prediction with a real
+    forward + loss under saved_tensors_hooks (exit 1 on a difference)."""
+    args = ["profile", user["spec"], "--input-shape", "1,28,28", "--method", "bias", "--check"]
+    code, out, _ = run(args, capsys)
+    assert code == 0 and "input 1x28x28" in one_line(out)
+
+
 def test_profile_and_scheme_record_the_grey_shape(user):
     prof = json.loads(user["profile"].read_text())
     scheme = memplan.load_scheme(user["scheme"])
