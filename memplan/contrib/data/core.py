@@ -73,6 +73,8 @@ class Data:
             self.x_val,
             self.y_val,
             self.classes,
+            mean=self.mean,
+            std=self.std,
         )
 
 
