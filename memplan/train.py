@@ -21,6 +21,7 @@ cached suffix of the model in channels-last layout).
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from .contrib.runner import accuracy as _accuracy, linear_probe, norm_module
 from .contrib.setup import setup_of
 from .errors import BadOption, MemplanError
 from .nn.train import batches_of, fit, reestimate_norm_stats, step_in_backward
+from .nn.transforms import replace_module
 from .optim import make_optimizer
 from .plan import Scheme, load_scheme
 
@@ -113,6 +115,9 @@ def _backbone(model: nn.Module | None, setup: Any) -> nn.Module:
             "the model's backbone weights (or layers) differ from those the profile was measured with",
             "load the weights contrib measure used (--weights), or pass model=None for the profile's own",
         )
+    head, sized = model.get_submodule(setup.head), setup.net.get_submodule(setup.head)
+    if isinstance(head, nn.Linear) and head.weight.shape != sized.weight.shape:  # another class count: re-headed
+        replace_module(model, setup.head, copy.deepcopy(sized).train(head.training))
     return model
 
 
@@ -128,7 +133,8 @@ def prepare(
     ``profile``: the profile JSON (or object) ``memplan contrib measure`` wrote; its data is read again
     from the spec it records (the same file, split and preprocessing; refused when it changed).
     ``model``: your model, whose weights must be the backbone the profile was measured with
-    (checked; default: the profile's model rebuilt with those weights); it gets the profile's
+    (checked; default: the profile's model rebuilt with those weights; a linear head of another
+    class count is replaced by one of the profile's); it gets the profile's
     linear-probe head (``head``: the file; default ``<profile>.head.pt`` beside the profile, else
     the probe is trained again, deterministically) and is changed in place. ``scheme``: for a
     scheme whose norms re-estimate their statistics (norm mode ``reestimate``): they are

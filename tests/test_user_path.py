@@ -282,12 +282,15 @@ def test_training_code_reproduces_the_validated_accuracy(user):
         memplan.train.fit_scheme(model, scheme, ready.data.x_train, ready.data.y_train, seed=seed)
         accs.append(memplan.train.accuracy(model, ready.data.x_val, ready.data.y_val))
     mean = sum(accs) / len(accs)
+    assert ready.model is own and own.classifier.out_features == 4
     assert abs(mean - scheme.validation.accuracy) <= max(scheme.validation.se, 0.01)
     assert abs(mean - scheme.validation.accuracy) < 0.01  # the same computation, up to float order
 
 
 def test_prepare_standardises_new_images_as_the_runs_did(user):
-    ready = memplan.train.prepare(user["profile"])
+    torch.manual_seed(0)
+    ready = memplan.train.prepare(user["profile"], import_attr(user["spec"])())  # 10 outputs: re-headed to 4
+    assert ready.model.classifier.out_features == 4
     raw = np.load(user["data"])
     x = ready.transform(raw["x_test"])  # the test split is kept whole (no test_per_class)
     assert x.shape[1:] == (1, 28, 28) and torch.allclose(x, ready.data.x_test, atol=1e-6)
