@@ -30,9 +30,7 @@ EXPORTS = {
 
 def __getattr__(name: str) -> Any:
     """A public name of :data:`EXPORTS`, or a subpackage (``memplan.models``), imported on first use."""
-    if name == "train":  # memplan.train: the training loop and make_optimizer (memplan.nn.train)
-        value = import_module(f"{__name__}.nn.train")
-    elif name in EXPORTS:
+    if name in EXPORTS:
         value = getattr(import_module(f"{__name__}.{EXPORTS[name]}"), name)
     elif not name.startswith("_"):
         try:

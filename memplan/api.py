@@ -18,7 +18,8 @@ transforms that read a block's shapes, strategies that read a trace) call the gr
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,14 +31,14 @@ from .accounting.engine import compute
 from .accounting.extras import strategy_extras
 from .check import CHECK_BATCH, check as self_check
 from .costs.records import Profile
-from .errors import AssumptionWarning, BadOption, MemplanError, SchemeError
+from .errors import AssumptionWarning, BadOption, InputShapeError, MemplanError, SchemeError
 from .graph import LayerGraph
 from .graph.capture import capture_graph
 from .io import read_json
-from .models import resolve, sample_shape, zoo
+from .models import recorded_shape, resolve, sample_shape, zoo
 from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
-from .nn.transforms import swap_norm
+from .nn.transforms import replace_module, swap_norm
 from .optim import OPTIMIZERS
 from .options import with_keywords
 from .plan import Scheme
@@ -155,10 +156,9 @@ def capture(
     )
     net = built.model
     blocks = o.block_names if o.block_names is not None else built.block_names
-    try:
-        if method is not None:
-            net = transform_model(net, method, input_shape=built.sample_shape, **(method_options or {}))
-        graph = capture_graph(
+
+    def traced() -> LayerGraph:
+        return capture_graph(
             net,
             (o.batch, *built.sample_shape),
             leaf_modules=o.leaf_modules,
@@ -167,12 +167,35 @@ def capture(
             output=o.output,
             runnable=runnable,
         )
+
+    try:
+        if method is not None:
+            net = transform_model(net, method, input_shape=built.sample_shape, **(method_options or {}))
+        graph = traced()
+        if o.classes is not None and graph.classes != o.classes and isinstance(model, str):
+            _rehead(net, graph, o.classes)  # a model memplan built: its classifier sized to the task
+            graph = traced()
     except MemplanError as exc:
         if not built.assumed:
             raise
         raise type(exc)(exc.message, built.assumption) from None
     built.warn_assumed()
     return Captured(graph, name or built.name, built.resolution, graph.classes, net)
+
+
+def _rehead(net: nn.Module, graph: LayerGraph, classes: int) -> None:
+    """Re-head ``net`` (built by memplan from a spec without ``num_classes``) for ``classes`` outputs: a new
+    ``nn.Linear`` in place of its classifier (a one-line error for a classifier that is no such module)."""
+    head = graph.classifier
+    if not isinstance(head.module, nn.Linear) or not head.name or not head.params:
+        raise BadOption(
+            f"{graph.model_name} outputs {graph.classes} classes, not {classes}, and its classifier "
+            f"{head.name!r} is no nn.Linear module memplan can replace",
+            f"give a model factory that accepts num_classes, or build the model with {classes} outputs",
+        )
+    old = head.module  # the new head: torch's default initialisation from its current random state
+    new = nn.Linear(old.in_features, classes, old.bias is not None, old.weight.device, old.weight.dtype)
+    replace_module(net, head.name, new.train(old.training))
 
 
 def _scheme_data(scheme: Any) -> dict[str, Any] | None:
@@ -192,6 +215,25 @@ def scheme_input_shape(scheme: Any) -> tuple[int, ...] | None:
     if isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape):
         return tuple(shape)
     return None
+
+
+@contextmanager
+def planned_for(scheme: Any, *, shape_given: bool = False) -> Iterator[None]:
+    """A model failing at a scheme's recorded input shape is not the one it was planned for (that one ran
+    there): such a failure in the block is raised as a ``SchemeError`` ("scheme was planned for X"); with
+    ``shape_given`` (the shape is not the scheme's), without a scheme or a recorded shape, as it is."""
+    try:
+        yield
+    except InputShapeError as exc:
+        if shape_given or scheme_input_shape(scheme) is None:
+            raise
+        planned = scheme.model if isinstance(scheme, Scheme) else (_scheme_data(scheme) or {}).get("model")
+        raise SchemeError(
+            f"scheme was planned for {planned or 'another model'} at input "
+            f"{'x'.join(map(str, scheme_input_shape(scheme)))}; {exc.message}",
+            "use a scheme planned for this model (memplan search MODEL --out FILE), or give the input shape "
+            "(--input-shape C,H,W) if it is this model's",
+        ) from None
 
 
 def _scheme_optimizer(scheme: Any) -> str | None:
@@ -265,13 +307,16 @@ def profile(model: str | nn.Module, opts: ProfileOptions | None = None, **option
     ``mode_options``: options of the mode, e.g. ``{"state_bits": 32}`` for ``tinytraining``.
     ``target``: a hardware profile (e.g. ``stm32f746``): its mode unless ``mode`` is given, and
     ``Profile.extras["device"]`` says whether the peak fits. A ``scheme`` option sets the input
-    shape it was planned at, unless ``input_shape`` or ``resolution`` is given.
+    shape it was planned at unless ``input_shape`` is given (with ``resolution``: its channels at
+    that side); a model that fails there is refused as not the scheme's (:func:`planned_for`).
     """
     o = opts or ProfileOptions()
     method, shaped, strategy = o.method, o.capture, o.strategy.given(**options)
-    if shaped.input_shape is None and shaped.resolution is None:
-        shaped = shaped.replace(input_shape=scheme_input_shape(strategy.get("scheme")))
-    cap = capture(model, shaped, method=method, method_options=strategy)
+    scheme = strategy.get("scheme")
+    if shaped.input_shape is None:
+        shaped = shaped.replace(input_shape=recorded_shape(scheme_input_shape(scheme), shaped.resolution))
+    with planned_for(scheme, shape_given=o.capture.input_shape is not None):
+        cap = capture(model, shaped, method=method, method_options=strategy)
     prof = profile_captured(cap, method, o.costing, **strategy)
     if o.check:
         small = _checkable(model, cap, shaped, method, strategy)

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .api import Captured, capture
+from .api import Captured, capture, planned_for
 from .errors import BadOption
 from .graph import LayerGraph, channel_index_problem, role
 from .graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
@@ -245,7 +245,8 @@ def add_modules(model: nn.Module, scheme: Any, input_shape: Sequence[int] | None
     if not scheme.added_modules:
         return model
     shape = tuple(input_shape) if input_shape is not None else tuple(scheme.input_shape)
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+    forked = torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else [])
+    with forked, planned_for(scheme, shape_given=input_shape is not None):
         torch.manual_seed(0)
         return add_architecture(model, scheme.added_modules, shape)
 
@@ -257,7 +258,8 @@ def plan_scheme(model: nn.Module, scheme: Any, graph: LayerGraph | None = None) 
     :func:`apply_scheme` builds them)."""
     scheme = _scheme(scheme)
     if graph is None:
-        graph = _capture(model, (scheme.batch, *scheme.input_shape)).graph
+        with planned_for(scheme):  # a model that fails at the scheme's input is not the scheme's
+            graph = _capture(model, (scheme.batch, *scheme.input_shape)).graph
     return graph, scheme_to_plan(graph, scheme)
 
 

@@ -51,6 +51,7 @@ def measure(
     layer x channel ratio on a validation split. Resumable: rerun to continue. Every other option is
     one of memplan.contrib.options.ContribOptions."""
     from .contrib.analysis import run_contrib
+    from .contrib.profile import probe_warning
     from .render.figures import plot_contrib
 
     out_console = console()
@@ -58,10 +59,16 @@ def measure(
     positive_int("batches", opts.estimate.batches)
     prof = run_contrib(model, opts.replace(progress=sys.stderr.isatty()))
     out = opts.execution.out
+    timing = prof.timing
     out_console.print(
         f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured by {prof.estimator} on the "
-        f"{prof.evaluated_on} split in {prof.timing['estimator_wall_s']:.1f} s" + (f"; wrote {out}" if out else "")
+        f"{prof.evaluated_on} split in {timing['estimator_wall_s']:.1f} s, after a linear probe of "
+        f"{timing['probe_wall_s']:.1f} s at {prof.probe_accuracy:.2f}%" + (f"; wrote {out}" if out else ""),
+        markup=False,
     )
+    warning = probe_warning(prof)
+    if warning is not None:
+        out_console.print(f"warning: {warning}", markup=False)
     if plot:
         out_console.print(f"wrote {plot_contrib(prof, plot)}")
 

@@ -26,6 +26,10 @@ class TraceFailure(MemplanError):
     """torch.fx could not trace the model."""
 
 
+class InputShapeError(MemplanError):
+    """The model fails on the input shape it is traced at (a wrong channel count or size)."""
+
+
 class BadOption(MemplanError):
     """An option value that cannot be used (negative batch, unknown method, ...)."""
 

@@ -65,8 +65,8 @@ class StrategyOptions(Options):
     scheme: Any = option(  # a path, a shipped scheme's name, a dict or a memplan.plan.Scheme
         None,
         "sparse-update scheme: memplan scheme JSON, tiny-training backward_config, or the name of a shipped scheme "
-        "(e.g. mcunet-5fps-100KB); the model is traced at the scheme's input shape unless --resolution / "
-        "--input-shape say otherwise",
+        "(e.g. mcunet-5fps-100KB); the model is traced at the scheme's input shape (its channels at --resolution "
+        "when given) unless --input-shape says otherwise",
         parse="scheme",
     )
     bits: int | None = option(None, "bits per cached feature (cache-reuse, minilearn)")
@@ -146,6 +146,7 @@ class VerifyOptions(Options):
     strategy: StrategyOptions = StrategyOptions()
     batch: Batch = 2
     resolution: Resolution = None
+    input_shape: InputShape = None
     classes: Classes = None
     norm: Norm = None
     steps: int = option(2, "real training steps on random data")

@@ -12,6 +12,7 @@ weight shape, groups, bias carrier).
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -170,6 +171,26 @@ class ContribProfile(BaseModel):
             ((name, index[name], r, d) for name, row in self.weight.items() for r, d in row.items()),
             key=lambda row: (row[1], row[2]),
         )
+
+
+def probe_warning(profile: ContribProfile) -> str | None:
+    """A warning, in one line, when the linear probe every run starts from is at chance level: its
+    accuracy (%) below chance (100 / classes) plus the larger of two standard errors of a chance
+    guess on the evaluated split (binomial) and a tenth of the way from chance to 100%; None
+    otherwise, or where the profile records no class or image count."""
+    classes, n = profile.dataset.get("classes"), profile.dataset.get(profile.evaluated_on)
+    if not isinstance(classes, int) or not isinstance(n, int) or classes < 2 or n < 1:
+        return None
+    chance = 100.0 / classes
+    margin = max(2 * math.sqrt(chance * (100.0 - chance) / n), (100.0 - chance) / 10)
+    if profile.probe_accuracy >= chance + margin:
+        return None
+    return (
+        f"the linear probe reaches {profile.probe_accuracy:.2f}% on the {n} {profile.evaluated_on} images of "
+        f"{classes} classes: chance level ({chance:.1f}%); the backbone's features barely separate the classes, "
+        "so every entry is measured from a head that has learnt nothing: check the weights (--weights) and the "
+        "data (labels, image layout)"
+    )
 
 
 def load_profile(path: str | os.PathLike) -> ContribProfile:

@@ -136,10 +136,11 @@ def build_setup(
     # runnable: the feature cache cuts the symbolic trace; a model only a recording captures fails here
     cap = capture(model, shape, classes=task.classes, meta=False, runnable=True)
     name, net, graph = cap.name, cap.model, cap.graph
-    if graph.classes != task.classes:
+    if graph.classes != task.classes:  # a module given as such (memplan re-heads what it builds from a spec)
         raise MemplanError(
             f"{name} outputs {graph.classes} classes; {data} has {task.classes}",
-            "give a model factory that accepts num_classes",
+            f"give a model with {task.classes} outputs, or its spec (file.py:attr, package.module:attr): memplan "
+            "replaces the last nn.Linear of a class, factory or instance it builds",
         )
     head = graph.classifier.name
     if graph.classifier_layers != [graph.classifier]:

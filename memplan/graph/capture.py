@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from ..errors import MemplanError, TraceFailure
+from ..errors import InputShapeError, MemplanError, TraceFailure
 from .blocks import _assign_blocks, find_blocks
 from .build import GraphBuilder
 from .meta_runner import _MetaRunner
@@ -87,7 +87,7 @@ def capture_graph(
             raise
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise MemplanError(
+            raise InputShapeError(
                 f"{name} fails on input shape {tuple(input_shape)}: {first}",
                 "check --resolution / the model's expected input",
             ) from None

@@ -2,6 +2,6 @@
 (zoo name, ``package.module:attr`` or ``file.py:attr``) into a built module (:mod:`.loading`)."""
 
 from . import zoo
-from .loading import ModelSpec, resolve, sample_shape
+from .loading import ModelSpec, recorded_shape, resolve, sample_shape
 
-__all__ = ["zoo", "ModelSpec", "resolve", "sample_shape"]
+__all__ = ["zoo", "ModelSpec", "recorded_shape", "resolve", "sample_shape"]

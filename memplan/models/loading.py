@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,3 +124,15 @@ def sample_shape(spec: str | nn.Module, resolution: int) -> tuple[int, ...]:
     if isinstance(spec, str) and ":" not in spec:
         return tuple(zoo.get_entry(spec).input_shape(resolution))
     return (3, resolution, resolution)
+
+
+def recorded_shape(recorded: Sequence[int] | None, resolution: int | None = None) -> tuple[int, ...] | None:
+    """A recorded per-sample input shape (a scheme's or a contribution profile's, e.g. ``(1, 28, 28)``)
+    at ``resolution`` px: its channels kept, its last two sides set to ``resolution``; the shape itself
+    when ``resolution`` is None or its last side already; None when nothing is recorded."""
+    if recorded is None:
+        return None
+    shape = tuple(int(d) for d in recorded)
+    if resolution is None or len(shape) < 2 or shape[-1] == resolution:
+        return shape
+    return (*shape[:-2], resolution, resolution)

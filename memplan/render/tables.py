@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..costs.records import LayerCost, Profile
 from ..modes.tinytraining import ConvUpdateCost
@@ -270,13 +271,13 @@ def print_models(rows: Sequence[dict[str, Any]], console: Console) -> None:
         table.add_column(col, justify="right" if col in ("params", "MACs", "classes", "blocks") else "left")
     for row in rows:
         table.add_row(
-            row["name"],
+            Text(row["name"]),
             "x".join(map(str, row["input_shape"])),
             str(row["classes"]),
             fmt_count(row["params"]),
             fmt_count(row["macs"]),
             str(row["blocks"]),
-            row["description"],
+            Text(row["description"]),  # literal: "memplan[imagenet]" is no rich markup
         )
     console.print(table)
     console.print(

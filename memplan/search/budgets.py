@@ -18,12 +18,26 @@ class BudgetError(MemplanError):
     """No scheme fits the budget."""
 
 
+#: how a unit is written where it is not read as it may look (``kb`` could be kilobits): the spelling it is read as
+_CANONICAL = {
+    **{"b": "B", "kb": "kB", "mb": "MB", "gb": "GB", "tb": "TB"},
+    **{"kib": "KiB", "mib": "MiB", "gib": "GiB", "tib": "TiB"},
+}
+
+
 def budget_convention(text: str | int | float) -> str:
-    """How ``memplan.units.parse_bytes`` reads the unit of ``text``."""
-    unit = re.search(r"([A-Za-z]*)\s*$", str(text)).group(1).lower() if isinstance(text, str) else ""
+    """How ``memplan.units.parse_bytes`` reads the unit of ``text``; a unit spelled otherwise than
+    B, kB / KB, MB, GB, TB, KiB, MiB, GiB, TiB (``100kb``, ``1mb``) is named with what it is read as."""
+    given = re.search(r"([A-Za-z]*)\s*$", str(text)).group(1) if isinstance(text, str) else ""
+    unit = given.lower()
     if unit in ("", "b"):
-        return "bytes"
-    return "1024-based (KiB, MiB, GiB)" if unit.endswith("ib") else "1000-based (kB, MB, GB; KB read as kB)"
+        base = "bytes"
+    else:
+        base = "1024-based (KiB, MiB, GiB)" if unit.endswith("ib") else "1000-based (kB, MB, GB; KB read as kB)"
+    canonical = _CANONICAL.get(unit, given)
+    if given in ("", canonical, "KB"):
+        return base
+    return f"{base}; {given} read as {canonical} (bytes, not bits)"
 
 
 def memory_budget(

@@ -11,8 +11,9 @@ from typing import Any
 import torch.nn as nn
 
 from ..api import Captured, capture
-from ..errors import MemplanError
+from ..errors import InputShapeError, MemplanError
 from ..io import read_json, shipped
+from ..models import recorded_shape
 from ..plan import Training, fingerprint
 from .options import Inputs
 from .space import Candidate, Contributions, ProfileError, contributions_of, load_contributions
@@ -53,21 +54,31 @@ def capture_inputs(model: str | nn.Module | None, opts: Inputs) -> tuple[Capture
         contributions = contributions_of(opts.profile, "contribution profile (given)")
     elif profile_path is not None:
         contributions = load_contributions(profile_path)
-    if contributions is not None and resolution is None and input_shape is None:
-        resolution = contributions.costing_resolution
-    cap = capture(
-        model,
-        batch=opts.batch,
-        resolution=resolution,
-        input_shape=input_shape,
-        classes=classes or (contributions.classes if contributions else None),
-    )
+    if contributions is not None and input_shape is None:
+        resolution = resolution or contributions.costing_resolution
+        input_shape = profile_shape(contributions, resolution)
+    try:
+        cap = capture(
+            model,
+            batch=opts.batch,
+            resolution=resolution,
+            input_shape=input_shape,
+            classes=classes or (contributions.classes if contributions else None),
+        )
+    except InputShapeError as exc:  # at the profile's input: the profile is another model's
+        if contributions is None or opts.input_shape is not None:
+            raise
+        raise ProfileError(
+            f"the contribution profile was measured on {contributions.model}; {exc.message}",
+            "give the profile measured on this model (or --input-shape C,H,W if it is this model's)",
+        ) from None
     if contributions is None:
         profile_path = find_profile(fingerprint(cap.graph))
         contributions = load_contributions(profile_path)
         own = resolution is None and input_shape is None and contributions.costing_resolution is not None
         if own:
             resolution = contributions.costing_resolution
+            input_shape = profile_shape(contributions, resolution)
         if own or (classes is None and contributions.classes and contributions.classes != cap.classes):
             cap = capture(
                 model,
@@ -77,6 +88,13 @@ def capture_inputs(model: str | nn.Module | None, opts: Inputs) -> tuple[Capture
                 classes=classes or contributions.classes,
             )
     return cap, contributions, profile_path
+
+
+def profile_shape(contributions: Contributions, resolution: int | None) -> tuple[int, ...] | None:
+    """The per-sample input shape a model is costed at for its profile: the runs' (their channel
+    count: a grey model takes 1) at ``resolution`` px; None where the profile records no costing
+    side and none is given (the model's own input then)."""
+    return recorded_shape(contributions.run_shape, resolution) if resolution is not None else None
 
 
 def resolution_warnings(cap: Captured, contributions: Contributions) -> list[str]:

@@ -40,6 +40,7 @@ from ..contrib.final import Evaluator, Result
 from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, is_delta_acc, load_profile
 from ..errors import BadOption
 from ..io import write_text
+from ..models import recorded_shape
 from ..options import with_keywords
 from ..units import parse_bytes
 from .agreement import CONFIDENCE, correlations, noise_readings
@@ -152,8 +153,7 @@ def validate_profile(
     check_execution(o.workers, o.executor, o.address)
     budget_bytes = sorted({parse_bytes(b) for b in budgets})
     contributions = contributions_of(prof, f"contribution profile {source}")
-    res = prof.costing_resolution
-    cap = capture(prof.model, batch=1, resolution=res, classes=contributions.classes)
+    cap = capture(prof.model, costing_shape(prof), batch=1, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
     memory = MemoryModel(space, o.mode, optimizer=contributions.optimizer)
     picks = _picks(space, memory, budget_bytes, o)
@@ -335,11 +335,17 @@ def save(check: AdditivityCheck, path: str | os.PathLike) -> None:
     write_text(path, check.to_json())
 
 
+def costing_shape(profile: ContribProfile) -> tuple[int, ...]:
+    """The per-sample input the profile's schemes are costed at: its runs' shape (their channels) at
+    its costing resolution."""
+    return recorded_shape(profile.input_shape, profile.costing_resolution)
+
+
 def default_budgets(profile: ContribProfile, mode: str = "tinytraining", n: int = 4) -> list[int]:
     """``n`` budgets spaced geometrically between twice the cheapest bias-only memory and half the
     memory of the deepest bias depth with every weight at ratio 1 (bytes)."""
     contributions = contributions_of(profile)
-    cap = capture(profile.model, batch=1, resolution=profile.costing_resolution, classes=contributions.classes)
+    cap = capture(profile.model, costing_shape(profile), batch=1, classes=contributions.classes)
     space = build_space(cap.graph, contributions, model=cap.name)
     memory = MemoryModel(space, mode, optimizer=contributions.optimizer)
     k = space.ks[-1]

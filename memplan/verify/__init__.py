@@ -35,10 +35,11 @@ import torch
 import torch.nn as nn
 
 from ..accounting.engine import compute
-from ..api import Built, build_model, scheme_input_shape
+from ..api import Built, build_model, planned_for, scheme_input_shape
 from ..apply import apply_plain, apply_plan, plan_strategy
 from ..errors import BadOption
 from ..graph import LayerGraph
+from ..models import recorded_shape
 from ..modes import get_mode
 from ..nn.train import fit
 from ..optim import make_optimizer
@@ -163,9 +164,8 @@ def verify(model: str | nn.Module, opts: VerifyOptions | None = None, **options:
     (``memplan.nn.transforms.swap_norm``, TinyTL's setting). The model goes through the capture
     pipeline of ``memplan.api`` (built once, transformed and traced per setup). ``device``:
     ``auto`` (CUDA when present), ``cpu``, ``cuda``. ``tolerance``: allowed |measured -
-    predicted| saved bytes. A ``scheme`` option sets the input shape it was planned at, unless
-    ``resolution`` is given.
-    """
+    predicted| saved bytes. A ``scheme`` option sets the input shape it was planned at unless
+    ``input_shape`` is given (with ``resolution``: the scheme's channels at that side)."""
     o = opts or VerifyOptions()
     method, batch, resolution, steps, tolerance, seed = o.method, o.batch, o.resolution, o.steps, o.tolerance, o.seed
     options = o.strategy.given(**options)
@@ -174,17 +174,19 @@ def verify(model: str | nn.Module, opts: VerifyOptions | None = None, **options:
         raise BadOption("--steps and --batch must be positive and --tolerance non-negative")
     dev = _device(o.device)
     torch.manual_seed(seed)
+    scheme = options.get("scheme")
     built = build_model(
         copy.deepcopy(model) if isinstance(model, nn.Module) else model,
         resolution=resolution,
         classes=o.classes,
-        input_shape=scheme_input_shape(options.get("scheme")) if resolution is None else None,
+        input_shape=o.input_shape or recorded_shape(scheme_input_shape(scheme), resolution),
         norm=o.norm,
         meta=False,
     )
     built.warn_assumed()
     shape = (batch, *built.sample_shape)
-    results = {s: _run_setup(built, s, method, options, shape, dev, optimizer, lr, steps, seed) for s in SETUPS}
+    with planned_for(scheme, shape_given=o.input_shape is not None):
+        results = {s: _run_setup(built, s, method, options, shape, dev, optimizer, lr, steps, seed) for s in SETUPS}
     return VerifyReport(
         built.name,
         method,

@@ -2,7 +2,18 @@
 registry of offline sources (:mod:`.sources`; the sources themselves in :mod:`.digits`,
 :mod:`.fashion_mnist`, :mod:`.cifar10` and :mod:`.files`)."""
 
-from .core import DEFAULT_VALIDATION, BadData, Data, RawTask, Validation, fit_to, make_data, prepare, split_per_class
+from .core import (
+    DEFAULT_VALIDATION,
+    BadData,
+    Data,
+    RawTask,
+    Validation,
+    fit_to,
+    make_data,
+    model_input,
+    prepare,
+    split_per_class,
+)
 from .cifar10 import cifar10_dir, read_jpeg_npz
 from .digits import PRETRAIN_DIGITS, TRANSFER_DIGITS, digits, digits_arrays, digits_raw
 from .fashion_mnist import fashion_mnist_dir, read_idx
@@ -20,6 +31,7 @@ __all__ = [
     "Validation",
     "fit_to",
     "make_data",
+    "model_input",
     "prepare",
     "split_per_class",
     "NPZ_KEYS",

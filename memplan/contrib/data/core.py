@@ -44,6 +44,8 @@ class Data:
     classes: int
     x_val: Tensor | None = None
     y_val: Tensor | None = None
+    mean: Tensor | None = None  # 1 x C x 1 x 1: the per-channel mean and std every split was standardised with
+    std: Tensor | None = None  # (those of the training images kept, after resizing; None: not recorded)
 
     def summary(self) -> dict[str, Any]:
         out = {
@@ -71,6 +73,8 @@ class Data:
             self.x_val,
             self.y_val,
             self.classes,
+            mean=self.mean,
+            std=self.std,
         )
 
 
@@ -137,10 +141,17 @@ def fit_to(x: Tensor, sample_shape: Sequence[int]) -> Tensor:
     return x.contiguous()
 
 
-def _standardise(train: Tensor, *others: Tensor) -> list[Tensor]:
+def _moments(train: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and std (1 x C x 1 x 1) of N x C x H x W training images."""
     dims = [0, 2, 3]
-    mean, std = train.mean(dims, keepdim=True), train.std(dims, keepdim=True).clamp_min(1e-6)
-    return [(t - mean) / std for t in (train, *others)]
+    return train.mean(dims, keepdim=True), train.std(dims, keepdim=True).clamp_min(1e-6)
+
+
+def model_input(x: Any, sample_shape: Sequence[int], mean: Tensor, std: Tensor) -> Tensor:
+    """Images in any layout :func:`prepare` reads (uint8 or values above 1 scaled by 1/255) as the model
+    input of a task: resized to ``sample_shape`` (channels matched) and standardised with ``mean`` /
+    ``std`` (a task's :attr:`Data.mean` / :attr:`Data.std`), as :func:`prepare` does every split."""
+    return (fit_to(_as_nchw(x, "images"), sample_shape) - mean) / std
 
 
 def _per_class(labels: np.ndarray, count: Validation | None, seed: int, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -214,9 +225,13 @@ def prepare(
             raise BadData(f"{name}: train images are {tuple(xtr.shape[1:])}, test images {tuple(xte.shape[1:])}")
     elif len(sample_shape) != 3:
         raise BadData(f"{name}: the model's per-sample input shape {tuple(sample_shape)} is not C x H x W")
-    parts = _standardise(
-        fit_to(xtr, sample_shape), fit_to(xte, sample_shape), *([fit_to(xva, sample_shape)] if xva is not None else [])
-    )
+    sized = [
+        fit_to(xtr, sample_shape),
+        fit_to(xte, sample_shape),
+        *([fit_to(xva, sample_shape)] if xva is not None else []),
+    ]
+    mean, std = _moments(sized[0])
+    parts = [(t - mean) / std for t in sized]
     data = Data(
         name,
         raw.description,
@@ -225,6 +240,8 @@ def prepare(
         parts[1],
         yte[torch.from_numpy(test_idx)],
         classes,
+        mean=mean,
+        std=std,
     )
     if xva is not None:
         data.x_val, data.y_val = parts[2], ytr[torch.from_numpy(val_idx)]
