@@ -61,12 +61,18 @@ def capture_graph(
     the ``nn.Transformer`` layers) kept whole and costed by observation, and traced under the
     model's own train / eval flags. Otherwise those modules are captured through their parts
     (recorded: their forwards branch on tensor properties).
+    The model's own ``requires_grad`` and train / eval flags are kept in the graph
+    (``LayerGraph.prepared_grad`` / ``prepared_training``: what strategy ``as-is`` plans by);
+    activation checkpointing calls become segments of the graph (``LayerGraph.checkpoints``,
+    ``memplan.graph.checkpoint``).
     A cross-entropy loss node over the (batch, classes) logits is appended, since every training
     step has one; it takes the model's output, or for a tuple / dict / namedtuple output its
     first tensor or the entry named by ``output``.
     """
     x = torch.empty(tuple(input_shape), dtype=dtype, device="meta")
     how = "symbolic"
+    prepared_grad = {q: p.requires_grad for q, p in model.named_parameters()}
+    prepared_training = {q: m.training for q, m in model.named_modules()}
     gm = trace(model, leaf_modules, name) if runnable else None
     with train_mode(model):
         if gm is None:
@@ -93,6 +99,7 @@ def capture_graph(
             ) from None
         graph = GraphBuilder(gm, runner, model, name, output).build(tuple(input_shape))
     graph.capture = how
+    graph.prepared_grad, graph.prepared_training = prepared_grad, prepared_training
     blocks = list(block_names) if block_names is not None else find_blocks(model)
     _assign_blocks(graph, blocks, explicit=block_names is not None)
     return graph

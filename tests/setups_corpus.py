@@ -1,0 +1,166 @@
+"""The setups corpus (issue 38): models prepared the way users cut training memory themselves,
+with activation checkpointing (``torch.utils.checkpoint`` in its forms, and the library switches
+that use it) and with their own freezing. Nothing is downloaded: random, seeded weights.
+
+Each :class:`Setup` builds a fresh model, ready to train as its user prepared it, for the input
+shape ``SHAPE`` (batch 4, 64 px, the issue's table). ``SETUPS`` lists them; a setup whose library
+cannot be imported is in ``MISSING`` (name -> the import error), and the tests skip it and say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+CLASSES = 10
+SHAPE = (4, 3, 64, 64)
+SEED = 0
+
+
+def conv_bn(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout))
+
+
+class Block(nn.Module):
+    """A ResNet basic block; a 1x1 projection where the shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1):
+        super().__init__()
+        self.a, self.b = conv_bn(cin, cout, stride), conv_bn(cout, cout)
+        self.proj = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.proj is None else self.proj(x)
+        return F.relu(self.b(F.relu(self.a(x))) + identity)
+
+
+class ResCNN(nn.Module):
+    """Stem, four residual blocks (16, 16, 32, 32 channels), pooling and a linear head. ``reentrant``:
+    every block runs under ``torch.utils.checkpoint.checkpoint`` with ``use_reentrant`` set to it
+    (None: no checkpointing)."""
+
+    def __init__(self, reentrant: bool | None = None):
+        super().__init__()
+        self.reentrant = reentrant
+        self.stem = nn.Sequential(*conv_bn(3, 16), nn.ReLU())
+        self.blocks = nn.ModuleList([Block(16, 16), Block(16, 16), Block(16, 32, 2), Block(32, 32)])
+        self.fc = nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x) if self.reentrant is None else checkpoint(block, x, use_reentrant=self.reentrant)
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class SequentialCNN(nn.Module):
+    """A plain conv stack run by ``checkpoint_sequential`` in ``segments`` segments (non-reentrant)."""
+
+    def __init__(self, segments: int = 4):
+        super().__init__()
+        self.segments = segments
+        layers: list[nn.Module] = []
+        for cin, cout, stride in ((3, 16, 1), (16, 16, 1), (16, 32, 2), (32, 32, 1)):
+            layers += [*conv_bn(cin, cout, stride), nn.ReLU()]
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = checkpoint_sequential(self.features, self.segments, x, use_reentrant=False)
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def hand_frozen() -> nn.Module:
+    """The plain ResCNN with its first half (stem and the first two blocks) frozen by hand:
+    ``requires_grad_(False)`` and eval mode (running statistics), the rest training."""
+    model = ResCNN()
+    for part in (model.stem, model.blocks[0], model.blocks[1]):
+        part.requires_grad_(False)
+        part.eval()
+    return model
+
+
+class Logits(nn.Module):
+    """``forward(x)`` = the logits of a Hugging Face model for ``pixel_values=x``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).logits
+
+
+def hf_vit() -> nn.Module:
+    """A small Hugging Face ViT (64 px, patch 8, 4 layers of width 64) with
+    ``gradient_checkpointing_enable()``."""
+    import transformers as T
+
+    config = T.ViTConfig(
+        image_size=64,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=CLASSES,
+    )
+    model = T.ViTForImageClassification(config)
+    model.gradient_checkpointing_enable()
+    return Logits(model).train()
+
+
+def timm_resnet18() -> nn.Module:
+    """timm's resnet18 (10 classes) with ``set_grad_checkpointing()``."""
+    import timm
+
+    model = timm.create_model("resnet18", pretrained=False, num_classes=CLASSES)
+    model.set_grad_checkpointing()
+    return model
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    builder: Callable[[], nn.Module]
+    method: str = "full"  # the strategy it is profiled with ("as-is": as prepared)
+    needs: str = ""  # the library it needs
+
+    def build(self) -> nn.Module:
+        torch.manual_seed(SEED)
+        return self.builder()
+
+
+SETUPS = [
+    Setup("rescnn-checkpoint", lambda: ResCNN(reentrant=False)),
+    Setup("rescnn-checkpoint-reentrant", lambda: ResCNN(reentrant=True)),
+    Setup("sequential-4-segments", SequentialCNN),
+    Setup("hf-vit-gradient-checkpointing", hf_vit, needs="transformers"),
+    Setup("timm-resnet18-grad-checkpointing", timm_resnet18, needs="timm"),
+    Setup("hand-frozen-first-half", hand_frozen, method="as-is"),
+    Setup("rescnn-checkpoint-as-is", lambda: ResCNN(reentrant=False), method="as-is"),
+]
+
+
+def _missing() -> dict[str, str]:
+    out = {}
+    for s in SETUPS:
+        if not s.needs:
+            continue
+        try:
+            __import__(s.needs)
+        except Exception as exc:  # noqa: BLE001  (absent, or failing at import: timm without torchvision)
+            out[s.name] = f"{s.needs}: {type(exc).__name__}: {exc}".splitlines()[0]
+    return out
+
+
+MISSING = _missing()
