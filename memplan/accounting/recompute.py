@@ -29,6 +29,9 @@ from ..plan import OpView
 
 #: what a segment keeps in the forward, in ``LayerCost.saved``
 KEPT = "checkpoint input"
+#: kinds that save only their inputs (and weight), packed before their kernel runs: early stop ends a
+#: recomputation whose last saved tensor is theirs before their own forward is computed again
+INPUTS_ONLY = frozenset({"conv", "linear", "matmul"})
 
 
 @dataclass
@@ -86,7 +89,11 @@ def _recomputed(views: list[OpView], seg: CheckpointSegment, nodes: list[int], s
         return []
     if seg.kind == "non-reentrant" and seg.early_stop:
         packing = [i for i in nodes if views[i].req_out and _packs(views[i])]
-        return [i for i in nodes if packing and i <= max(packing)]
+        if not packing:
+            return []
+        last = max(packing)
+        # an op that saves only its inputs packs them before its kernel runs: the last one stops there
+        return [i for i in nodes if i < last or (i == last and views[i].kind not in INPUTS_ONLY)]
     return list(nodes)
 
 
