@@ -43,7 +43,8 @@ class Recomputation:
     node whose backward frees it, item) for every tensor saved again by a recomputation;
     ``runs[i]``: how many times node i's forward runs again in the backward; ``not_modelled``:
     checkpoint calls counted as not checkpointed, by why; ``no_gradient``: the scopes of reentrant
-    segments whose parameters get no gradient; ``segments``: segments modelled."""
+    segments whose parameters get no gradient; ``segments``: segments modelled; ``keepers``: the
+    node whose ``forward`` items hold a top-level segment's kept inputs -> the segment's id."""
 
     forward: list[list[Saved]]
     again: list[tuple[int, int, Saved]] = field(default_factory=list)
@@ -51,6 +52,7 @@ class Recomputation:
     not_modelled: dict[str, int] = field(default_factory=dict)
     no_gradient: list[str] = field(default_factory=list)
     segments: int = 0
+    keepers: dict[int, int] = field(default_factory=dict)
 
 
 def _members(graph: LayerGraph) -> dict[int, list[int]]:
@@ -133,6 +135,7 @@ def recompute(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]]) 
         parent, kept = _parent(graph, seg), _kept(graph, views, seg)
         if parent is None:
             result.forward[nodes[0]] = kept + result.forward[nodes[0]]
+            result.keepers[nodes[0]] = sid
         else:
             events.extend((parent, nodes[0], s) for s in kept)
     result.again = _allocated(graph, members, starts, events)

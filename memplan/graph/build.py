@@ -146,6 +146,7 @@ class GraphBuilder:
                 s.early_stop,
                 s.exact,
                 s.note,
+                s.scope,
             )
             for s in self.gm.meta.get(SEGMENTS_META, [])
         ]

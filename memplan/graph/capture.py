@@ -71,7 +71,7 @@ def capture_graph(
     """
     x = torch.empty(tuple(input_shape), dtype=dtype, device="meta")
     how = "symbolic"
-    prepared_grad = {q: p.requires_grad for q, p in model.named_parameters()}
+    prepared_grad = {q: p.requires_grad for q, p in model.named_parameters(remove_duplicate=False)}
     prepared_training = {q: m.training for q, m in model.named_modules()}
     gm = trace(model, leaf_modules, name) if runnable else None
     with train_mode(model):

@@ -44,7 +44,8 @@ class Segment:
     """One checkpoint call: ``kind`` (``REENTRANT`` / ``NON_REENTRANT``), the fx nodes of the
     tensors passed to it (what its backward keeps), the enclosing segment (None: top level),
     whether non-reentrant recomputation stops after the last saved tensor (``early_stop``), and
-    whether memplan models it exactly (``exact``; ``note`` says why not)."""
+    whether memplan models it exactly (``exact``; ``note`` says why not); ``scope``: the module
+    whose forward made the call."""
 
     id: int
     kind: str
@@ -53,15 +54,16 @@ class Segment:
     early_stop: bool = True
     exact: bool = True
     note: str = ""
+    scope: str = ""
 
 
 class Segments:
     """The segments of one capture. ``node_of(value)``: the fx node of a capture value (a Proxy, a
     tensor the recorder tracks), None for anything else; a call whose arguments hold none runs as
-    torch runs it."""
+    torch runs it. ``scope()``: the qualname of the module whose forward is running."""
 
-    def __init__(self, node_of: Callable[[Any], fx.Node | None]):
-        self.node_of = node_of
+    def __init__(self, node_of: Callable[[Any], fx.Node | None], scope: Callable[[], str]):
+        self.node_of, self.scope = node_of, scope
         self.stack: list[int] = []
         self.records: list[Segment] = []
 
@@ -75,7 +77,7 @@ class Segments:
     ) -> Iterator[None]:
         """A segment of ``kind`` open while the checkpointed function runs (``note``: why not exact)."""
         parent = self.stack[-1] if self.stack else None
-        seg = Segment(len(self.records), kind, inputs, parent, early_stop, not note, note)
+        seg = Segment(len(self.records), kind, inputs, parent, early_stop, not note, note, self.scope())
         self.records.append(seg)
         self.stack.append(seg.id)
         try:

@@ -132,7 +132,8 @@ class CheckpointSegment:
     ``reentrant`` or ``non-reentrant``; ``inputs``: the indices of the nodes producing the tensors
     passed to it (what its backward keeps); ``parent``: the id of the enclosing segment (None: top
     level); ``early_stop``: non-reentrant recomputation stops after the last saved tensor;
-    ``exact``: False for a variant memplan counts as not checkpointed (``note`` says which)."""
+    ``exact``: False for a variant memplan counts as not checkpointed (``note`` says which);
+    ``scope``: the module whose forward made the call."""
 
     id: int
     kind: str
@@ -141,6 +142,7 @@ class CheckpointSegment:
     early_stop: bool = True
     exact: bool = True
     note: str = ""
+    scope: str = ""
 
 
 @dataclass(eq=False)

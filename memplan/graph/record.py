@@ -112,7 +112,8 @@ class _Recorder(TorchFunctionMode):
         self.stack: list[tuple[str, str]] = []  # (qualname, class) of the module calls running
         self.entries: list[tuple[nn.Module, bool]] = []  # per running module call: is it a recorded leaf
         self.depth = 0  # > 0 while inside a leaf module or an opaque call
-        self.segments = Segments(self.tracked)  # checkpoint calls (memplan.graph.checkpoint)
+        # checkpoint calls (memplan.graph.checkpoint)
+        self.segments = Segments(self.tracked, lambda: self.stack[-1][0] if self.stack else "")
 
     # ------------------------------------------------------------------ graph building
     def bind(self, value: Any, node: fx.Node) -> None:

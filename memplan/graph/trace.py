@@ -71,7 +71,9 @@ class LeafTracer(fx.Tracer):
         self.leaf_names = {x for x in leaf_modules if isinstance(x, str)}
         self.leaf_types = tuple(x for x in leaf_modules if isinstance(x, type))
         self.stack: list[tuple[str, str]] = []
-        self.segments = Segments(lambda v: v.node if isinstance(v, fx.Proxy) else None)
+        self.segments = Segments(
+            lambda v: v.node if isinstance(v, fx.Proxy) else None, lambda: self.stack[-1][0] if self.stack else ""
+        )
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         """fx's node, marked with the checkpoint segments it runs in (``memplan.graph.checkpoint``)."""

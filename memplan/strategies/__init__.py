@@ -37,12 +37,13 @@ __all__ = [
     "strategy",
     "transform_model",
     "architecture",
+    "as_is",
     "cache_reuse",
     "minilearn",
     "mobiletl",
     "sparse",
     "tinytl",
 ]
-# each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn;
+# each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn, as-is;
 # architecture registers the transforms every strategy accepts
-from . import architecture, cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402
+from . import architecture, as_is, cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402
