@@ -132,7 +132,7 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
         if op.node.kind not in HIDDEN_KINDS:
             layers.append(lc)
     peak, workspace = _peak_options(views, mode, schedule, calibration)
-    peak = replace(peak, recomputed=tuple(rc.again))
+    peak = replace(peak, recomputed=tuple(rc.again), held_gradients=tuple(rc.held_gradients))
     summary = mode.summarize(graph, views, rc.forward, all_layers, totals, peak)
     totals.total_bytes, totals.peak_bytes = summary.total_bytes, summary.peak_bytes
     for lc, op in zip(all_layers, views):

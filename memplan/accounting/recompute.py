@@ -11,6 +11,8 @@ What eager PyTorch does with a checkpointed segment, and how it is counted here:
   segment inside another one, its inputs from the enclosing segment's recomputation until its own
   backward); the recomputation's forward FLOPs are counted again (non-reentrant checkpointing with
   early stop, torch's default, stops after the last op that saves a tensor);
+* a reentrant segment's backward (``CheckpointFunction.backward``) holds the gradient of its output
+  until it returns;
 * a reentrant segment none of whose inputs needs a gradient runs under ``no_grad`` and is never
   recomputed: its parameters get no gradient (``memplan.plan.grad_flow`` freezes it, and the
   profile says so);
@@ -44,7 +46,9 @@ class Recomputation:
     ``runs[i]``: how many times node i's forward runs again in the backward; ``not_modelled``:
     checkpoint calls counted as not checkpointed, by why; ``no_gradient``: the scopes of reentrant
     segments whose parameters get no gradient; ``segments``: segments modelled; ``keepers``: the
-    node whose ``forward`` items hold a top-level segment's kept inputs -> the segment's id."""
+    node whose ``forward`` items hold a top-level segment's kept inputs -> the segment's id;
+    ``held_gradients``: (node, node) the gradient of the first one's output lives until the second
+    one's backward (``PeakOptions.held_gradients``)."""
 
     forward: list[list[Saved]]
     again: list[tuple[int, int, Saved]] = field(default_factory=list)
@@ -53,6 +57,7 @@ class Recomputation:
     no_gradient: list[str] = field(default_factory=list)
     segments: int = 0
     keepers: dict[int, int] = field(default_factory=dict)
+    held_gradients: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _members(graph: LayerGraph) -> dict[int, list[int]]:
@@ -132,6 +137,8 @@ def recompute(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]]) 
         result.segments += 1
         for i in _recomputed(views, seg, nodes, starts):
             result.runs[i] += 1
+        if seg.kind == "reentrant" and sid in starts:
+            result.held_gradients.extend((m, nodes[0]) for m in _outputs(graph, nodes))
         parent, kept = _parent(graph, seg), _kept(graph, views, seg)
         if parent is None:
             result.forward[nodes[0]] = kept + result.forward[nodes[0]]
@@ -140,6 +147,13 @@ def recompute(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]]) 
             events.extend((parent, nodes[0], s) for s in kept)
     result.again = _allocated(graph, members, starts, events)
     return result
+
+
+def _outputs(graph: LayerGraph, nodes: list[int]) -> list[int]:
+    """The nodes of a segment whose output is used after it."""
+    inside = set(nodes)
+    used = {i for node in graph.nodes if node.index not in inside for i in node.inputs}
+    return [i for i in nodes if i in used]
 
 
 def _starts(graph: LayerGraph, views: list[OpView], members: dict[int, list[int]], no_gradient: list[str]) -> dict:

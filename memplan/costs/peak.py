@@ -56,6 +56,9 @@ class PeakOptions:
     #: tensors saved again by a recomputation (activation checkpointing): (node at whose backward it is
     #: allocated, node after whose backward it is freed, the item); ``saved`` holds the forward's only
     recomputed: Sequence[tuple[int, int, Saved]] = ()
+    #: (node, node): the gradient of the first one's output is held until after the second one's backward,
+    #: not freed after its own (a reentrant checkpoint holds its output's gradient through its backward)
+    held_gradients: Sequence[tuple[int, int]] = ()
 
     def __post_init__(self) -> None:
         check_schedule(self.schedule)
@@ -232,6 +235,11 @@ def simulate_peak(  # one walk over the training step's events
         acquired[start] += s.nbytes
         released[release] += s.nbytes
     grad_alloc, grad_free = _activation_grads(graph, views)
+    for m, until in options.held_gradients:
+        moved = grad_free[m] if graph.nodes[m].out is None else graph.nodes[m].out.nbytes
+        if grad_free[m] >= moved > 0:
+            grad_free[m] -= moved
+            grad_free[until] += moved
     step = Step(
         forward,
         held,
