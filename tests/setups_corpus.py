@@ -79,6 +79,60 @@ class SequentialCNN(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+class StemCheckpointed(ResCNN):
+    """The ResCNN with its stem under a reentrant checkpoint too: the stem's only input is the image,
+    which needs no gradient, so torch runs it under ``no_grad`` and its parameters get none."""
+
+    def __init__(self):
+        super().__init__(reentrant=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = checkpoint(self.stem, x, use_reentrant=True)
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=True)
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class Nested(ResCNN):
+    """Two checkpointed halves, each checkpointing its blocks again (non-reentrant inside non-reentrant)."""
+
+    def __init__(self):
+        super().__init__(reentrant=False)
+
+    def half(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
+        for block in blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = checkpoint(self.half, x, self.blocks[:2], use_reentrant=False)
+        x = checkpoint(self.half, x, self.blocks[2:], use_reentrant=False)
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class Selective(ResCNN):
+    """Every block under selective activation checkpointing (a ``context_fn`` that keeps the
+    convolutions' outputs): a variant memplan does not model, counted as not checkpointed."""
+
+    def __init__(self):
+        super().__init__(reentrant=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        def policy(ctx, op, *args, **kwargs):
+            keep = op is torch.ops.aten.convolution.default
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        x = self.stem(x)
+        for block in self.blocks:
+            x = checkpoint(
+                block, x, use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(policy)
+            )
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
 def hand_frozen() -> nn.Module:
     """The plain ResCNN with its first half (stem and the first two blocks) frozen by hand:
     ``requires_grad_(False)`` and eval mode (running statistics), the rest training."""

@@ -90,17 +90,37 @@ def _packs(op: OpView) -> bool:
     return saved is None or bool(saved)
 
 
-def _recomputed(views: list[OpView], seg: CheckpointSegment, nodes: list[int], starts: dict[int, int]) -> list[int]:
-    """The nodes of ``seg`` its recomputation runs (none when the backward never reaches it)."""
+def _last_pack(
+    graph: LayerGraph, views: list[OpView], seg: CheckpointSegment, nodes: list[int], members: dict[int, list[int]]
+) -> tuple[int, bool] | None:
+    """Where the last tensor packed into ``seg``'s own hooks is: (node, whether that node's kernel has
+    run by then). Its own ops pack what they save (an op saving only its inputs before its kernel);
+    a segment inside it packs its inputs into ``seg``'s hooks as it starts, before its first node."""
+    points = [
+        (i, views[i].kind not in INPUTS_ONLY)
+        for i in nodes
+        if _innermost(graph, graph.nodes[i].segments) == seg.id and views[i].req_out and _packs(views[i])
+    ]
+    for sid, inner in members.items():
+        child = graph.checkpoints[sid]
+        if _parent(graph, child) == seg.id and (child.kind == "non-reentrant" or _kept(graph, views, child)):
+            points.append((inner[0], False))
+    return max(points) if points else None
+
+
+def _recomputed(
+    graph: LayerGraph, views: list[OpView], seg: CheckpointSegment, members: dict[int, list[int]], starts: dict
+) -> list[int]:
+    """The nodes of ``seg`` its recomputation runs (none when the backward never reaches it):
+    non-reentrant with early stop, up to its last packed tensor (:func:`_last_pack`)."""
+    nodes = members[seg.id]
     if seg.id not in starts:
         return []
     if seg.kind == "non-reentrant" and seg.early_stop:
-        packing = [i for i in nodes if views[i].req_out and _packs(views[i])]
-        if not packing:
+        last = _last_pack(graph, views, seg, nodes, members)
+        if last is None:
             return []
-        last = max(packing)
-        # an op that saves only its inputs packs them before its kernel runs: the last one stops there
-        return [i for i in nodes if i < last or (i == last and views[i].kind not in INPUTS_ONLY)]
+        return [i for i in nodes if i < last[0] or (i == last[0] and last[1])]
     return list(nodes)
 
 
@@ -135,7 +155,7 @@ def recompute(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]]) 
     for sid, nodes in members.items():
         seg = graph.checkpoints[sid]
         result.segments += 1
-        for i in _recomputed(views, seg, nodes, starts):
+        for i in _recomputed(graph, views, seg, members, starts):
             result.runs[i] += 1
         if seg.kind == "reentrant" and sid in starts:
             result.held_gradients.extend((m, nodes[0]) for m in _outputs(graph, nodes))
