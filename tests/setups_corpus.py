@@ -5,10 +5,16 @@ that use it) and with their own freezing. Nothing is downloaded: random, seeded 
 Each :class:`Setup` builds a fresh model, ready to train as its user prepared it, for the input
 shape ``SHAPE`` (batch 4, 64 px, the issue's table). ``SETUPS`` lists them; a setup whose library
 cannot be imported is in ``MISSING`` (name -> the import error), and the tests skip it and say so.
+timm is imported with placeholders for torchvision (:func:`import_timm`).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -173,10 +179,67 @@ def hf_vit() -> nn.Module:
     return Logits(model).train()
 
 
+class _Anything(type):
+    """A placeholder class whose every attribute is another placeholder (``InterpolationMode.NEAREST``)."""
+
+    def __getattr__(cls, name: str) -> type:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Anything(name, (), {})
+
+
+class _StubModule(types.ModuleType):
+    """A placeholder module: every attribute a placeholder class (``Frozen*``: an ``nn.Module``)."""
+
+    def __getattr__(self, name: str) -> type:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cls = type(name, (nn.Module,), {}) if name.startswith("Frozen") else _Anything(name, (), {})
+        setattr(self, name, cls)
+        return cls
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds every ``torchvision`` module as a :class:`_StubModule`."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname == "torchvision" or fullname.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__, module.__doc__ = [], "memplan test stub: timm imports it, resnet18 never uses it"
+        return module
+
+    def exec_module(self, module) -> None:
+        return None
+
+
+def import_timm():
+    """``timm``, imported with placeholders for torchvision where the real one cannot be imported:
+    timm imports torchvision at import time (``FrozenBatchNorm2d``, data transforms), and torchvision
+    has no CPU build for this torch (as in ``tests/corpus.py``); resnet18 uses none of it. The
+    placeholders leave ``sys.modules`` afterwards (``transformers`` must not find them)."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001  (absent, or the broken CPU wheel)
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        finder = _StubFinder()
+        sys.meta_path.insert(0, finder)
+        try:
+            return importlib.import_module("timm")
+        finally:
+            sys.meta_path.remove(finder)
+            for name in [n for n, m in sys.modules.items() if isinstance(m, _StubModule)]:
+                del sys.modules[name]
+    return importlib.import_module("timm")
+
+
 def timm_resnet18() -> nn.Module:
     """timm's resnet18 (10 classes) with ``set_grad_checkpointing()``."""
-    import timm
-
+    timm = import_timm()
     model = timm.create_model("resnet18", pretrained=False, num_classes=CLASSES)
     model.set_grad_checkpointing()
     return model
@@ -211,7 +274,7 @@ def _missing() -> dict[str, str]:
         if not s.needs:
             continue
         try:
-            __import__(s.needs)
+            import_timm() if s.needs == "timm" else importlib.import_module(s.needs)
         except Exception as exc:  # noqa: BLE001  (absent, or failing at import: timm without torchvision)
             out[s.name] = f"{s.needs}: {type(exc).__name__}: {exc}".splitlines()[0]
     return out
