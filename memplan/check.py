@@ -15,6 +15,7 @@ what was observed. This checks the ``pytorch`` mode's prediction (what eager PyT
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,7 @@ from .graph.kinds import NORM_KINDS
 from .graph.saved import SavedObserver
 from .modes import get_mode
 from .plan import Plan, grad_flow
+from .strategies import as_prepared
 
 #: batch of the real run ``memplan profile --check`` observes (the profile's own batch if smaller)
 CHECK_BATCH = 2
@@ -146,7 +148,7 @@ def observed_by_module(model: nn.Module, graph: LayerGraph, plan: Plan) -> dict[
     # it, as in the prediction (``LayerGraph.constant_storages``)
     observer = SavedObserver(exclude=state.values(), where=lambda: (stack[-1], calls.current))
     try:
-        with train_mode(model):
+        with contextlib.nullcontext() if as_prepared(plan.method) else train_mode(model):
             for qual, flag in norm_flags.items():
                 model.get_submodule(qual).train(flag)
             with torch.enable_grad(), observer, calls:

@@ -160,9 +160,9 @@ class Logits(nn.Module):
         return self.model(pixel_values=x).logits
 
 
-def hf_vit() -> nn.Module:
+def hf_vit(dropout: float = 0.0) -> nn.Module:
     """A small Hugging Face ViT (64 px, patch 8, 4 layers of width 64) with
-    ``gradient_checkpointing_enable()``."""
+    ``gradient_checkpointing_enable()``, in train mode."""
     import transformers as T
 
     config = T.ViTConfig(
@@ -173,10 +173,20 @@ def hf_vit() -> nn.Module:
         num_attention_heads=4,
         intermediate_size=128,
         num_labels=CLASSES,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     model = T.ViTForImageClassification(config)
     model.gradient_checkpointing_enable()
     return Logits(model).train()
+
+
+def hf_vit_eval() -> nn.Module:
+    """The checkpointed ViT with dropout 0.1, left in eval mode (as ``from_pretrained`` returns it)
+    with its embeddings frozen: no dropout runs, and Hugging Face checkpoints only in train mode."""
+    model = hf_vit(dropout=0.1).eval()
+    model.model.vit.embeddings.requires_grad_(False)
+    return model
 
 
 class _Anything(type):
@@ -264,6 +274,7 @@ SETUPS = [
     Setup("hf-vit-gradient-checkpointing", hf_vit, needs="transformers"),
     Setup("timm-resnet18-grad-checkpointing", timm_resnet18, needs="timm"),
     Setup("hand-frozen-first-half", hand_frozen, method="as-is"),
+    Setup("hf-vit-eval-as-is", hf_vit_eval, method="as-is", needs="transformers"),
     Setup("rescnn-checkpoint-as-is", lambda: ResCNN(reentrant=False), method="as-is"),
 ]
 

@@ -26,7 +26,7 @@ from memplan.cli import main
 from memplan.costs.observe import flop_counter
 from memplan.graph.capture import capture_graph
 from memplan.modes import MODES, get_mode
-from memplan.strategies import make_plan
+from memplan.strategies import as_prepared, make_plan
 from memplan.verify.calibrate import calibrate_graphs
 from memplan.verify.measure import step_peak_bytes
 
@@ -74,7 +74,7 @@ def real_step(model: nn.Module, shape=C.SHAPE) -> tuple[int, int, int]:
 
 
 def predicted(model: nn.Module, method: str, mode: str = "pytorch", shape=C.SHAPE):
-    graph = capture_graph(model, shape)
+    graph = capture_graph(model, shape, own_modes=as_prepared(method))
     return compute(graph, make_plan(graph, method), get_mode(mode), calibration=None)
 
 
@@ -92,7 +92,7 @@ def test_saved_bytes_flops_and_gradients_are_exact(name):
     t = prof.totals
     assert (t.saved_activation_bytes, step_flops(prof), t.gradient_bytes) == (saved, flops, grads)
     assert not prof.unknown_ops
-    checkpointed = "checkpoint" in name or "segments" in name
+    checkpointed = "checkpoint" in name or "segments" in name  # hf-vit-eval: HF checkpoints in train mode only
     assert (t.recompute_flops > 0) == checkpointed
     assert ("activation checkpointing" in prof.extras) == checkpointed
 
@@ -105,7 +105,9 @@ def test_checkpointing_is_what_cuts_the_memory():
     assert real_step(ckpt)[0] < real_step(plain)[0] / 3
 
 
-@pytest.mark.parametrize("name", ["rescnn-checkpoint", "hf-vit-gradient-checkpointing", "hand-frozen-first-half"])
+@pytest.mark.parametrize(
+    "name", ["rescnn-checkpoint", "hf-vit-gradient-checkpointing", "hand-frozen-first-half", "hf-vit-eval-as-is"]
+)
 def test_self_check_agrees(name):
     """``--check`` (a real run under saved_tensors_hooks at batch 2) agrees, module by module."""
     s = _setup(name)

@@ -2,7 +2,9 @@
 
 The plan is the model's own ``requires_grad`` flags and train / eval modes, read before capture
 (``LayerGraph.prepared_grad`` / ``prepared_training``): a layer trains the parameters that require a
-gradient, a norm uses batch statistics when its module is in train mode. It expresses what no other
+gradient, a norm uses batch statistics when its module is in train mode. The model is captured
+under its own flags (``Strategy.as_prepared``), so a dropout in eval mode keeps no mask and a
+forward that branches on ``self.training`` (Hugging Face's checkpointing) runs as it will. It expresses what no other
 strategy does (a model frozen by hand, a ``peft`` model, anything else); activation checkpointing
 the model does is in the graph whatever the strategy (``memplan.graph.checkpoint``).
 """
@@ -36,6 +38,7 @@ def _differs(graph: LayerGraph) -> dict[str, Any] | None:
     "as-is",
     "the model as prepared: its own requires_grad flags, norms in train mode use batch statistics",
     compare=(-1, _differs),
+    as_prepared=True,
 )
 def as_is(graph: LayerGraph) -> Plan:
     train = {n.name: t for n in graph.param_nodes() if (t := prepared(graph, n)).any}
