@@ -174,6 +174,23 @@ def _activation_grads(graph: LayerGraph, views: list[OpView]) -> tuple[list[int]
     return grad_alloc, grad_free
 
 
+def _recomputation(graph: LayerGraph, options: PeakOptions, released: list[int], grad_free: list[int]) -> list[int]:
+    """What activation checkpointing changes in the backward (``PeakOptions.recomputed`` and
+    ``held_gradients``): per op, the bytes its backward recomputes (``released`` / ``grad_free``
+    updated in place to free them, and the held gradients, later)."""
+    acquired = [0] * len(graph.nodes)
+    for start, release, s in options.recomputed:
+        acquired[start] += s.nbytes
+        released[release] += s.nbytes
+    for m, until in options.held_gradients:
+        out = graph.nodes[m].out
+        moved = out.nbytes if out is not None else 0
+        if grad_free[m] >= moved > 0:
+            grad_free[m] -= moved
+            grad_free[until] += moved
+    return acquired
+
+
 def simulate_peak(  # one walk over the training step's events
     graph: LayerGraph,
     views: list[OpView],
@@ -230,16 +247,8 @@ def simulate_peak(  # one walk over the training step's events
         if sid not in graph.param_storages and sid not in batch:
             held += graph.storages[sid]
             released[i] += graph.storages[sid]
-    acquired = [0] * n
-    for start, release, s in options.recomputed:
-        acquired[start] += s.nbytes
-        released[release] += s.nbytes
     grad_alloc, grad_free = _activation_grads(graph, views)
-    for m, until in options.held_gradients:
-        moved = grad_free[m] if graph.nodes[m].out is None else graph.nodes[m].out.nbytes
-        if grad_free[m] >= moved > 0:
-            grad_free[m] -= moved
-            grad_free[until] += moved
+    acquired = _recomputation(graph, options, released, grad_free)
     step = Step(
         forward,
         held,
