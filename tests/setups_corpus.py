@@ -181,6 +181,13 @@ def hf_vit(dropout: float = 0.0) -> nn.Module:
     return Logits(model).train()
 
 
+def hf_vit_reentrant() -> nn.Module:
+    """The checkpointed ViT with ``gradient_checkpointing_kwargs={"use_reentrant": True}``."""
+    model = hf_vit()
+    model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    return model
+
+
 def hf_vit_eval() -> nn.Module:
     """The checkpointed ViT with dropout 0.1, left in eval mode (as ``from_pretrained`` returns it)
     with its embeddings frozen: no dropout runs, and Hugging Face checkpoints only in train mode."""
@@ -272,6 +279,7 @@ SETUPS = [
     Setup("rescnn-checkpoint-reentrant", lambda: ResCNN(reentrant=True)),
     Setup("sequential-4-segments", SequentialCNN),
     Setup("hf-vit-gradient-checkpointing", hf_vit, needs="transformers"),
+    Setup("hf-vit-gradient-checkpointing-reentrant", hf_vit_reentrant, needs="transformers"),
     Setup("timm-resnet18-grad-checkpointing", timm_resnet18, needs="timm"),
     Setup("hand-frozen-first-half", hand_frozen, method="as-is"),
     Setup("hf-vit-eval-as-is", hf_vit_eval, method="as-is", needs="transformers"),
