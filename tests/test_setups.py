@@ -115,7 +115,10 @@ def test_self_check_agrees(name):
     assert prof.check["predicted"] == prof.check["observed"] and not prof.check["differing"]
 
 
-@pytest.mark.parametrize("name,at_recompute", [("rescnn-checkpoint", True), ("sequential-4-segments", False)])
+@pytest.mark.parametrize(
+    "name,at_recompute",
+    [("rescnn-checkpoint", True), ("rescnn-checkpoint-reentrant", True), ("sequential-4-segments", False)],
+)
 def test_peak_includes_the_recomputation(name, at_recompute, monkeypatch):
     """The simulated step's peak (kernel workspaces calibrated on this machine) is within 5% of one
     real step's allocation replay. Where the peak is in a recomputed segment's backward, without what

@@ -11,8 +11,8 @@ What eager PyTorch does with a checkpointed segment, and how it is counted here:
   segment inside another one, its inputs from the enclosing segment's recomputation until its own
   backward); the recomputation's forward FLOPs are counted again (non-reentrant checkpointing with
   early stop, torch's default, stops after the last op that saves a tensor);
-* a reentrant segment's backward (``CheckpointFunction.backward``) holds the gradient of its output
-  until it returns;
+* a reentrant segment's backward (``CheckpointFunction.backward``) holds its recomputed outputs and
+  their gradients until it returns;
 * a reentrant segment none of whose inputs needs a gradient runs under ``no_grad`` and is never
   recomputed: its parameters get no gradient (``memplan.plan.grad_flow`` freezes it, and the
   profile says so);
@@ -157,8 +157,10 @@ def recompute(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]]) 
         result.segments += 1
         for i in _recomputed(graph, views, seg, members, starts):
             result.runs[i] += 1
-        if seg.kind == "reentrant" and sid in starts:
-            result.held_gradients.extend((m, nodes[0]) for m in _outputs(graph, nodes))
+        if seg.kind == "reentrant" and sid in starts:  # its backward holds its outputs and their gradients
+            outputs = [m for m in _outputs(graph, nodes) if graph.nodes[m].out is not None]
+            result.held_gradients.extend((m, nodes[0]) for m in outputs)
+            events.extend((sid, nodes[0], _output(graph, m)) for m in outputs)
         parent, kept = _parent(graph, seg), _kept(graph, views, seg)
         if parent is None:
             result.forward[nodes[0]] = kept + result.forward[nodes[0]]
@@ -167,6 +169,11 @@ def recompute(graph: LayerGraph, views: list[OpView], saved: list[list[Saved]]) 
             events.extend((parent, nodes[0], s) for s in kept)
     result.again = _allocated(graph, members, starts, events)
     return result
+
+
+def _output(graph: LayerGraph, m: int) -> Saved:
+    t = graph.nodes[m].out
+    return Saved(graph.storages[t.storage], t.storage, "recomputed output")
 
 
 def _outputs(graph: LayerGraph, nodes: list[int]) -> list[int]:
