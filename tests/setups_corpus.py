@@ -5,7 +5,8 @@ that use it) and with their own freezing. Nothing is downloaded: random, seeded 
 Each :class:`Setup` builds a fresh model, ready to train as its user prepared it, for the input
 shape ``SHAPE`` (batch 4, 64 px, the issue's table). ``SETUPS`` lists them; a setup whose library
 cannot be imported is in ``MISSING`` (name -> the import error), and the tests skip it and say so.
-timm is imported with placeholders for torchvision (:func:`import_timm`).
+timm (pinned in ``requirements-corpus.txt``, installed with ``--no-deps``) is imported with
+placeholders for torchvision (:func:`import_timm`).
 """
 
 from __future__ import annotations
@@ -267,7 +268,7 @@ class Setup:
     name: str
     builder: Callable[[], nn.Module]
     method: str = "full"  # the strategy it is profiled with ("as-is": as prepared)
-    needs: str = ""  # the library it needs
+    needs: str = ""  # the library it needs (timm: ``pip install --no-deps -r requirements-corpus.txt``)
 
     def build(self) -> nn.Module:
         torch.manual_seed(SEED)
