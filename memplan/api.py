@@ -43,7 +43,7 @@ from .optim import OPTIMIZERS
 from .options import with_keywords
 from .plan import Scheme
 from .profile_options import Capture as CaptureOptions, CompareOptions, Costing, ProfileOptions
-from .strategies import changes_architecture, make_plan, transform_model
+from .strategies import as_prepared, changes_architecture, make_plan, transform_model
 from .strategies.base import compared
 
 #: input side (px) assumed for a model outside the zoo when neither an input shape nor a resolution is given
@@ -166,6 +166,7 @@ def capture(
             name=name or built.name,
             output=o.output,
             runnable=runnable,
+            own_modes=as_prepared(method),
         )
 
     try:
@@ -335,7 +336,8 @@ def _checkable(
     if isinstance(model, str):
         return capture(model, again, meta=False, method=method, method_options=strategy)
     # the module as transformed and traced above: its norms swapped and its head sized already
-    return capture(cap.model, again.replace(resolution=None, classes=None, norm=None), name=cap.name)
+    shaped = again.replace(resolution=None, classes=None, norm=None)
+    return capture(cap.model, shaped, name=cap.name, method=method if as_prepared(method) else None)
 
 
 @with_keywords(CompareOptions)
@@ -355,7 +357,9 @@ def compare(
     for item in items:
         name, strategy = (item, {}) if isinstance(item, str) else item
         this = cap
-        if changes_architecture(name, strategy):
+        if changes_architecture(name, strategy) or (
+            as_prepared(name) and not all(cap.graph.prepared_training.values())
+        ):
             this = capture(model, o.capture, method=name, method_options=strategy)
         out.append(profile_captured(this, name, o.costing, **strategy))
     return out

@@ -15,6 +15,7 @@ what was observed. This checks the ``pytorch`` mode's prediction (what eager PyT
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -23,11 +24,13 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .accounting.engine import layer_costs
+from .accounting.recompute import KEPT, recompute
 from .graph import LayerGraph, role, select_output, train_mode
 from .graph.kinds import NORM_KINDS
 from .graph.saved import SavedObserver
 from .modes import get_mode
 from .plan import Plan, grad_flow
+from .strategies import as_prepared
 
 #: batch of the real run ``memplan profile --check`` observes (the profile's own batch if smaller)
 CHECK_BATCH = 2
@@ -61,15 +64,18 @@ def predicted_by_module(graph: LayerGraph, plan: Plan) -> dict[str, list[tuple[s
     mode = get_mode("pytorch")
     by_module: dict[str, list[tuple[str, int]]] = {}
     counted: set[int] = set()
-    for op in grad_flow(graph, plan):
-        _, saved, _ = layer_costs(op, mode, "sgd", 32)
-        for s in saved:
-            if graph.is_weight(s.storage) or (s.storage is not None and s.storage in counted):
+    views = grad_flow(graph, plan)
+    saved = [[s for s in layer_costs(op, mode, "sgd", 32)[1] if not graph.is_weight(s.storage)] for op in views]
+    rc = recompute(graph, views, saved)  # a checkpointed segment keeps its inputs, packed by the module calling it
+    for op, items in zip(views, rc.forward):
+        for s in items:
+            if s.storage is not None and s.storage in counted:
                 continue
             if s.storage is not None:
                 counted.add(s.storage)
             item = f"{op.node.name} ({op.kind}): {s.what or 'tensor'} {s.nbytes} B"
-            by_module.setdefault(op.node.scope, []).append((item, s.nbytes))
+            scope = graph.checkpoints[rc.keepers[op.node.index]].scope if s.what == KEPT else op.node.scope
+            by_module.setdefault(scope, []).append((item, s.nbytes))
     return by_module
 
 
@@ -142,7 +148,7 @@ def observed_by_module(model: nn.Module, graph: LayerGraph, plan: Plan) -> dict[
     # it, as in the prediction (``LayerGraph.constant_storages``)
     observer = SavedObserver(exclude=state.values(), where=lambda: (stack[-1], calls.current))
     try:
-        with train_mode(model):
+        with contextlib.nullcontext() if as_prepared(plan.method) else train_mode(model):
             for qual, flag in norm_flags.items():
                 model.get_submodule(qual).train(flag)
             with torch.enable_grad(), observer, calls:

@@ -7,6 +7,7 @@ All sizes are in bytes, all counts are integers. FLOP conventions are those of
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .. import optim
@@ -19,6 +20,7 @@ from ..graph import LayerGraph, role
 from ..graph.kinds import MAC_KINDS
 from ..modes import Mode
 from ..plan import OpView, Plan, grad_flow, updated_weight_numel
+from .recompute import Recomputation, recompute
 
 
 def _weight_bytes(numel: int, trained: int, itemsize: int, frozen_bits: int) -> int:
@@ -111,34 +113,33 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
     views = grad_flow(graph, plan)
     totals = Totals()
     layers: list[LayerCost] = []
-    saved_by_node: list[list[Saved]] = []
     unknown: dict[str, int] = {}
     observed: dict[str, int] = {}
-    counted: set[int] = set()
-    all_layers: list[LayerCost] = []
-    for op in views:
-        lc, saved, how = layer_costs(op, mode, optimizer, frozen_bits)
+    costed = [layer_costs(op, mode, optimizer, frozen_bits) for op in views]
+    for op, (_, _, how) in zip(views, costed):
         if how != "rule":
             tally = observed if how == "observed" else unknown
             tally[op.node.target] = tally.get(op.node.target, 0) + 1
-        saved = [s for s in saved if not graph.is_weight(s.storage)]  # parameters are not activations
-        for s in saved:  # a shared storage is counted once, at the first op that keeps it
-            if s.storage is None or s.storage not in counted:
-                lc.saved_activation_bytes += s.nbytes
-                lc.saved.append(f"{s.what} {s.nbytes} B")
-                if s.storage is not None:
-                    counted.add(s.storage)
-        saved_by_node.append(saved)
-        all_layers.append(lc)
+    # parameters are not activations; checkpointed segments keep their inputs, their ops' items come back
+    rc = recompute(graph, views, [[s for s in saved if not graph.is_weight(s.storage)] for _, saved, _ in costed])
+    for k, v in rc.not_modelled.items():
+        unknown[k] = unknown.get(k, 0) + v
+    all_layers = [lc for lc, _, _ in costed]
+    _count_saved(all_layers, rc.forward)
+    for op, lc, runs in zip(views, all_layers, rc.runs):
+        lc.recompute_flops, lc.recompute_other_flops = runs * lc.forward_flops, runs * lc.forward_other_flops
         totals.add(lc)
         if op.node.kind not in HIDDEN_KINDS:
             layers.append(lc)
     peak, workspace = _peak_options(views, mode, schedule, calibration)
-    summary = mode.summarize(graph, views, saved_by_node, all_layers, totals, peak)
+    peak = replace(peak, recomputed=tuple(rc.again), held_gradients=tuple(rc.held_gradients))
+    summary = mode.summarize(graph, views, rc.forward, all_layers, totals, peak)
     totals.total_bytes, totals.peak_bytes = summary.total_bytes, summary.peak_bytes
     for lc, op in zip(all_layers, views):
         lc.total_bytes = lc.weight_bytes + lc.gradient_bytes + lc.optimizer_bytes + lc.saved_activation_bytes
         lc.peak_bytes = summary.at[op.node.index]
+    if graph.checkpoints:
+        summary.extras["activation checkpointing"] = _checkpoint_note(rc, totals)
     meta = dict(meta or {})
     return Profile(
         model=meta.pop("model", graph.model_name),
@@ -167,6 +168,34 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
         },
         extras={**meta, **summary.extras},
     )
+
+
+def _count_saved(layers: list[LayerCost], saved: list[list[Saved]]) -> None:
+    """Each layer's saved activation bytes: a shared storage counted once, at the first op keeping it."""
+    counted: set[int] = set()
+    for lc, items in zip(layers, saved):
+        for s in items:
+            if s.storage is None or s.storage not in counted:
+                lc.saved_activation_bytes += s.nbytes
+                lc.saved.append(f"{s.what} {s.nbytes} B")
+                if s.storage is not None:
+                    counted.add(s.storage)
+
+
+def _checkpoint_note(rc: Recomputation, totals: Totals) -> str:
+    """``Profile.extras["activation checkpointing"]``: the segments, what is recomputed, and what torch
+    does that is no checkpointing (a reentrant segment whose parameters get no gradient)."""
+    again = sum(s.nbytes for _, _, s in rc.again)
+    text = (
+        f"{rc.segments} segments: their inputs kept, {again:,} B saved again when the backward recomputes them; "
+        f"recomputation {totals.recompute_flops:,} FLOPs (+{totals.recompute_other_flops:,} other)"
+    )
+    if rc.no_gradient:
+        text += (
+            f"; reentrant checkpoint with no input needing a gradient (torch runs it under no_grad): "
+            f"no gradient reaches the parameters of {', '.join(rc.no_gradient)}"
+        )
+    return text
 
 
 def _peak_options(

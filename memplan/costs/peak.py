@@ -10,8 +10,9 @@ Model of eager execution with ``optimizer.zero_grad(set_to_none=True)`` before t
   call it was passed into returns (the callee's argument holds it);
 * backward at op i (reverse order, recorded ops only): saved storages whose earliest saver is
   <= i (they are freed once every op keeping them has run backward), private saved tensors of
-  ops <= i, gradient buffers of outputs whose producer has not run backward yet but some
-  consumer has, and the parameter gradients of ops >= i.
+  ops <= i, what a checkpointed segment saves again once the backward has reached and
+  recomputed it (``PeakOptions.recomputed``), gradient buffers of outputs whose producer has not
+  run backward yet but some consumer has, and the parameter gradients of ops >= i.
 
 Schedules (:data:`SCHEDULES`): ``standard`` keeps every parameter gradient until the optimizer
 step after backward (as above); ``tte``, the 256KB paper's Tiny Training Engine (Sec. 2.3), applies
@@ -46,12 +47,18 @@ def in_place_update(schedule: str) -> bool:
 
 @dataclass(frozen=True)
 class PeakOptions:
-    """How the step runs: ``schedule`` (:data:`SCHEDULES`) and per-node kernel workspaces
-    (forward, backward bytes; None = not modelled)."""
+    """How the step runs: ``schedule`` (:data:`SCHEDULES`), per-node kernel workspaces (forward,
+    backward bytes; None = not modelled) and what recomputation saves again in the backward."""
 
     schedule: str = "standard"
     workspace_forward: Sequence[int] | None = None
     workspace_backward: Sequence[int] | None = None
+    #: tensors saved again by a recomputation (activation checkpointing): (node at whose backward it is
+    #: allocated, node after whose backward it is freed, the item); ``saved`` holds the forward's only
+    recomputed: Sequence[tuple[int, int, Saved]] = ()
+    #: (node, node): the gradient of the first one's output is held until after the second one's backward,
+    #: not freed after its own (a reentrant checkpoint holds its output's gradient through its backward)
+    held_gradients: Sequence[tuple[int, int]] = ()
 
     def __post_init__(self) -> None:
         check_schedule(self.schedule)
@@ -74,7 +81,9 @@ class Step:
     * activation gradients: ``grad_alloc`` of ops >= i minus ``grad_free`` of ops > i;
     * parameter gradients: ``param_grads`` of ops >= i that run backward, or only op i's when
       the update is applied in place (``in_place_update``, the Tiny Training Engine's schedule);
-    * ``workspace[i]``: op i's backward kernel workspace (None: none).
+    * ``workspace[i]``: op i's backward kernel workspace (None: none);
+    * ``acquired``: bytes that become held at op i's backward, before it runs (a checkpointed
+      segment recomputed; ``released`` frees them again; None: none).
     """
 
     forward: Sequence[int]
@@ -86,6 +95,7 @@ class Step:
     runs_backward: Sequence[bool]
     in_place_update: bool = False
     workspace: Sequence[int] | None = None
+    acquired: Sequence[int] | None = None
 
 
 @dataclass
@@ -112,6 +122,7 @@ def simulate_step(step: Step, static: int) -> StepPeak:
             best, where = at[i], i
     held, grads, pgrads = step.held, 0, 0
     for i in range(n - 1, -1, -1):
+        held += step.acquired[i] if step.acquired else 0
         grads += step.grad_alloc[i]
         if step.runs_backward[i]:
             pgrads += step.param_grads[i]
@@ -161,6 +172,23 @@ def _activation_grads(graph: LayerGraph, views: list[OpView]) -> tuple[list[int]
             grad_alloc[last_consumer[m]] += graph.nodes[m].out.nbytes
             grad_free[m] += graph.nodes[m].out.nbytes
     return grad_alloc, grad_free
+
+
+def _recomputation(graph: LayerGraph, options: PeakOptions, released: list[int], grad_free: list[int]) -> list[int]:
+    """What activation checkpointing changes in the backward (``PeakOptions.recomputed`` and
+    ``held_gradients``): per op, the bytes its backward recomputes (``released`` / ``grad_free``
+    updated in place to free them, and the held gradients, later)."""
+    acquired = [0] * len(graph.nodes)
+    for start, release, s in options.recomputed:
+        acquired[start] += s.nbytes
+        released[release] += s.nbytes
+    for m, until in options.held_gradients:
+        out = graph.nodes[m].out
+        moved = out.nbytes if out is not None else 0
+        if grad_free[m] >= moved > 0:
+            grad_free[m] -= moved
+            grad_free[until] += moved
+    return acquired
 
 
 def simulate_peak(  # one walk over the training step's events
@@ -220,6 +248,7 @@ def simulate_peak(  # one walk over the training step's events
             held += graph.storages[sid]
             released[i] += graph.storages[sid]
     grad_alloc, grad_free = _activation_grads(graph, views)
+    acquired = _recomputation(graph, options, released, grad_free)
     step = Step(
         forward,
         held,
@@ -230,6 +259,7 @@ def simulate_peak(  # one walk over the training step's events
         [v.req_out for v in views],
         in_place_update=in_place_update(options.schedule),
         workspace=options.workspace_backward,
+        acquired=acquired,
     )
     result = simulate_step(step, static)
     return result.peak, result.where, result.phase, result.at

@@ -48,6 +48,8 @@ class Costs:
     backward_grad_weight_flops: int = 0
     backward_grad_bias_flops: int = 0
     backward_other_flops: int = 0  # backward of the "other" ops incl. norm affine grads
+    recompute_flops: int = 0  # conv / linear / matmul forward run again in the backward (activation checkpointing)
+    recompute_other_flops: int = 0  # the "other" ops run again in the backward (activation checkpointing)
     saved_activation_bytes: int = 0
     weight_bytes: int = 0
     gradient_bytes: int = 0

@@ -5,7 +5,8 @@ with shapes propagated on the meta device.
 * :mod:`.model`: the data (:class:`TensorInfo`, :class:`Param`, :class:`Node`, :class:`LayerGraph`);
 * :mod:`.kinds`: canonical op kinds and which modules are known exactly; :mod:`.trace`: the
   symbolic tracer; :mod:`.leafcalls`: custom autograd Functions and script functions as single
-  calls; :mod:`.record`: capture by an eager run on meta; :mod:`.layout`: meta-device memory
+  calls; :mod:`.checkpoint`: activation checkpointing calls as segments of the graph;
+  :mod:`.record`: capture by an eager run on meta; :mod:`.layout`: meta-device memory
   layouts; :mod:`.capture`: capture + shape propagation (:mod:`.build`: the LayerGraph of it);
   :mod:`.blocks`: block discovery;
 * :mod:`.conv`: conv-layer conventions (conv index, bias carrier, padding, sub-channel count).
@@ -33,7 +34,7 @@ from .conv import (
 )
 from .kinds import module_kind, node_kind
 from .layout import flatten
-from .model import LayerGraph, Node, Param, TensorInfo, role
+from .model import CheckpointSegment, LayerGraph, Node, Param, TensorInfo, role
 from .trace import LeafTracer
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "role",
     "LeafTracer",
     "LayerGraph",
+    "CheckpointSegment",
     "Node",
     "TensorInfo",
     "Param",

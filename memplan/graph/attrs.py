@@ -43,7 +43,7 @@ def _module_attrs(mod: nn.Module, kind: str) -> dict[str, Any]:
     if kind == "batchnorm":
         attrs["running_stats"] = getattr(mod, "running_mean", None) is not None
     if kind == "dropout":
-        attrs["training"] = True  # the step runs in train mode (dropout active)
+        attrs["training"] = mod.training  # captured in train mode, unless traced under the model's own flags
         attrs["feature"] = isinstance(mod, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d))
     return attrs
 

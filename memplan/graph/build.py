@@ -22,10 +22,11 @@ import torch.nn as nn
 
 from ..errors import MemplanError
 from .attrs import _call_args, _call_attrs, _functional_attrs, _module_attrs, _param_source
+from .checkpoint import SEGMENT_META, SEGMENTS_META
 from .kinds import FUNCTIONAL_LAYERS
 from .layout import _pad_mode, flatten
 from .meta_runner import _MetaRunner
-from .model import TAG_ATTR, WRAP_ATTR, LayerGraph, Node, Param, TensorInfo, role
+from .model import TAG_ATTR, WRAP_ATTR, CheckpointSegment, LayerGraph, Node, Param, TensorInfo, role
 
 
 @dataclass
@@ -136,6 +137,19 @@ class GraphBuilder:
         graph.wrappers = {
             q: child for q, m in self.model.named_modules() if isinstance(child := getattr(m, WRAP_ATTR, None), str)
         }
+        graph.checkpoints = [
+            CheckpointSegment(
+                s.id,
+                s.kind,
+                tuple(self.fx_index[n] for n in s.inputs if n in self.fx_index),
+                s.parent,
+                s.early_stop,
+                s.exact,
+                s.note,
+                s.scope,
+            )
+            for s in self.gm.meta.get(SEGMENTS_META, [])
+        ]
         return graph
 
     def info(self, t: torch.Tensor, is_param: bool = False) -> TensorInfo:
@@ -184,6 +198,7 @@ class GraphBuilder:
                 scope=scopes[-1] if scopes else "",
                 scopes=scopes,
                 tags=frozenset(t for sc in scopes for t in self.scope_tags(sc)),
+                segments=tuple(fxn.meta.get(SEGMENT_META, ())),
                 layer=layer.name,
                 uses=layer.uses,
                 fx=fxn,

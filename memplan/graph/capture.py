@@ -11,6 +11,7 @@ name and the layer is named after the module owning them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -48,6 +49,7 @@ def capture_graph(
     name: str = "model",
     output: str | int | None = None,
     runnable: bool = False,
+    own_modes: bool = False,
 ) -> LayerGraph:
     """Trace ``model`` and propagate an input of ``input_shape`` (batch first) on meta: the last
     step of the capture pipeline (``memplan.capture``, which everything above the engine calls).
@@ -61,14 +63,21 @@ def capture_graph(
     the ``nn.Transformer`` layers) kept whole and costed by observation, and traced under the
     model's own train / eval flags. Otherwise those modules are captured through their parts
     (recorded: their forwards branch on tensor properties).
+    ``own_modes=True`` traces it under its own train / eval flags instead of in train mode.
+    The model's own ``requires_grad`` and train / eval flags are kept in the graph
+    (``LayerGraph.prepared_grad`` / ``prepared_training``: what strategy ``as-is`` plans by);
+    activation checkpointing calls become segments of the graph (``LayerGraph.checkpoints``,
+    ``memplan.graph.checkpoint``).
     A cross-entropy loss node over the (batch, classes) logits is appended, since every training
     step has one; it takes the model's output, or for a tuple / dict / namedtuple output its
     first tensor or the entry named by ``output``.
     """
     x = torch.empty(tuple(input_shape), dtype=dtype, device="meta")
     how = "symbolic"
+    prepared_grad = {q: p.requires_grad for q, p in model.named_parameters(remove_duplicate=False)}
+    prepared_training = {q: m.training for q, m in model.named_modules()}
     gm = trace(model, leaf_modules, name) if runnable else None
-    with train_mode(model):
+    with contextlib.nullcontext() if own_modes else train_mode(model):
         if gm is None:
             try:
                 gm = trace(model, leaf_modules, name, into_composites=True)
@@ -93,6 +102,7 @@ def capture_graph(
             ) from None
         graph = GraphBuilder(gm, runner, model, name, output).build(tuple(input_shape))
     graph.capture = how
+    graph.prepared_grad, graph.prepared_training = prepared_grad, prepared_training
     blocks = list(block_names) if block_names is not None else find_blocks(model)
     _assign_blocks(graph, blocks, explicit=block_names is not None)
     return graph

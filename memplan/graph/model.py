@@ -109,6 +109,7 @@ class Node:
     scope: str = ""  # qualname of the innermost module whose forward created this node
     scopes: tuple[str, ...] = ()  # qualnames of every module call this node runs inside, outermost first
     tags: frozenset[str] = frozenset()  # TAG_ATTR of the modules it runs inside (and of their parents)
+    segments: tuple[int, ...] = ()  # ids of the checkpoint segments it runs in, outermost first (``checkpoints``)
     block: str | None = None
     layer: str = ""  # the layer whose parameters this op uses (plans are keyed by it); "" for none
     uses: dict[str, str] = field(default_factory=dict)  # every parameter the op reads: local name -> qualname
@@ -123,6 +124,25 @@ class Node:
     def __repr__(self) -> str:
         shape = self.out.shape if self.out else None
         return f"Node({self.index}, {self.name!r}, {self.kind}, out={shape})"
+
+
+@dataclass(frozen=True)
+class CheckpointSegment:
+    """One activation-checkpointing call of the model (``memplan.graph.checkpoint``): ``kind``
+    ``reentrant`` or ``non-reentrant``; ``inputs``: the indices of the nodes producing the tensors
+    passed to it (what its backward keeps); ``parent``: the id of the enclosing segment (None: top
+    level); ``early_stop``: non-reentrant recomputation stops after the last saved tensor;
+    ``exact``: False for a variant memplan counts as not checkpointed (``note`` says which);
+    ``scope``: the module whose forward made the call."""
+
+    id: int
+    kind: str
+    inputs: tuple[int, ...]
+    parent: int | None = None
+    early_stop: bool = True
+    exact: bool = True
+    note: str = ""
+    scope: str = ""
 
 
 @dataclass(eq=False)
@@ -148,6 +168,11 @@ class LayerGraph:
     constant_storages: frozenset[int] = frozenset()
     #: qualname of every wrapper module (``WRAP_ATTR``) -> the child holding the module it wraps
     wrappers: dict[str, str] = field(default_factory=dict)
+    checkpoints: list[CheckpointSegment] = field(default_factory=list)  # activation checkpointing, by id
+    #: the model as its user prepared it, read before capture: ``requires_grad`` per parameter qualname and
+    #: train mode per module qualname (what strategy ``as-is`` plans by)
+    prepared_grad: dict[str, bool] = field(default_factory=dict)
+    prepared_training: dict[str, bool] = field(default_factory=dict)
 
     def original_name(self, name: str) -> str:
         """``name`` (a module or parameter qualname) in the model before its architecture transforms

@@ -31,6 +31,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceFailure
+from .checkpoint import SEGMENTS_META, Segments, checkpoint_calls
 from .kinds import COMPOSITE_FUNCTIONS, composite_body
 from .layout import flatten, function_output
 from .leafcalls import opaque_calls
@@ -111,6 +112,8 @@ class _Recorder(TorchFunctionMode):
         self.stack: list[tuple[str, str]] = []  # (qualname, class) of the module calls running
         self.entries: list[tuple[nn.Module, bool]] = []  # per running module call: is it a recorded leaf
         self.depth = 0  # > 0 while inside a leaf module or an opaque call
+        # checkpoint calls (memplan.graph.checkpoint)
+        self.segments = Segments(self.tracked, lambda: self.stack[-1][0] if self.stack else "")
 
     # ------------------------------------------------------------------ graph building
     def bind(self, value: Any, node: fx.Node) -> None:
@@ -127,7 +130,13 @@ class _Recorder(TorchFunctionMode):
     def _node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
         node = self.graph.create_node(op, target, args, kwargs)
         node.meta["nn_module_stack"] = {q: (q, cls) for q, cls in self.stack if q}
-        return node
+        return self.segments.tag(node)
+
+    def tracked(self, value: Any) -> fx.Node | None:
+        """The node of a tensor the recording tracks (None for anything else, and inside a leaf)."""
+        if self.depth or not isinstance(value, torch.Tensor):
+            return None
+        return self.arg(value) if id(value) in self.nodes or id(value) in self.attr_names else None
 
     def arg(self, value: Any) -> Any:
         """An argument with tensors replaced by their nodes (parameters as get_attr)."""
@@ -233,7 +242,7 @@ def record(
         nn.modules.module.register_module_forward_hook(rec.post_hook),
     ]
     try:
-        with opaque_calls(model, rec.intercept), rec:
+        with opaque_calls(model, rec.intercept), checkpoint_calls(rec.segments), rec:
             out = torch.func.functional_call(model, state, (x,))
     except TraceFailure:
         raise
@@ -254,7 +263,9 @@ def record(
     for qual, value in rec.constants.items():  # GraphModule copies get_attr targets from the root
         setattr(model, qual, value)
     try:
-        return GraphModule(model, rec.graph, type(model).__name__)
+        gm = GraphModule(model, rec.graph, type(model).__name__)
+        gm.meta[SEGMENTS_META] = rec.segments.records
+        return gm
     finally:
         for qual in rec.constants:
             delattr(model, qual)

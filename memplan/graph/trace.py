@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - older / newer torch without it
     GraphModule = fx.GraphModule
 
 from ..errors import MemplanError, TraceFailure
+from .checkpoint import SEGMENTS_META, Segments, checkpoint_calls
 from .kinds import is_composite_module, module_kind
 from .layout import flatten
 from .leafcalls import opaque_calls
@@ -70,6 +71,13 @@ class LeafTracer(fx.Tracer):
         self.leaf_names = {x for x in leaf_modules if isinstance(x, str)}
         self.leaf_types = tuple(x for x in leaf_modules if isinstance(x, type))
         self.stack: list[tuple[str, str]] = []
+        self.segments = Segments(
+            lambda v: v.node if isinstance(v, fx.Proxy) else None, lambda: self.stack[-1][0] if self.stack else ""
+        )
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        """fx's node, marked with the checkpoint segments it runs in (``memplan.graph.checkpoint``)."""
+        return self.segments.tag(super().create_node(*args, **kwargs))
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return InPlaceProxy(node, self)
@@ -163,7 +171,7 @@ def trace(
     tracer = LeafTracer(leaf_modules, into_composites)
     concrete = defaulted_args(model)
     try:
-        with opaque_calls(model, tracer.intercept):
+        with opaque_calls(model, tracer.intercept), checkpoint_calls(tracer.segments):
             graph = tracer.trace(model, concrete_args=concrete or None)
     except MemplanError:
         raise
@@ -179,4 +187,6 @@ def trace(
         ) from None
     if concrete:
         _drop_specialised(graph)
-    return GraphModule(tracer.root, graph, type(model).__name__)
+    gm = GraphModule(tracer.root, graph, type(model).__name__)
+    gm.meta[SEGMENTS_META] = tracer.segments.records
+    return gm

@@ -152,11 +152,19 @@ class OpView:
 def grad_flow(graph: LayerGraph, plan: Plan) -> list[OpView]:
     """Forward requires-grad propagation: an output needs grad iff an input does or a
     parameter of the node trains. Nodes below the earliest trainable parameter therefore
-    run forward only; residual DAGs need nothing special."""
+    run forward only; residual DAGs need nothing special. A reentrant checkpoint none of whose
+    inputs needs a gradient records nothing (torch runs it under ``no_grad``; its parameters get
+    no gradient): its nodes are frozen here (:func:`_no_grad_segment`)."""
     req: list[bool] = [False] * len(graph.nodes)
     views: list[OpView] = []
+    unrecorded: dict[int, bool] = {}
     for n in graph.nodes:
         t = plan.of(n)
+        if n.segments and _no_grad_segment(graph, n, req, unrecorded):
+            views.append(
+                OpView(n, graph, FROZEN, plan.uses_batch_stats(n), False, tuple(req[i] for i in n.inputs), False, plan)
+            )
+            continue
         roles = {role(p) for p in n.uses}
         if t.any and not roles:
             raise ValueError(f"plan trains {n.name!r}, which has no parameters")
@@ -172,6 +180,18 @@ def grad_flow(graph: LayerGraph, plan: Plan) -> list[OpView]:
             req[n.index] = owner.weight > 0 if prole == "weight" else owner.bias
         views.append(OpView(n, graph, t, plan.uses_batch_stats(n), n.name in plan.approx, req_in, req[n.index], plan))
     return views
+
+
+def _no_grad_segment(graph: LayerGraph, node: Node, req: list[bool], cache: dict[int, bool]) -> bool:
+    """Whether ``node`` runs in a reentrant checkpoint segment (``LayerGraph.checkpoints``) none of
+    whose inputs needs a gradient (``req``: per node so far); ``cache``: segment id -> answer."""
+    for sid in node.segments:
+        if sid not in cache:
+            seg = graph.checkpoints[sid]
+            cache[sid] = seg.exact and seg.kind == "reentrant" and not any(req[i] for i in seg.inputs)
+        if cache[sid]:
+            return True
+    return False
 
 
 def updated_weight_numel(shape: tuple[int, ...], groups: int, fraction: float) -> int:

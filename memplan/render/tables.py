@@ -130,6 +130,12 @@ def print_profile(p: Profile, console: Console, per_layer: bool = False, binary:
         f"backward {fmt_count(t.backward_flops)}FLOPs (input {fmt_count(t.backward_grad_input_flops)}, "
         f"weight {fmt_count(t.backward_grad_weight_flops)}, bias {fmt_count(t.backward_grad_bias_flops)}; "
         f"+{fmt_count(t.backward_other_flops)} other)"
+        + (
+            f" · recomputed in the backward {fmt_count(t.recompute_flops)}FLOPs "
+            f"(+{fmt_count(t.recompute_other_flops)} other)"
+            if t.recompute_flops or t.recompute_other_flops
+            else ""
+        )
     )
     for key, value in p.extras.items():
         if key != "device":

@@ -8,6 +8,7 @@ from .base import (
     Transform,
     add_architecture,
     added_records,
+    as_prepared,
     changes_architecture,
     full_train,
     get_strategy,
@@ -27,6 +28,7 @@ __all__ = [
     "Transform",
     "add_architecture",
     "added_records",
+    "as_prepared",
     "changes_architecture",
     "full_train",
     "get_strategy",
@@ -37,12 +39,13 @@ __all__ = [
     "strategy",
     "transform_model",
     "architecture",
+    "as_is",
     "cache_reuse",
     "minilearn",
     "mobiletl",
     "sparse",
     "tinytl",
 ]
-# each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn;
+# each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn, as-is;
 # architecture registers the transforms every strategy accepts
-from . import architecture, cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402
+from . import architecture, as_is, cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402

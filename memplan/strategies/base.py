@@ -65,6 +65,8 @@ class Strategy:
     #: ``changes(**transform_options)``: whether ``transform`` changes the model with those options
     #: (``sparse``: only for a scheme with added modules); None: always
     changes: Callable[..., bool] | None = None
+    #: the model is captured (and ``--check`` runs it) under its own train / eval flags, not in train mode
+    as_prepared: bool = False
 
 
 STRATEGIES: Registry[Strategy] = Registry("method")
@@ -157,6 +159,12 @@ def compared(graph: LayerGraph) -> list[tuple[str, dict[str, Any]]]:
     (``Strategy.compare``)."""
     shown = sorted((s for s in STRATEGIES.values() if s.compare is not None), key=lambda s: s.compare[0])
     return [(s.name, opts) for s in shown if (opts := s.compare[1](graph)) is not None]
+
+
+def as_prepared(method: str | None) -> bool:
+    """Whether ``method`` plans the model under its own train / eval flags (``Strategy.as_prepared``)."""
+    st = STRATEGIES.get(method) if method is not None else None
+    return st is not None and st.as_prepared
 
 
 def get_strategy(method: str) -> Strategy:
