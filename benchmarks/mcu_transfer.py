@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from memplan.models.int8 import fp32_model, int8_model
-from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, convs, last_k_weights, trained
+from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, last_k_weights, trained
 from memplan.optim import make_optimizer
 
 MODEL = "mcunet-5fps"
@@ -203,7 +203,47 @@ def run(job: dict, data: dict[str, torch.Tensor]) -> dict:
     finite = all(math.isfinite(v) for v in losses)
     return {**{k: job[k] for k in ("id", "experiment", "method", "lr", "seed")}, "split": split, "acc": acc,
             "final_loss": float(np.mean(losses[-steps_per_epoch:])), "diverged": not finite,
-            "seconds": time.time() - t0, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"}  # fmt: skip
+            "seconds": time.time() - t0, "device": device_name(dev)}  # fmt: skip
+
+
+def device_name(dev: str) -> str:
+    return torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+
+
+# ----------------------------------------------------------------------------- memory
+STM32F746 = "stm32f746"
+
+
+def backward_config(update: Update) -> dict:
+    """tiny-training's ``backward_config`` of an update (memplan reads it as a scheme)."""
+    if update.full:
+        return {"n_bias_update": N_CONVS, "manual_weight_idx": list(range(N_CONVS)), "weight_update_ratio": 1}
+    if update.blocks:
+        per_block = 3  # expand, dw, project: the last blocks of mcunet-5fps have all three
+        k = per_block * update.blocks
+        return backward_config(Update(bias_last=k, weights=last_k_weights(N_CONVS, k)))
+    return {"n_bias_update": update.bias_last, "manual_weight_idx": [i for i, _ in update.weights],
+            "weight_update_ratio": [r for _, r in update.weights] or None,
+            "weight_select_criteria": "magnitude+"}  # fmt: skip
+
+
+def memory(update: Update, optimizer: str) -> dict:
+    """The int8 graph's training memory at batch 1, 128 px: ``tinytraining`` (the paper's analytic
+    extra memory, with the optimizer's real state) and the ``mcu`` mode's peak SRAM, and whether
+    the STM32F746 holds it (SRAM less its runtime; the int8 model in its 1 MiB flash). Bytes."""
+    import memplan
+    from memplan.accounting.devices import fit, load_device
+    from memplan.models.int8 import int8_model
+
+    cfg = backward_config(update)
+    kw = {"method": "sparse", "scheme": cfg, "batch": 1, "classes": 10, "optimizer": optimizer}
+    tt = memplan.profile(f"{MODEL}-int8", mode="tinytraining", **kw)
+    mcu = memplan.profile(f"{MODEL}-int8", mode="mcu", **kw)
+    dev = load_device(STM32F746)
+    flash = int8_model(MODEL, 10).flash_bytes()
+    return {"tinytraining_bytes": tt.totals.total_bytes, "mcu_peak_bytes": mcu.totals.peak_bytes,
+            "sram_fits": fit(mcu, dev)["margin_bytes"] >= 0, "flash_bytes": flash,
+            "flash_fits": flash <= dev.flash_bytes}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- driver
@@ -273,7 +313,9 @@ def pending(runs: dict[str, dict], experiment: str, method: str, optimizer: str,
     the choice sits on an edge, then the test seeds at the chosen rate."""
     grid = grid_of(optimizer, p)
     for widened in range(p["max_widen"] + 1):
-        missing = [(lr, s) for lr in grid for s in p["selection_seeds"] if job_id(experiment, method, lr, s) not in runs]
+        missing = [
+            (lr, s) for lr in grid for s in p["selection_seeds"] if job_id(experiment, method, lr, s) not in runs
+        ]
         if missing:
             return missing
         best = choose(runs, experiment, method, grid, p)
@@ -298,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--set", nargs="*", default=[], help="protocol overrides KEY=JSON (cheap forms)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no run after this many seconds")
+    ap.add_argument("--report-only", action="store_true", help="rebuild the report from runs.jsonl, train nothing")
     args = ap.parse_args(argv)
     p = dict(PROTOCOL)
     for kv in args.set:
@@ -305,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         p[k] = json.loads(v)
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "runs.jsonl"
+    if args.report_only:
+        p = json.loads((args.out / "protocol.json").read_text())
+        return write_report(args.out, report(read_runs(log), args.experiments, p))
     (args.out / "protocol.json").write_text(json.dumps(p, indent=1))
     t0 = time.time()
     ctx = mp.get_context("spawn" if args.device == "cuda" or os.environ.get("MCU_SPAWN") else "fork")
@@ -313,13 +359,23 @@ def main(argv: list[str] | None = None) -> int:
         while time.time() - t0 < args.budget_s:
             runs = read_runs(log)
             jobs = [
-                {"id": job_id(e, m, lr, s), "experiment": e, "method": m, "lr": lr, "seed": s,
-                 "device": args.device, "protocol": p, "deadline": t0 + args.budget_s}  # fmt: skip
+                {
+                    "id": job_id(e, m, lr, s),
+                    "experiment": e,
+                    "method": m,
+                    "lr": lr,
+                    "seed": s,
+                    "device": args.device,
+                    "protocol": p,
+                    "deadline": t0 + args.budget_s,
+                }  # fmt: skip
                 for e in args.experiments
                 for m, (_, _, opt) in methods()[e].items()
                 if args.methods is None or m in args.methods
                 for lr, s in pending(runs, e, m, opt, p)
             ]
+            if args.methods:  # in the order asked for
+                jobs.sort(key=lambda j: args.methods.index(j["method"]))
             if not jobs:
                 break
             for r in ex.map(_worker, jobs):
@@ -327,10 +383,36 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 with open(log, "a") as f:
                     f.write(json.dumps(r) + "\n")
-                print(f"{time.time() - t0:6.0f}s {r['experiment']:6} {r['method'][:38]:38} lr {r['lr']:<8g} seed {r['seed']:<3} "
+                print(f"{time.time() - t0:6.0f}s {r['experiment']:6} {r['method'][:38]:38} lr {r['lr']:<8g} "
+                      f"seed {r['seed']:<3} "
                       f"{r['split']:4} {r['acc']:6.2f}% {r['seconds']:6.1f}s", flush=True)  # fmt: skip
-    print(json.dumps(report(read_runs(log), args.experiments, p), indent=1))
+    return write_report(args.out, report(read_runs(log), args.experiments, p))
+
+
+def write_report(out: Path, rep: dict) -> int:
+    """``report.json`` (atomic) and the Markdown tables on stdout."""
+    tmp = out / ".report.json.tmp"
+    tmp.write_text(json.dumps(rep, indent=1))
+    os.replace(tmp, out / "report.json")
+    print(markdown(rep))
     return 0
+
+
+def markdown(rep: dict) -> str:
+    lines = []
+    for e, rows in rep["experiments"].items():
+        head = "| method | optimizer | tinytraining (B) | mcu peak (B) | STM32F746 | test acc % | seeds | lr | device |"
+        lines += [f"### {e}", "", head, "|---|---|---:|---:|---|---:|---:|---:|---|"]
+        for m, r in rows.items():
+            mem = r["memory"]
+            fits = "fits" if mem["sram_fits"] and mem["flash_fits"] else "no (SRAM)" if mem["flash_fits"] else "no"
+            acc = f"{r['mean']:.2f} ± {r['ci95']:.2f}" if len(r["test"]) > 1 else f"{r['mean']:.2f} (1 seed)"
+            if r["diverged_seeds"]:
+                acc += f" ({r['diverged_seeds']} diverged)"
+            lines.append(f"| {m} | {r['optimizer']} | {mem['tinytraining_bytes']:,} | {mem['mcu_peak_bytes']:,} | "
+                         f"{fits} | {acc} | {len(r['test'])} | {r['lr']:.3g} | {r['device']} |")  # fmt: skip
+        lines.append("")
+    return "\n".join(lines)
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
@@ -349,12 +431,19 @@ def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
         for m, (_, _, opt) in methods()[e].items():
             grid = expanded_grid(runs, e, m)
             best = choose(runs, e, m, grid, p) if grid else None
-            tests = [runs[job_id(e, m, best, s)] for s in p["test_seeds"] if best is not None and job_id(e, m, best, s) in runs]
+            tests = [
+                runs[job_id(e, m, best, s)]
+                for s in p["test_seeds"]
+                if best is not None and job_id(e, m, best, s) in runs
+            ]
             if not tests:
                 continue
             mean, ci = mean_ci([r["acc"] for r in tests])
+            _, update, _ = methods()[e][m]
+            devices = sorted({r["device"] for r in tests})
             rows[m] = {"optimizer": opt, "lr": best, "grid": grid, "test": [r["acc"] for r in tests], "mean": mean,
-                       "ci95": ci, "diverged": any(r["diverged"] for r in tests), "device": tests[0]["device"]}  # fmt: skip
+                       "ci95": ci, "diverged_seeds": sum(r["diverged"] or r["acc"] <= 10.0 for r in tests),
+                       "device": " + ".join(devices), "memory": memory(update, opt)}  # fmt: skip
         out["experiments"][e] = rows
     return out
 

@@ -95,7 +95,9 @@ class Int8Net(nn.Module):
         self.stem = ConvClamp(_quant_conv(fmt, cfg["first_conv"]))
         blocks = []
         for blk in cfg["blocks"]:
-            convs = [(name, ConvClamp(_quant_conv(fmt, blk[key]))) for key, name in _BLOCK_CONVS if blk[key] is not None]
+            convs = [
+                (name, ConvClamp(_quant_conv(fmt, blk[key]))) for key, name in _BLOCK_CONVS if blk[key] is not None
+            ]
             blocks.append(Int8Block(convs, _residual(blk)))
         self.blocks = nn.Sequential(*blocks)
         self.head = ConvClamp(_quant_conv(fmt, cfg["feature_mix"])) if cfg["feature_mix"] else None
@@ -109,6 +111,17 @@ class Int8Net(nn.Module):
             p = fc["params"]
             self.dequant = Dequantize(p["x_zero"], p["x_scale"])
             self.classifier = nn.Linear(fc["in_channel"], num_classes)
+
+    def flash_bytes(self) -> int:
+        """Bytes of the deployed model in flash: int8 weights (1 B), int32 biases (4 B) and the fp32
+        head (4 B per parameter), as stored on the device; scales and zero points left out."""
+        total = 0
+        for m in self.modules():
+            if isinstance(m, QuantConv2d):
+                total += m.weight.numel() + 4 * m.bias.numel()
+            elif isinstance(m, nn.Linear):
+                total += 4 * sum(p.numel() for p in m.parameters())
+        return total
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.blocks(self.stem(x))
