@@ -390,12 +390,54 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_report(out: Path, rep: dict) -> int:
-    """``report.json`` (atomic) and the Markdown tables on stdout."""
+    """``report.json`` (atomic), ``fig9.png`` (the memory-accuracy plot) and the Markdown tables on stdout."""
     tmp = out / ".report.json.tmp"
     tmp.write_text(json.dumps(rep, indent=1))
     os.replace(tmp, out / "report.json")
+    if rep["experiments"].get("fig9"):
+        plot(rep["experiments"]["fig9"], out / "fig9.png")
     print(markdown(rep))
     return 0
+
+
+def plot(rows: dict, path: Path) -> None:
+    """Test accuracy (mean, 95% CI) against the ``tinytraining`` memory (log scale, kB), one
+    series per kind of update; the STM32F746's budget as a line."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from memplan.accounting.devices import load_device
+    from memplan.io import save_figure
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for kind, marker in (("biases of the last", "o"), ("weights+biases of the last", "s"), ("", "*")):
+        pts = [(r["memory"]["tinytraining_bytes"] / 1000, r["mean"], r["ci95"], m) for m, r in rows.items()
+               if (m.startswith(kind) if kind else not m.startswith(("biases", "weights")))]  # fmt: skip
+        if not pts:
+            continue
+        pts.sort()
+        xs, ys, es, names = zip(*pts)
+        es = [0 if math.isnan(e) else e for e in es]
+        ax.errorbar(xs, ys, yerr=es, marker=marker, ms=9 if marker == "*" else 5, capsize=3,
+                    ls="-" if kind else "none", label=f"{kind} k convs" if kind else "other")  # fmt: skip
+        for x, y, name in zip(xs, ys, names):
+            if not kind:
+                ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, -10), fontsize=7)
+    dev = load_device(STM32F746)
+    ax.axvline(dev.budget_for("tinytraining") / 1000, color="grey", ls=":", label="STM32F746 training budget")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("training memory, tinytraining mode (kB, batch 1, 128 px)")
+    ax.set_ylabel("CIFAR-10 test accuracy (%)")
+    ax.set_title("int8 mcunet-5fps + QAS on CIFAR-10 (256KB paper's setting)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=120)
+    plt.close(fig)
 
 
 def markdown(rep: dict) -> str:
