@@ -49,6 +49,7 @@ from .graph import LayerGraph, channel_index_problem, role
 from .graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
 from .nn.choice import lean_class
 from .nn.lean import LEAN_MODULES, SubChannelConv, restore
+from .nn.lean.conv import select_channels
 from .nn.transforms import replace_module
 from .plan import Plan, Train, grad_flow, scheme_to_plan
 from .strategies import add_architecture, make_plan
@@ -96,6 +97,21 @@ def _capture(model: nn.Module, input_shape: Sequence[int], **options: Any) -> Ca
     """The capture pipeline (``memplan.capture``) on a built model at ``input_shape`` (batch first)."""
     shape = tuple(input_shape)
     return capture(model, shape[1:], batch=shape[0], name="model", **options)
+
+
+def _sub_channels_in_place(op: Any) -> None:
+    """A sub-channel update of a conv no lean module replaces: realised by the module itself when it
+    can (``train_channels(indices)``: the int8 graph's ``QuantConv2d`` masks the other channels'
+    weight gradient), refused otherwise (its whole weight would train)."""
+    m, t = op.node.module, op.train
+    if not hasattr(m, "train_channels"):
+        raise BadOption(
+            f"plan updates {t.weight:g} of conv {op.node.name!r} ({type(m).__name__}), which no lean module "
+            "replaces and which cannot train a channel subset itself",
+            "update that conv whole (ratio 1) or not at all",
+        )
+    channels = t.channels if t.channels is not None else select_channels(m.weight, m.groups, t.weight, t.select)
+    m.train_channels(torch.as_tensor(channels, dtype=torch.int64))
 
 
 def _build(cls: type[nn.Module], m: nn.Module, train: Train) -> nn.Module:
@@ -178,6 +194,9 @@ def apply_plan(
     for op in ops:
         cls = lean_class(op)
         qual = names.get(id(op.node.module), "")
+        if cls is None and op.kind == "conv" and 0 < op.train.weight < 1:
+            _sub_channels_in_place(op)
+            continue
         if cls is None or type(op.node.module) is cls or qual in swaps:
             continue
         try:
