@@ -98,7 +98,26 @@ def _call_attrs(node: fx.Node, kind: str) -> dict[str, Any]:
         attrs["feature"] = False
     if kind == "mean":
         attrs["keepdim"] = node.kwargs.get("keepdim", False)
+    if kind == "getitem" and len(node.args) > 1:
+        attrs["sequence_index_bytes"] = _sequence_index_bytes(node.args[1])
     return attrs
+
+
+def _sequence_index_bytes(index: Any) -> tuple[int, ...]:
+    """Bytes of the index tensor PyTorch makes, at each call, of each Python sequence of ints or
+    bools in a subscript (``x[:, [2, 0, 1]]``: int64; ``x[:, [True, False]]``: bool). A tuple subscript
+    holds one index per dim; a list subscript is one sequence index."""
+    out = []
+    for item in index if isinstance(index, tuple) else (index,):
+        if not isinstance(item, (list, tuple)):
+            continue
+        try:
+            t = torch.tensor(item)
+        except (TypeError, ValueError, RuntimeError):  # slices, tensors or proxies inside: not one index
+            continue
+        if t.dtype in (torch.int64, torch.bool):
+            out.append(t.numel() * t.element_size())
+    return tuple(out)
 
 
 def _param_source(node: Any, gm: fx.GraphModule) -> str | None:

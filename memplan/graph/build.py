@@ -27,6 +27,7 @@ from .kinds import FUNCTIONAL_LAYERS
 from .layout import _pad_mode, flatten
 from .meta_runner import _MetaRunner
 from .model import TAG_ATTR, WRAP_ATTR, CheckpointSegment, LayerGraph, Node, Param, TensorInfo, role
+from .saved import storage_key
 
 
 @dataclass
@@ -103,6 +104,7 @@ class GraphBuilder:
         self.params_of = dict(model.named_parameters())
         self.state_names = {q for q, _ in model.named_parameters(remove_duplicate=False)}
         self.state_names.update(q for q, _ in model.named_buffers(remove_duplicate=False))
+        self.state_storages = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
         self.scope_tags = _tagger(model)
         self.fx_index: dict[fx.Node, int] = {}
         self.seen_params: set[str] = set()
@@ -170,7 +172,7 @@ class GraphBuilder:
         outs = tuple(
             self.info(t, is_param=(fxn.op == "get_attr")) for t in flatten(value) if isinstance(t, torch.Tensor)
         )
-        if fxn.op == "get_attr" and fxn.target not in self.state_names:  # a constant the model reads
+        if fxn.op == "get_attr" and self.is_constant(fxn):
             self.constant_storages.update(t.storage for t in outs)
         if kind == "unknown" and not outs and fxn.op in ("call_function", "call_method"):
             kind = "meta"  # Python values only (shape arithmetic: c // heads): nothing autograd could keep
@@ -206,6 +208,17 @@ class GraphBuilder:
                 fx_consts={a: self.runner.env.get(a) for a in fxn.all_input_nodes if a not in ops.in_fx},
             )
         )
+
+    def is_constant(self, fxn: fx.Node) -> bool:
+        """Whether the ``get_attr`` node ``fxn`` reads a constant: a tensor the model reads from outside
+        itself (a module-level cache). A parameter or buffer is none, nor is another tensor object on
+        one's storage: fx lifts ``Variable(self.index)`` or ``self.mask.detach()`` of a buffer, evaluated
+        while tracing, as a ``_tensor_constant``, but autograd saves the buffer's own storage, which
+        ``saved_tensors_hooks`` measurements leave out with the model's state."""
+        if fxn.target in self.state_names:
+            return False
+        real = [t for t in flatten(self.runner.fetch_attr(fxn.target)) if isinstance(t, torch.Tensor)]
+        return any(storage_key(t) not in self.state_storages for t in real)
 
     def value_of(self, fxn: fx.Node) -> Any:
         """The propagated value of ``fxn``; for the output node, the logits tensor it selects."""

@@ -35,6 +35,7 @@ from .checkpoint import SEGMENTS_META, Segments, checkpoint_calls
 from .kinds import COMPOSITE_FUNCTIONS, composite_body
 from .layout import flatten, function_output
 from .leafcalls import opaque_calls
+from .saved import storage_key
 from .trace import GraphModule, LeafTracer, user_frame
 
 #: Tensor dunder methods and the operator fx records for them (reflected ones swap operands)
@@ -109,6 +110,7 @@ class _Recorder(TorchFunctionMode):
         self.names = {id(m): q for q, m in model.named_modules()}
         self.attr_names: dict[int, str] = {}
         self.constants: dict[str, torch.Tensor] = {}  # tensors the model reads from outside itself
+        self.real_state: dict[int, torch.Tensor] = {}  # storage of a meta state tensor -> the model's tensor
         self.stack: list[tuple[str, str]] = []  # (qualname, class) of the module calls running
         self.entries: list[tuple[nn.Module, bool]] = []  # per running module call: is it a recorded leaf
         self.depth = 0  # > 0 while inside a leaf module or an opaque call
@@ -146,7 +148,7 @@ class _Recorder(TorchFunctionMode):
                 qual = self.attr_names.get(id(value))
                 if qual is None:  # read from outside the model (a module-level cache): a constant
                     qual = f"_memplan_constant{len(self.constants)}"
-                    self.constants[qual] = value
+                    self.constants[qual] = self.outside(value)
                 node = self.nodes[id(value)] = self._node("get_attr", qual, (), {})
             return node
         if isinstance(value, (list, tuple)):
@@ -155,6 +157,17 @@ class _Recorder(TorchFunctionMode):
         if isinstance(value, dict):
             return {k: self.arg(v) for k, v in value.items()}
         return value
+
+    def outside(self, value: torch.Tensor) -> torch.Tensor:
+        """The graph's constant for a tensor no recorded call made: ``value`` itself, or, where it views
+        the storage of a parameter or buffer (``Variable(self.index)``: an alias made where no torch
+        function sees it), the same view of the model's own tensor, as symbolic tracing lifts it."""
+        real = self.real_state.get(storage_key(value))
+        if real is None:
+            return value
+        with torch.no_grad():
+            alias = torch.empty(0, dtype=value.dtype, device=real.device)
+            return alias.set_(real.untyped_storage(), value.storage_offset(), value.shape, value.stride())
 
     def record(self, target: Any, args: tuple, kwargs: dict, out: Any, op: str = "call_function") -> Any:
         self.bind(out, self._node(op, target, self.arg(args), self.arg(kwargs)))
@@ -229,12 +242,11 @@ def record(
     """
     rec = _Recorder(model, leaf_modules)
     rec.model_name, rec.root = name, model
-    state = {
-        k: torch.empty_like(v, device="meta")
-        for k, v in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    }
+    real = dict([*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)])
+    state = {k: torch.empty_like(v, device="meta") for k, v in real.items()}
     for qual, t in state.items():
         rec.attr_names.setdefault(id(t), qual)
+        rec.real_state[storage_key(t)] = real[qual]
     placeholder = rec._node("placeholder", "x", (), {})
     rec.bind(x, placeholder)
     hooks = [

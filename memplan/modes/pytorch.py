@@ -273,15 +273,16 @@ def pad(op: OpView):
 
 @rule("getitem")
 def getitem(op: OpView):
-    """Basic indexing (ints, slices) is a view and keeps nothing; advanced indexing by integer
-    tensors (``table[index]``: relative position biases) keeps the index tensors for the
-    gradient of the indexed tensor (a boolean mask is turned into new index tensors)."""
+    """Basic indexing (ints, slices) is a view and keeps nothing; advanced indexing keeps its
+    indices for the gradient of the indexed tensor: an integer index tensor (``table[index]``:
+    relative position biases; ``x[:, perm]``: a channel permutation) or a boolean mask as given, and
+    the new int64 / bool tensor made of a Python sequence (``x[:, [2, 0, 1]]``) at each call."""
     if op.req_in and op.req_in[0]:
         for t in op.node.in_tensors[1:]:
-            if t.dtype == torch.bool:
-                yield private(t.numel * 8 * len(t.shape), "indices of a boolean mask (upper bound)")
-            elif not t.dtype.is_floating_point:
+            if not t.dtype.is_floating_point:
                 yield tensor(op, t, "index")
+        for nbytes in op.node.attrs.get("sequence_index_bytes", ()):
+            yield private(nbytes, "index tensor made of a Python sequence")
 
 
 @rule("add", "sub", "cat", "fold", "interpolate", "mean", "view", "identity", "meta", "param", "input", "output")
