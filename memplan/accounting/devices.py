@@ -97,12 +97,14 @@ def flash_fit(dev: Device, needed: int) -> dict[str, Any]:
     return {"flash_bytes": dev.flash_bytes, "flash_needed_bytes": needed, "flash_fits": fits}
 
 
-def fit(p: Profile, dev: Device, graph: LayerGraph) -> dict[str, Any]:
+def fit(p: Profile, dev: Device, graph: LayerGraph | None = None) -> dict[str, Any]:
     """Whether ``p``'s peak fits ``dev``'s SRAM in ``p``'s mode: budget, peak and margin (budget -
-    peak; negative: does not fit), ``fits`` (the SRAM verdict); and whether ``graph``'s frozen
-    model fits its flash (:func:`flash_fit` of :func:`deployed_bytes`). All sizes in bytes."""
+    peak; negative: does not fit), ``fits`` (the SRAM verdict); with ``graph`` (the profiled
+    model's), whether its frozen model fits the flash (:func:`flash_fit` of :func:`deployed_bytes`).
+    All sizes in bytes."""
     budget = dev.budget_for(p.mode)
     peak = p.totals.peak_bytes
+    flash = {} if graph is None else flash_fit(dev, deployed_bytes(graph, p.mode))
     return {
         "name": dev.name,
         "mode": p.mode,
@@ -111,7 +113,7 @@ def fit(p: Profile, dev: Device, graph: LayerGraph) -> dict[str, Any]:
         "peak_bytes": peak,
         "margin_bytes": budget - peak,
         "fits": peak <= budget,
-        **flash_fit(dev, deployed_bytes(graph, p.mode)),
+        **flash,
     }
 
 
