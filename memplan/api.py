@@ -284,7 +284,7 @@ def profile_captured(
     )
     prof.extras.update(strategy_extras(cap.graph, plan, prof))
     if device is not None:
-        prof.extras["device"] = fit(prof, device)
+        prof.extras["device"] = fit(prof, device, cap.graph)
     if check:
         prof.check = asdict(self_check(cap.model, cap.graph, plan))
     return prof

@@ -11,6 +11,11 @@ and assumptions). All sizes are integers in bytes.
 
 Budget (:meth:`Device.budget_for`): ``sram_bytes - runtime_bytes`` for a mode whose peak is the
 whole step (``mcu``, ``pytorch``, ...), ``sram_bytes - reserve_bytes`` for an extra-only mode.
+
+Flash (:func:`deployed_bytes`, :func:`fit`): the frozen model as the mode deploys it must also fit
+``flash_bytes``. A model too large for flash is reported (``flash_fits`` False, a warning in the
+search), not refused: the SRAM verdict of training is still meaningful, and the deployed form
+(another quantisation, external flash) is the user's choice.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..costs.records import Profile
 from ..errors import BadOption
+from ..graph import LayerGraph, role
 from ..io import read_json, shipped, validated
 from ..modes import MODES, get_mode
 
@@ -66,11 +72,39 @@ class Device(BaseModel):
         return f"SRAM {self.sram_bytes} B - runtime {self.runtime_bytes} B (mode {mode} models the whole step)"
 
 
-def fit(p: Profile, dev: Device) -> dict[str, Any]:
-    """Whether ``p``'s peak fits ``dev`` in ``p``'s mode: budget, peak and margin (budget - peak;
-    negative: does not fit), all in bytes."""
+def deployed_bytes(graph: LayerGraph, mode: str) -> int:
+    """Bytes of the frozen model as ``mode`` deploys it (what must fit flash), from the captured
+    graph's parameters (each counted once): in a mode with ``Mode.deployed_bits`` (``tinytraining``,
+    ``mcu``: int8 weights, int32 biases) every bias (a conv / linear bias, a norm's shift) at the
+    bias bits and every other parameter (conv / linear weights, a norm's scale) at the weight bits,
+    as those modes charge an updated parameter; in another mode each parameter at its own dtype's
+    itemsize. Buffers (running statistics, quantisation scales) are left out."""
+    bits = get_mode(mode).deployed_bits
+    total_bits = 0
+    for node in graph.nodes:
+        for name, param in node.params.items():
+            if bits is None:
+                total_bits += param.numel * param.dtype.itemsize * 8
+            else:
+                total_bits += param.numel * bits[role(name) == "bias"]
+    return -(-total_bits // 8)
+
+
+def flash_fit(dev: Device, needed: int) -> dict[str, Any]:
+    """``flash_bytes`` (None: the device has none), ``flash_needed_bytes`` (``needed``, bytes) and
+    ``flash_fits`` (None without flash)."""
+    fits = None if dev.flash_bytes is None else needed <= dev.flash_bytes
+    return {"flash_bytes": dev.flash_bytes, "flash_needed_bytes": needed, "flash_fits": fits}
+
+
+def fit(p: Profile, dev: Device, graph: LayerGraph | None = None) -> dict[str, Any]:
+    """Whether ``p``'s peak fits ``dev``'s SRAM in ``p``'s mode: budget, peak and margin (budget -
+    peak; negative: does not fit), ``fits`` (the SRAM verdict); with ``graph`` (the profiled
+    model's), whether its frozen model fits the flash (:func:`flash_fit` of :func:`deployed_bytes`).
+    All sizes in bytes."""
     budget = dev.budget_for(p.mode)
     peak = p.totals.peak_bytes
+    flash = {} if graph is None else flash_fit(dev, deployed_bytes(graph, p.mode))
     return {
         "name": dev.name,
         "mode": p.mode,
@@ -79,6 +113,7 @@ def fit(p: Profile, dev: Device) -> dict[str, Any]:
         "peak_bytes": peak,
         "margin_bytes": budget - peak,
         "fits": peak <= budget,
+        **flash,
     }
 
 

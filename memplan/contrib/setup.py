@@ -93,11 +93,12 @@ def _weights_path(model: Any, weights: str | os.PathLike) -> tuple[Path, str]:
 
 def _task(model: Any, data: str, src: Source, resolution: int | None, split: dict[str, Any]) -> Data:
     """The task at the model's input: a zoo model's shape at ``resolution`` (default: the source's,
-    else the zoo's); other models keep the data's shape, resized to C x r x r with ``resolution``."""
+    else the zoo's), standardised by its input convention (``ZooEntry.normalize``) if it has one;
+    other models keep the data's shape, resized to C x r x r with ``resolution``."""
     entry = _zoo_entry(model)
     if entry is not None:
         res = resolution or src.resolution or entry.resolution
-        return load_data(data, tuple(entry.input_shape(res)), **split)
+        return load_data(data, tuple(entry.input_shape(res)), normalize=entry.normalize, **split)
     task = load_data(data, None, **split)
     if resolution is not None:
         shape = (task.x_train.shape[1], resolution, resolution)
@@ -105,6 +106,18 @@ def _task(model: Any, data: str, src: Source, resolution: int | None, split: dic
         if task.x_val is not None:
             task.x_val = fit_to(task.x_val, shape)
     return task
+
+
+def normalization(model: Any, task: Data) -> dict[str, Any]:
+    """How every split was standardised, ``(x - mean) / std`` per channel on [0, 1] images: by the
+    zoo model's own input convention (``ZooEntry.normalize``) or by the training images' moments."""
+    entry = _zoo_entry(model)
+    own = entry is not None and entry.normalize is not None
+    return {
+        "from": "the model's input convention" if own else "the training images",
+        "mean": task.mean.flatten().tolist() if task.mean is not None else None,
+        "std": task.std.flatten().tolist() if task.std is not None else None,
+    }
 
 
 def build_setup(
@@ -160,6 +173,7 @@ def build_setup(
         source = {"source": AS_BUILT}
     dataset = {
         **task.summary(),
+        "normalization": normalization(model, task),
         "digest": data_digest(task),
         "spec": data,
         "validation_split": validation,

@@ -61,6 +61,9 @@ class Mode:
     #: ``memplan profile --per-layer`` also prints the cost of updating each conv (the 256KB
     #: paper's Figure 11a, ``memplan.api.update_costs``)
     conv_update_table: bool = False
+    #: (weight, bias) bits of the frozen model as deployed (``accounting.devices.deployed_bytes``);
+    #: None: the parameters' own dtype
+    deployed_bits: tuple[int, int] | None = None
 
     def __init__(self, parent: Mode | None = None):
         self.parent = parent

@@ -135,6 +135,7 @@ class TinyTrainingMode(Mode):
     )
     extra_only = True
     conv_update_table = True
+    deployed_bits = (WEIGHT_BITS, BIAS_BITS)  # the int8 model in flash: int8 weights, int32 biases
     #: bits of one optimizer buffer element (None: the parameter's own bits, the paper's quantised buffer)
     state_bits: int | None = None
     #: keep a gradient accumulator per updated element, at ``accumulation_bits``

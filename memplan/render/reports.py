@@ -20,6 +20,7 @@ from ..search.objective import OBJECTIVES
 from ..search.result import SearchResult
 from ..units import fmt_bytes, fmt_flops
 from ..verify import SETUPS, VerifyReport
+from .tables import flash_verdict
 
 
 def reproduction_json(rows: Sequence[Reproduction]) -> str:
@@ -175,6 +176,8 @@ def print_search(result: SearchResult, console: Console) -> None:
         f"= {fmt_bytes(r.budget_bytes, binary=True)}{dev} · read as {r.budget_convention}"
     )
     console.print(f"budget convention: {r.mode} mode, {r.metric}: {get_mode(r.mode).description}", markup=False)
+    if r.flash and r.flash["flash_fits"] is not None:
+        console.print(flash_verdict({**r.flash, "name": r.device.name}))
     for warning in getattr(r, "warnings", ()):
         console.print(f"warning: {warning}", style="yellow", markup=False)
     console.print(

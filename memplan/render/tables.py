@@ -40,6 +40,19 @@ def _cost_notes(profiles: Sequence[Profile], console: Console) -> None:
         )
 
 
+def flash_verdict(dev: dict[str, Any], binary: bool = False) -> str:
+    """Whether the frozen model fits the device's flash (a fit dict of ``accounting.devices.fit``
+    or ``flash_fit``); "" for a device without flash."""
+    if dev.get("flash_fits") is None:
+        return ""
+    needed, flash = dev["flash_needed_bytes"], dev["flash_bytes"]
+    verdict = "[green]fits[/]" if dev["flash_fits"] else "[red]does not fit[/]"
+    return (
+        f"frozen model {fmt_bytes(needed, binary)} {verdict} the {fmt_bytes(flash, binary)} flash of {dev['name']}"
+        f" (margin {fmt_bytes(flash - needed, binary)})"
+    )
+
+
 def _peak_notes(p: Profile, console: Console, binary: bool = False) -> None:
     """How the peak was simulated (schedule, kernel workspaces) and, with a device, whether it fits."""
     ws = p.workspace or {}
@@ -67,6 +80,9 @@ def _peak_notes(p: Profile, console: Console, binary: bool = False) -> None:
             f"{verdict} (peak {fmt_bytes(dev['peak_bytes'], binary)} of {fmt_bytes(dev['budget_bytes'], binary)}"
             f" = {dev['budget']})"
         )
+        flash = flash_verdict(dev, binary)
+        if flash:
+            console.print(flash)
 
 
 def _tally(dicts: Iterable[dict[str, int]]) -> str:

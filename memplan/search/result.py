@@ -27,6 +27,8 @@ class SearchResult:
     budget_text: str  # as given ("100KB", or the device name)
     budget_convention: str  # how the text was read
     device: Device | None
+    # with a device: its flash and the frozen model's deployed size (accounting.devices.flash_fit), bytes
+    flash: dict[str, Any] | None
     profile_path: str | None
     profile_hash: str
     scheme: Scheme

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from ..accounting.devices import Device, load_device
+from ..accounting.devices import Device, deployed_bytes, flash_fit, load_device
 from ..api import Captured
 from ..errors import BadOption
 from ..options import with_keywords
@@ -64,6 +64,7 @@ class _Search:
     budget_text: str
     convention: str
     device: Device | None
+    flash: dict[str, Any] | None = None  # with a device: accounting.devices.flash_fit of the model
     flops_budget: int | None = None  # backward FLOPs per training step (memory.FLOPS_FIGURE)
     flops_text: str | None = None  # as given
     objective: str = ""  # what is maximised: the option, else the profile's default (_prepare)
@@ -98,6 +99,7 @@ def run_search(model: str | nn.Module | None = None, opts: SearchOptions | None 
     cap, contributions, profile_path = capture_inputs(model, search.opts.inputs)
     search.seconds["capture"] = time.perf_counter() - t0
     search.warnings += resolution_warnings(cap, contributions)
+    _check_flash(search, cap)
     prepared, additivity = _prepare(search, cap, contributions)
     method, runs, measured = _run(search, prepared, additivity)
     return _result(search, cap, contributions, profile_path, prepared, additivity, method, runs, measured)
@@ -119,6 +121,20 @@ def _start(opts: SearchOptions) -> _Search:
     if acc.flops_budget is not None:
         search.flops_budget, search.flops_text = parse_flops(acc.flops_budget), str(acc.flops_budget)
     return search
+
+
+def _check_flash(search: _Search, cap: Captured) -> None:
+    """With a device: whether the frozen model, as the mode deploys it, fits its flash
+    (``search.flash``); a warning when it does not (not refused: ``accounting.devices``)."""
+    if search.device is None:
+        return
+    search.flash = flash_fit(search.device, deployed_bytes(cap.graph, search.mode))
+    if search.flash["flash_fits"] is False:
+        search.warnings.append(
+            f"the frozen model ({search.flash['flash_needed_bytes']} B as mode {search.mode} deploys it) does not "
+            f"fit the {search.flash['flash_bytes']} B flash of {search.device.name}: the scheme fits its SRAM, "
+            "but the model cannot be deployed there as it is"
+        )
 
 
 def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tuple[Prepared, Additivity]:
@@ -261,6 +277,7 @@ def _result(  # the steps' products, each used once here
         budget_text=search.budget_text,
         budget_convention=search.convention,
         device=search.device,
+        flash=search.flash,
         profile_path=str(profile_path) if profile_path is not None else None,
         profile_hash=contributions.sha256,
         scheme=scheme,

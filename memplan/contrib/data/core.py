@@ -7,7 +7,9 @@ final evaluations), keeps ``train_per_class`` training images per class (and ``t
 test images), converts images to float32 N x C x H x W (uint8 / values > 1 scaled to [0, 1]),
 resizes them (bilinear, antialiased) to the model's per-sample shape (grey repeated to 3
 channels, RGB averaged to 1 when the model asks) and standardises every split with the
-per-channel mean / std of the training images kept. Subsetting comes before resizing, so a
+per-channel mean / std of the training images kept, or with the model's own input convention
+when it has one (``normalize``: one (mean, std) for every channel, on images in [0, 1]; the
+256KB paper's int8 graphs take ``pixel - 127.5``, i.e. (0.5, 1/255)). Subsetting comes before resizing, so a
 60,000-image source costs only the images kept.
 """
 
@@ -45,7 +47,7 @@ class Data:
     x_val: Tensor | None = None
     y_val: Tensor | None = None
     mean: Tensor | None = None  # 1 x C x 1 x 1: the per-channel mean and std every split was standardised with
-    std: Tensor | None = None  # (those of the training images kept, after resizing; None: not recorded)
+    std: Tensor | None = None  # (those of the training images kept after resizing, or the model's; None: not recorded)
 
     def summary(self) -> dict[str, Any]:
         out = {
@@ -147,6 +149,14 @@ def _moments(train: Tensor) -> tuple[Tensor, Tensor]:
     return train.mean(dims, keepdim=True), train.std(dims, keepdim=True).clamp_min(1e-6)
 
 
+def _fixed(normalize: tuple[float, float], channels: int) -> tuple[Tensor, Tensor]:
+    """A model's (mean, std) convention as 1 x C x 1 x 1 tensors (the same value for every channel)."""
+    mean, std = normalize
+    if not std > 0:
+        raise BadData(f"the model's input convention needs a positive std, got {std!r}")
+    return torch.full((1, channels, 1, 1), float(mean)), torch.full((1, channels, 1, 1), float(std))
+
+
 def model_input(x: Any, sample_shape: Sequence[int], mean: Tensor, std: Tensor) -> Tensor:
     """Images in any layout :func:`prepare` reads (uint8 or values above 1 scaled by 1/255) as the model
     input of a task: resized to ``sample_shape`` (channels matched) and standardised with ``mean`` /
@@ -199,11 +209,14 @@ def prepare(
     train_per_class: int | None = None,
     test_per_class: int | None = None,
     seed: int = 0,
+    normalize: tuple[float, float] | None = None,
 ) -> Data:
     """The task of ``raw`` ready for the model (module docstring): ``validation`` images per class
     (int) or fraction (float) carved from the training split with seed ``seed``; then at most
     ``train_per_class`` / ``test_per_class`` images per class (seeds ``seed + 1`` / ``seed + 2``);
-    resized to ``sample_shape`` (None keeps the images' own) and standardised."""
+    resized to ``sample_shape`` (None keeps the images' own) and standardised: with ``normalize``
+    = (mean, std) of the model's input convention on [0, 1] images, else with the training images'
+    per-channel moments."""
     name = raw.name
     n_train, n_test = len(raw.x_train), len(raw.x_test)
     ytr, yte = _as_labels(raw.y_train, n_train, f"{name}: y_train"), _as_labels(raw.y_test, n_test, f"{name}: y_test")
@@ -230,7 +243,7 @@ def prepare(
         fit_to(xte, sample_shape),
         *([fit_to(xva, sample_shape)] if xva is not None else []),
     ]
-    mean, std = _moments(sized[0])
+    mean, std = _moments(sized[0]) if normalize is None else _fixed(normalize, sized[0].shape[1])
     parts = [(t - mean) / std for t in sized]
     data = Data(
         name,

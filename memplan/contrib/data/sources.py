@@ -88,9 +88,12 @@ def load_data(
     validation: Validation | None = None,
     test_per_class: int | None = None,
     seed: int = 0,
+    normalize: tuple[float, float] | None = None,
 ) -> Data:
     """The task named by ``spec`` (module docstring) at the model's ``sample_shape`` (None keeps the
-    images' own), with a validation split and subsets as :func:`~memplan.contrib.data.core.prepare` makes them."""
+    images' own), with a validation split, subsets and standardisation (``normalize``: the model's
+    (mean, std) input convention, None: the training images' moments) as
+    :func:`~memplan.contrib.data.core.prepare` makes them."""
     raw = source_of(spec).read(spec, sample_shape)
     return prepare(
         raw,
@@ -99,4 +102,5 @@ def load_data(
         train_per_class=train_per_class,
         test_per_class=test_per_class,
         seed=seed,
+        normalize=normalize,
     )

@@ -38,6 +38,13 @@ def image(resolution: int) -> tuple[int, ...]:
     return (3, resolution, resolution)
 
 
+#: the 256KB paper's "MCU transform" of the int8 graphs: ``pixel - 127.5`` (pixel in 0..255), as
+#: (mean, std) on images in [0, 1]
+MCU_INT8_INPUT = (0.5, 1 / 255)
+#: the same input for the dequantized fp32 form: ``(x - 0.5) / 0.5`` on images in [0, 1]
+MCU_FP32_INPUT = (0.5, 0.5)
+
+
 @dataclass(frozen=True)
 class ZooEntry:
     name: str
@@ -48,6 +55,9 @@ class ZooEntry:
     input_shape: Callable[[int], tuple[int, ...]] = image  # resolution -> per-sample shape
     block_names: tuple[str, ...] | None = None  # explicit blocks (None: the structural rule)
     weights: Callable[[], Path] | None = None  # path of published pretrained weights, if a package ships them
+    # the input convention (mean, std) on images in [0, 1], the same for every channel: contribution
+    # analysis feeds (x - mean) / std; None: standardise with the training images' moments
+    normalize: tuple[float, float] | None = None
 
 
 class UnknownModelError(ModelNotFound, KeyError):
@@ -87,9 +97,10 @@ _ENTRIES = [
         for entry in (
             ZooEntry(f"{name}-int8", partial(int8_model, name), 128, 1000,
                      f"{paper} as the 256KB paper's int8 training graph, with its ImageNet weights (shipped, MIT)",
-                     input_shape=image),
+                     input_shape=image, normalize=MCU_INT8_INPUT),
             ZooEntry(f"{name}-fp32", partial(fp32_model, name), 128, 1000,
-                     f"{paper} with the int8 ImageNet weights dequantized to fp32, no BatchNorm (shipped, MIT)"),
+                     f"{paper} with the int8 ImageNet weights dequantized to fp32, no BatchNorm (shipped, MIT)",
+                     normalize=MCU_FP32_INPUT),
         )
     ],
     ZooEntry("resnet18", resnet18, 224, 1000, "ResNet-18 (He et al., CVPR 2016): 11.69M params, 1.82G MACs"),
