@@ -32,6 +32,7 @@ from .check import CHECK_BATCH, check as self_check
 from .costs.records import Profile
 from .errors import AssumptionWarning, BadOption, MemplanError, SchemeError
 from .graph import LayerGraph
+from .graph.autocast import AMP_DTYPES
 from .graph.capture import capture_graph
 from .io import read_json
 from .models import resolve, sample_shape, zoo
@@ -139,6 +140,8 @@ def capture(
     :class:`~memplan.profile_options.Capture`, or its options by name (``input_shape`` also by
     position).
 
+    ``amp``: ``"bf16"`` / ``"fp16"``, the training step under ``torch.autocast`` on the CPU
+    (``memplan.graph.autocast``; an autocast in the model's forward is honoured without it).
     ``classes``: the head size of zoo / import-spec models. ``norm="group"``: BatchNorm ->
     GroupNorm first. ``method``: that strategy's architecture transform (if any) with
     ``method_options``, applied in place before tracing. ``leaf_modules`` / ``block_names`` /
@@ -150,6 +153,8 @@ def capture(
     """
     o = opts or CaptureOptions()
     _positive("batch", o.batch)
+    if o.amp is not None and o.amp not in AMP_DTYPES:
+        raise BadOption(f"--amp must be one of {', '.join(AMP_DTYPES)}, got {o.amp!r}")
     built = build_model(
         model, resolution=o.resolution, classes=o.classes, input_shape=o.input_shape, norm=o.norm, meta=meta
     )
@@ -166,6 +171,7 @@ def capture(
             name=name or built.name,
             output=o.output,
             runnable=runnable,
+            amp=AMP_DTYPES.get(o.amp) if o.amp is not None else None,
         )
     except MemplanError as exc:
         if not built.assumed:

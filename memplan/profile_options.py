@@ -52,6 +52,11 @@ class Capture(Options):
         "the key / field / index of the logits when the model returns a tuple, dict or namedtuple "
         "(default: its first tensor)",
     )
+    amp: str | None = option(
+        None,
+        "mixed precision: the training step (forward and loss) under torch.autocast with bf16 or fp16 on the CPU; "
+        "an autocast inside the model's forward is honoured without it",
+    )
 
 
 class StrategyOptions(Options):

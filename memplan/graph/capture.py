@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import MemplanError, TraceFailure
+from .autocast import make_explicit
 from .blocks import _assign_blocks, find_blocks
 from .build import GraphBuilder
 from .meta_runner import _MetaRunner
@@ -48,6 +49,7 @@ def capture_graph(
     name: str = "model",
     output: str | int | None = None,
     runnable: bool = False,
+    amp: torch.dtype | None = None,
 ) -> LayerGraph:
     """Trace ``model`` and propagate an input of ``input_shape`` (batch first) on meta: the last
     step of the capture pipeline (``memplan.capture``, which everything above the engine calls).
@@ -64,17 +66,25 @@ def capture_graph(
     A cross-entropy loss node over the (batch, classes) logits is appended, since every training
     step has one; it takes the model's output, or for a tuple / dict / namedtuple output its
     first tensor or the entry named by ``output``.
+
+    ``amp``: the training step runs under ``torch.autocast("cpu", amp)`` (the loss too); an
+    autocast in the model's own ``forward`` is honoured either way (``memplan.graph.autocast``:
+    the casts become nodes, tensors get the dtypes autocast produces). ``LayerGraph.amp``: the
+    step's autocast dtype.
     """
     x = torch.empty(tuple(input_shape), dtype=dtype, device="meta")
     how = "symbolic"
-    gm = trace(model, leaf_modules, name) if runnable else None
+    with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
+        gm = trace(model, leaf_modules, name) if runnable else None
+        with train_mode(model):
+            if gm is None:
+                try:
+                    gm = trace(model, leaf_modules, name, into_composites=True)
+                except TraceFailure:
+                    gm = record(model, x, leaf_modules, name)
+                    how = "recorded"
+    make_explicit(gm)
     with train_mode(model):
-        if gm is None:
-            try:
-                gm = trace(model, leaf_modules, name, into_composites=True)
-            except TraceFailure:
-                gm = record(model, x, leaf_modules, name)
-                how = "recorded"
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != 1:
             raise MemplanError(
@@ -91,7 +101,7 @@ def capture_graph(
                 f"{name} fails on input shape {tuple(input_shape)}: {first}",
                 "check --resolution / the model's expected input",
             ) from None
-        graph = GraphBuilder(gm, runner, model, name, output).build(tuple(input_shape))
+        graph = GraphBuilder(gm, runner, model, name, output, amp).build(tuple(input_shape))
     graph.capture = how
     blocks = list(block_names) if block_names is not None else find_blocks(model)
     _assign_blocks(graph, blocks, explicit=block_names is not None)

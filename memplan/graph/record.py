@@ -31,6 +31,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceFailure
+from .autocast import Regions
 from .kinds import COMPOSITE_FUNCTIONS, composite_body
 from .layout import flatten, function_output
 from .leafcalls import opaque_calls
@@ -111,6 +112,7 @@ class _Recorder(TorchFunctionMode):
         self.stack: list[tuple[str, str]] = []  # (qualname, class) of the module calls running
         self.entries: list[tuple[nn.Module, bool]] = []  # per running module call: is it a recorded leaf
         self.depth = 0  # > 0 while inside a leaf module or an opaque call
+        self.regions = Regions()  # where autocast was on (memplan.graph.autocast)
 
     # ------------------------------------------------------------------ graph building
     def bind(self, value: Any, node: fx.Node) -> None:
@@ -127,6 +129,7 @@ class _Recorder(TorchFunctionMode):
     def _node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
         node = self.graph.create_node(op, target, args, kwargs)
         node.meta["nn_module_stack"] = {q: (q, cls) for q, cls in self.stack if q}
+        self.regions.mark(node)
         return node
 
     def arg(self, value: Any) -> Any:

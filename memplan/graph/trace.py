@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - older / newer torch without it
     GraphModule = fx.GraphModule
 
 from ..errors import MemplanError, TraceFailure
+from .autocast import Regions
 from .kinds import is_composite_module, module_kind
 from .layout import flatten
 from .leafcalls import opaque_calls
@@ -70,6 +71,12 @@ class LeafTracer(fx.Tracer):
         self.leaf_names = {x for x in leaf_modules if isinstance(x, str)}
         self.leaf_types = tuple(x for x in leaf_modules if isinstance(x, type))
         self.stack: list[tuple[str, str]] = []
+        self.regions = Regions()  # where autocast was on (memplan.graph.autocast)
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        self.regions.mark(node)
+        return node
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return InPlaceProxy(node, self)

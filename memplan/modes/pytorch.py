@@ -259,7 +259,9 @@ def sdpa(op: OpView):
 
 @rule("cross_entropy")
 def cross_entropy(op: OpView):
-    yield private(op.node.in_tensors[0].nbytes, "log-softmax")
+    # the log-softmax of the logits, in float32 under autocast (its float32 list)
+    logits = op.node.in_tensors[0]
+    yield private(logits.numel * op.node.attrs.get("dtype", logits.dtype).itemsize, "log-softmax")
     yield tensor(op, op.node.attrs["target"], "target")
     yield private(4, "total weight")
 
@@ -284,7 +286,10 @@ def getitem(op: OpView):
                 yield tensor(op, t, "index")
 
 
-@rule("add", "sub", "cat", "fold", "interpolate", "mean", "view", "identity", "meta", "param", "input", "output")
+@rule(
+    "add", "sub", "cat", "fold", "interpolate", "mean", "view", "identity", "cast", "meta", "param", "input", "output"
+)
 def saves_nothing(op: OpView):
+    # cast: an autocast copy (ToCopyBackward keeps nothing)
     # fold: F.unfold (im2col) / F.fold (col2im), each the other's backward, which needs only shapes
     return ()
