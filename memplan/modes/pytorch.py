@@ -261,9 +261,10 @@ def sdpa(op: OpView):
 def cross_entropy(op: OpView):
     # the log-softmax of the logits, in float32 under autocast (its float32 list)
     logits = op.node.in_tensors[0]
-    yield private(logits.numel * op.node.attrs.get("dtype", logits.dtype).itemsize, "log-softmax")
+    dtype = op.node.attrs.get("dtype", logits.dtype)
+    yield private(logits.numel * dtype.itemsize, "log-softmax")
     yield tensor(op, op.node.attrs["target"], "target")
-    yield private(4, "total weight")
+    yield private(dtype.itemsize, "total weight")
 
 
 @rule("pad")
