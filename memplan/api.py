@@ -28,6 +28,7 @@ import torch.nn as nn
 from .accounting.devices import fit, load_device
 from .accounting.engine import compute
 from .accounting.extras import strategy_extras
+from .accounting.microbatch import micro_batch_extras, micro_batch_size
 from .check import CHECK_BATCH, check as self_check
 from .costs.records import Profile
 from .errors import AssumptionWarning, BadOption, MemplanError, SchemeError
@@ -271,14 +272,22 @@ def profile(model: str | nn.Module, opts: ProfileOptions | None = None, **option
     ``mode_options``: options of the mode, e.g. ``{"state_bits": 32}`` for ``tinytraining``.
     ``target``: a hardware profile (e.g. ``stm32f746``): its mode unless ``mode`` is given, and
     ``Profile.extras["device"]`` says whether the peak fits. A ``scheme`` option sets the input
-    shape it was planned at, unless ``input_shape`` or ``resolution`` is given.
+    shape it was planned at, unless ``input_shape`` or ``resolution`` is given. ``micro_batch``: M,
+    gradient accumulation over M micro-batches of ``batch / M`` (``memplan.accounting.microbatch``:
+    one micro-batch's activations, ``Profile.extras["micro_batch"]``).
     """
     o = opts or ProfileOptions()
     method, shaped, strategy = o.method, o.capture, o.strategy.given(**options)
     if shaped.input_shape is None and shaped.resolution is None:
         shaped = shaped.replace(input_shape=scheme_input_shape(strategy.get("scheme")))
+    if o.micro_batch is not None:
+        _positive("batch", shaped.batch)
+        shaped = shaped.replace(batch=micro_batch_size(shaped.batch, o.micro_batch))
     cap = capture(model, shaped, method=method, method_options=strategy)
     prof = profile_captured(cap, method, o.costing, **strategy)
+    if o.micro_batch is not None:
+        plan = make_plan(cap.graph, method, **strategy)
+        prof.extras["micro_batch"] = micro_batch_extras(cap.graph, plan, o.micro_batch, o.capture.batch)
     if o.check:
         small = _checkable(model, cap, shaped, method, strategy)
         prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **strategy)))

@@ -131,6 +131,11 @@ class ProfileOptions(Options):
         "also run one real CPU forward + loss of the model at batch <= 2 under saved_tensors_hooks and compare "
         "with the prediction (exit 1 if they differ)",
     )
+    micro_batch: int | None = option(
+        None,
+        "gradient accumulation: the batch as M micro-batches of batch / M; saved activations and peak of one "
+        "micro-batch (warns where a BatchNorm's batch statistics make it compute something else)",
+    )
 
 
 class CompareOptions(Options):
