@@ -69,15 +69,16 @@ def _accumulated_grads(model: nn.Module, micro: int) -> list[torch.Tensor]:
 
 def test_batchnorm_in_train_mode_warns_and_really_changes_the_gradients():
     p, caught = _profile(_net("batch"), micro_batch=MICRO)
-    assert p.extras["micro_batch"]["batch_statistics"] == ["1"]
-    assert len(caught) == 1 and "changes what the model computes" in str(caught[0].message)
+    assert p.extras["micro_batch"]["batch_statistic_norms"] == 1
+    assert len(caught) == 1 and "changes what the model computes: 1 BatchNorm layer(s)" in str(caught[0].message)
+    assert "(1)" in str(caught[0].message)  # it names the layer
     whole, split = _accumulated_grads(_net("batch"), 1), _accumulated_grads(_net("batch"), MICRO)
     assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split))
 
 
 def test_group_norm_and_frozen_statistics_do_not_warn():
     p, caught = _profile(_net("group"), micro_batch=MICRO)
-    assert not caught and p.extras["micro_batch"]["batch_statistics"] == []
+    assert not caught and p.extras["micro_batch"]["batch_statistic_norms"] == 0
     whole, split = _accumulated_grads(_net("group"), 1), _accumulated_grads(_net("group"), MICRO)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split))
     _, caught = _profile(_net("batch"), "last", micro_batch=MICRO)  # BatchNorm in eval mode: running statistics

@@ -43,8 +43,8 @@ def batch_statistic_norms(graph: LayerGraph, plan: Plan) -> list[str]:
 
 
 def micro_batch_extras(graph: LayerGraph, plan: Plan, micro_batches: int, batch: int) -> dict[str, Any]:
-    """``Profile.extras["micro_batch"]``: the split, and the norms whose result it changes (with an
-    ``AssumptionWarning`` naming them)."""
+    """``Profile.extras["micro_batch"]``: the split, and how many norms compute something else with it
+    (``batch_statistic_norms``; an ``AssumptionWarning`` names them)."""
     norms = batch_statistic_norms(graph, plan)
     out: dict[str, Any] = {
         "micro_batches": micro_batches,
@@ -55,7 +55,7 @@ def micro_batch_extras(graph: LayerGraph, plan: Plan, micro_batches: int, batch:
             f"FLOPs per micro-batch ({micro_batches} per optimizer step); weights, gradients and optimizer state "
             "of the whole step"
         ),
-        "batch_statistics": norms,
+        "batch_statistic_norms": len(norms),
     }
     if norms:
         more = f" and {len(norms) - 3} more" if len(norms) > 3 else ""
@@ -64,6 +64,5 @@ def micro_batch_extras(graph: LayerGraph, plan: Plan, micro_batches: int, batch:
             f"the statistics of {batch // micro_batches} samples, not {batch} ({', '.join(norms[:3])}{more}); "
             "freeze their statistics (eval mode) or use GroupNorm to train the same model"
         )
-        out["warning"] = text
         warnings.warn(text, AssumptionWarning, stacklevel=3)
     return out
