@@ -38,11 +38,12 @@ __all__ = [
     "transform_model",
     "architecture",
     "cache_reuse",
+    "lora",
     "minilearn",
     "mobiletl",
     "sparse",
     "tinytl",
 ]
-# each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn;
+# each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn, lora;
 # architecture registers the transforms every strategy accepts
-from . import architecture, cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402
+from . import architecture, cache_reuse, lora, minilearn, mobiletl, sparse, tinytl  # noqa: E402
