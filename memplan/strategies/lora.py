@@ -1,12 +1,13 @@
 """LoRA as a strategy (``--method lora -o rank=R -o targets=query,value -o alpha=A``) and as an
-architecture option every strategy accepts (``-o lora=true -o lora_rank=R ...``: LoRA beside another
-strategy's training, e.g. ``bias``).
+architecture option every strategy accepts (``-o lora=true -o lora_rank=R ...``: the adapters built,
+the strategy deciding what trains; what a scheme's ``added_modules`` records).
 
 The transform (``memplan.nn.lora.add_lora``) adds peft's adapters to the linear and conv layers
 named by ``targets`` (peft's ``target_modules`` rule: a qualname or its last parts; default: every
 linear and conv layer but the classifier); the strategy trains the adapters and the classifier (a
-``peft`` model: ``LoraConfig(modules_to_save=[classifier])``), the base stays frozen, and the norms
-use batch statistics, as ``model.train()`` runs a peft model. A scheme carries the adapters as
+``peft`` model: ``LoraConfig(modules_to_save=[classifier])``), the base stays frozen, its norms
+included (eval mode: running statistics, as every memplan strategy with a frozen backbone keeps
+them; a peft model whose BatchNorms are put in eval mode). A scheme carries the adapters as
 ``added_modules`` (architecture ``lora``, with every option), so ``apply_scheme`` builds them again
 on the plain model.
 """
@@ -21,7 +22,6 @@ import torch.nn as nn
 
 from ..errors import BadOption
 from ..graph import LayerGraph
-from ..graph.kinds import NORM_KINDS
 from ..nn.lora import LORA_ATTR, add_lora
 from ..plan import Plan
 from .architecture import flag
@@ -89,7 +89,7 @@ def lora_option(
 @strategy(
     "lora",
     "LoRA: low-rank adapters (peft's) on linear / conv layers (-o rank=8, -o targets=a,b, -o alpha=8) + "
-    "classifier; the base frozen, norms use batch statistics",
+    "classifier; the base frozen, norms in eval mode (frozen statistics)",
     transform=lora_transform,
     transform_options=LORA_OPTIONS,
     added=lora_added,
@@ -102,4 +102,4 @@ def lora(graph: LayerGraph) -> Plan:
             "profile it through memplan.profile / the CLI, which add the adapters first",
         )
     train = train_classifier(graph, {n.name: full_train(n) for n in adapters})
-    return Plan("lora", train, {n.name for n in graph.nodes if n.kind in NORM_KINDS})
+    return Plan("lora", train)
