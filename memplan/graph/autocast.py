@@ -61,6 +61,8 @@ LOWER_FUNCTIONS: frozenset[object] = frozenset(
     }
 )
 LOWER_METHODS = frozenset({"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "__matmul__"})
+#: the layers whose module calls become their functional form under autocast (their ``forward``, unchanged)
+STOCK_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 #: pad modes whose kernels are on CPU autocast's float32 list
 FP32_PAD_MODES = frozenset({"reflect", "replicate"})
 
@@ -71,6 +73,23 @@ def autocast_cast(x: Any, dtype: torch.dtype) -> Any:
     if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype not in (torch.float64, dtype):
         return x.to(dtype)
     return x
+
+
+def cast_operands(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The operands of a torch call as CPU autocast (when on) would cast them, for the recorder's eager
+    run on meta (``memplan.graph.record``): so that what the model reads from a tensor (``x.dtype``
+    in ``torch.rand(..., dtype=x.dtype)``) is what it reads under autocast."""
+    if not torch.is_autocast_enabled("cpu"):
+        return args, kwargs
+    name = getattr(func, "__name__", "")
+    if func in LOWER_FUNCTIONS or (name in LOWER_METHODS and getattr(torch.Tensor, name, None) is func):
+        to = torch.get_autocast_dtype("cpu")
+    elif func is F.pad and kwargs.get("mode", args[2] if len(args) > 2 else "constant") in FP32_PAD_MODES:
+        to = torch.float32
+    else:
+        return args, kwargs
+    cast = lambda v: autocast_cast(v, to)  # noqa: E731
+    return fx.node.map_aggregate(args, cast), fx.node.map_aggregate(kwargs, cast)
 
 
 class Regions:
@@ -93,8 +112,7 @@ class Regions:
 def _policy(gm: fx.GraphModule, node: fx.Node, low: torch.dtype) -> torch.dtype | None:
     """The dtype autocast casts ``node``'s operands to, or None where it leaves them."""
     if node.op == "call_module":
-        mod = gm.get_submodule(str(node.target))
-        return low if type(mod) in (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d) else None
+        return low if _stock_layer(gm.get_submodule(str(node.target))) else None
     if node.op == "call_method":
         return low if node.target in LOWER_METHODS else None
     if node.op != "call_function":
@@ -106,6 +124,13 @@ def _policy(gm: fx.GraphModule, node: fx.Node, low: torch.dtype) -> torch.dtype 
     ):
         return torch.float32
     return None
+
+
+def _stock_layer(mod: nn.Module) -> bool:
+    """A linear / conv module (a subclass too) that runs the stock ``forward``, without hooks."""
+    forwards = {cls.forward for cls in STOCK_LAYERS}
+    plain = not (mod._forward_hooks or mod._forward_pre_hooks) and "forward" not in vars(mod)
+    return isinstance(mod, STOCK_LAYERS) and type(mod).forward in forwards and plain
 
 
 def _functional(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:

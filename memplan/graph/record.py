@@ -31,7 +31,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceFailure
-from .autocast import Regions
+from .autocast import Regions, cast_operands
 from .kinds import COMPOSITE_FUNCTIONS, composite_body
 from .layout import flatten, function_output
 from .leafcalls import opaque_calls
@@ -163,9 +163,10 @@ class _Recorder(TorchFunctionMode):
         if func in COMPOSITE_FUNCTIONS and not self.depth and self.stack:
             with self:  # its parts are recorded
                 return composite_body(func)(*args, **kwargs)
-        out = function_output(func, args, kwargs)  # laid out as on CPU, without the slow Python meta kernel
+        run_args, run_kwargs = cast_operands(func, args, kwargs)  # the dtypes autocast gives (when on)
+        out = function_output(func, run_args, run_kwargs)  # laid out as on CPU, without the slow Python meta kernel
         if out is None:
-            out = _call(func, args, kwargs)
+            out = _call(func, run_args, run_kwargs)
         if self.depth or not self.stack:
             return out
         mutates = name.endswith("_") and not name.endswith("__") or name in ("__setitem__",) or name.startswith("__i")
