@@ -112,6 +112,26 @@ def test_amp_on_a_transformers_vit_is_byte_exact(inner, method):
     assert predicted == measured
 
 
+@pytest.mark.skipif(bool(MISSING), reason=MISSING)
+@pytest.mark.parametrize(
+    "name,amp",
+    [("vit-dropout", "bf16"), ("swin", "bf16"), ("efficientnet", "fp16"), ("segformer", "bf16")],
+)
+def test_amp_around_transformers_models_is_byte_exact(name, amp):
+    """Attention with dropout and a float mask (the math kernel, which computes half precision in
+    float32), a recorded capture with drop path (``torch.rand(dtype=x.dtype)``), a Conv2d subclass."""
+    entry = next(e for e in ENTRIES if e.name == name)
+    r = entry.resolutions[0]
+    predicted, measured = _measured(entry.build(r).train(), "full", amp, (3, r, r))
+    assert predicted == measured
+
+
+@pytest.mark.parametrize("name", ["mobilenetv3-small", "resnet18"])
+def test_amp_on_zoo_models_checks(name):
+    p = memplan.profile(name, "mobiletl", batch=2, resolution=32, amp="bf16", check=True, calibration=None)
+    assert p.check["predicted"] == p.check["observed"] and not p.check["differing"]
+
+
 def test_check_runs_under_the_same_autocast():
     torch.manual_seed(0)
     p = memplan.profile(Net(), "bias", batch=2, input_shape=SHAPE, amp="fp16", check=True, calibration=None)
