@@ -155,6 +155,7 @@ def test_apply_strategy_lora_matches_peft_trainable_set():
         ({"targets": "bn"}, "lora target 'bn' is a BatchNorm2d"),
         ({"targets": "dw", "rank": 4}, "groups=16, which does not divide rank 4"),
         ({"rank": 0}, "--rank must be a positive integer"),
+        ({"targets": "c1,fc"}, "lora target 'fc' is the classifier"),
     ],
 )
 def test_bad_lora_options_are_one_line(opts, needle):

@@ -101,5 +101,10 @@ def lora(graph: LayerGraph) -> Plan:
             "method 'lora' found no LoRA adapter in the model",
             "profile it through memplan.profile / the CLI, which add the adapters first",
         )
+    if LORA_ATTR in graph.classifier.tags:
+        raise BadOption(
+            f"lora target {graph.classifier.name.rpartition('.')[0]!r} is the classifier, which trains whole",
+            "leave it out of -o targets",
+        )
     train = train_classifier(graph, {n.name: full_train(n) for n in adapters})
     return Plan("lora", train)
