@@ -87,6 +87,29 @@ def test_amp_counts_low_precision_copies():
     assert f"weight {8 * 3 * 3 * 3 * 2} B" in stem.saved and stem.kind == "conv"
 
 
+class Twice(nn.Module):
+    """One linear layer applied twice: under autocast its weight is cast once when it requires grad
+    (the cast cache, one copy both uses keep) and at each use when it is frozen (two copies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.shared, self.fc = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.shared(torch.relu(self.shared(self.stem(x)))))
+
+
+@pytest.mark.parametrize("method", ["full", "bias"])
+def test_the_weight_cast_cache(method):
+    torch.manual_seed(0)
+    predicted, measured = _measured(Twice(), method, "bf16", (8,))
+    assert predicted == measured
+    layers = memplan.profile(Twice(), method, batch=2, input_shape=(8,), amp="bf16", calibration=None).layers
+    shared = 8 * 8 * 2  # bytes of the shared weight's bfloat16 copy
+    copies = [s for layer in layers for s in layer.saved if s.startswith("weight") and s.endswith(f" {shared} B")]
+    assert len(copies) == (1 if method == "full" else 2)  # bias: the frozen weight's copy at each use
+
+
 def _vit(inner: bool) -> nn.Module:
     vit = next(e for e in ENTRIES if e.name == "vit").build(32).train()
     if not inner:

@@ -30,6 +30,17 @@ pytorch = register_mode(PyTorchMode())
 rule = pytorch.rule
 
 
+def weight(op: OpView, w: TensorInfo) -> Saved:
+    """The weight operand ``w`` kept. Autocast's low-precision copy of a parameter (a ``cast`` node,
+    ``memplan.graph.autocast``) is one per autocast region when the parameter requires grad (the cast
+    cache: one storage, however many ops keep it); a frozen one is cast again at every use, a copy
+    of its own."""
+    src = op.graph.nodes[op.node.inputs[op.node.attrs["operands"]["weight"]]]
+    if src.kind == "cast" and not op.operand_grad("weight"):
+        return private(w.nbytes, "weight (autocast copy)")
+    return tensor(op, w, "weight")
+
+
 @rule("conv")
 def conv(op: OpView):
     """Convolution saves input and weight whenever recorded, whatever needs a gradient (a
@@ -39,7 +50,7 @@ def conv(op: OpView):
     (the asymmetric remainder is zero-padded into a copy)."""
     x, w, a = op.node.in_tensors[0], op.operand("weight"), op.node.attrs
     if w is not None:
-        yield tensor(op, w, "weight")
+        yield weight(op, w)
     pads = conv_padding(a["padding"], a["kernel_size"], a["dilation"])
     mode = a.get("padding_mode", "zeros")
     if mode == "zeros":
@@ -93,7 +104,7 @@ def linear(op: OpView):
         yield reshaped(op, x, len(x.shape) - 1, "input")
     w = op.operand("weight")
     if w is not None and op.grad_input:
-        yield tensor(op, w, "weight")
+        yield weight(op, w)
 
 
 @rule("batchnorm")
