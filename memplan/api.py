@@ -33,7 +33,7 @@ from .check import CHECK_BATCH, check as self_check
 from .costs.records import Profile
 from .errors import AssumptionWarning, BadOption, MemplanError, SchemeError
 from .graph import LayerGraph
-from .graph.autocast import AMP_DTYPES
+from .graph.autocast import AMP_DTYPES, amp_label
 from .graph.capture import capture_graph
 from .io import read_json
 from .models import resolve, sample_shape, zoo
@@ -236,6 +236,8 @@ def profile_captured(
     mode = c.mode or (device.mode if device is not None else "pytorch")
     acc = get_mode(mode).configure(**(c.mode_options or {}))
     plan = make_plan(cap.graph, method, **options)
+    meta = {"model": cap.name, "resolution": cap.resolution, "classes": cap.classes}
+    amp = amp_label(cap.graph.amp, any(n.kind == "cast" for n in cap.graph.nodes))
     prof = compute(
         cap.graph,
         plan,
@@ -244,7 +246,7 @@ def profile_captured(
         frozen_bits=c.frozen_bits,
         schedule=c.schedule,
         calibration=c.calibration,
-        meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes},
+        meta={**meta, "amp": amp} if amp is not None else meta,
     )
     prof.extras.update(strategy_extras(cap.graph, plan, prof))
     if device is not None:

@@ -83,6 +83,9 @@ def test_amp_counts_low_precision_copies():
     bf16 = memplan.profile(Net(), batch=2, input_shape=SHAPE, amp="bf16", calibration=None)
     assert bf16.totals.saved_activation_bytes < fp32.totals.saved_activation_bytes
     assert bf16.totals.weight_bytes == fp32.totals.weight_bytes  # the weights stay float32
+    assert bf16.extras["amp"] == "bf16" and "amp" not in fp32.extras
+    inner = memplan.profile(Net("fp16"), batch=2, input_shape=SHAPE, calibration=None)
+    assert inner.extras["amp"] == "in forward"
     stem = bf16.layer("stem.0")
     assert f"weight {8 * 3 * 3 * 3 * 2} B" in stem.saved and stem.kind == "conv"
 

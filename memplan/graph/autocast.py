@@ -215,3 +215,11 @@ def make_explicit(gm: fx.GraphModule) -> bool:
         gm.graph.lint()
         gm.recompile()
     return found
+
+
+def amp_label(step: torch.dtype | None, casts: bool) -> str | None:
+    """How a profile says its step runs autocast: ``bf16`` / ``fp16`` for the step's (``--amp``),
+    ``in forward`` where only the model autocasts (its graph has casts), None for neither."""
+    if step is not None:
+        return next(name for name, dtype in AMP_DTYPES.items() if dtype == step)
+    return "in forward" if casts else None
