@@ -81,15 +81,22 @@ def cast_operands(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     in ``torch.rand(..., dtype=x.dtype)``) is what it reads under autocast."""
     if not torch.is_autocast_enabled("cpu"):
         return args, kwargs
-    name = getattr(func, "__name__", "")
-    if func in LOWER_FUNCTIONS or (name in LOWER_METHODS and getattr(torch.Tensor, name, None) is func):
-        to = torch.get_autocast_dtype("cpu")
-    elif func is F.pad and kwargs.get("mode", args[2] if len(args) > 2 else "constant") in FP32_PAD_MODES:
-        to = torch.float32
-    else:
+    to = _call_policy(func, args, kwargs, torch.get_autocast_dtype("cpu"))
+    if to is None:
         return args, kwargs
     cast = lambda v: autocast_cast(v, to)  # noqa: E731
     return fx.node.map_aggregate(args, cast), fx.node.map_aggregate(kwargs, cast)
+
+
+def _call_policy(func: Any, args: tuple, kwargs: dict, low: torch.dtype) -> torch.dtype | None:
+    """The dtype autocast casts the operands of a torch call (a function or a Tensor method) to:
+    ``low`` on its lower-precision list, float32 on its float32 list, None elsewhere."""
+    name = getattr(func, "__name__", "")
+    if func in LOWER_FUNCTIONS or (name in LOWER_METHODS and getattr(torch.Tensor, name, None) is func):
+        return low
+    if func is F.pad and kwargs.get("mode", args[2] if len(args) > 2 else "constant") in FP32_PAD_MODES:
+        return torch.float32
+    return None
 
 
 class Regions:
@@ -114,15 +121,9 @@ def _policy(gm: fx.GraphModule, node: fx.Node, low: torch.dtype) -> torch.dtype 
     if node.op == "call_module":
         return low if _stock_layer(gm.get_submodule(str(node.target))) else None
     if node.op == "call_method":
-        return low if node.target in LOWER_METHODS else None
-    if node.op != "call_function":
-        return None
-    if node.target in LOWER_FUNCTIONS:
-        return low
-    if node.target is F.pad and node.kwargs.get("mode", node.args[2] if len(node.args) > 2 else "constant") in (
-        FP32_PAD_MODES
-    ):
-        return torch.float32
+        return _call_policy(getattr(torch.Tensor, str(node.target), None), node.args, node.kwargs, low)
+    if node.op == "call_function":
+        return _call_policy(node.target, node.args, node.kwargs, low)
     return None
 
 
