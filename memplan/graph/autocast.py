@@ -181,8 +181,9 @@ class _Casts:
         cached = arg.op == "get_attr" and str(arg.target) in self.params and dtype != torch.float32
         if cached and key in self.cache:
             return self.cache[key]
-        with self.gm.graph.inserting_before(user):
-            node = self.gm.graph.call_function(autocast_cast, (arg, dtype))
+        graph, short = self.gm.graph, {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+        with graph.inserting_before(user):
+            node = graph.create_node("call_function", autocast_cast, (arg, dtype), name=f"{arg.name}_to_{short}")
         node.meta.update(user.meta)
         if cached:
             self.cache[key] = node
