@@ -181,7 +181,7 @@ class _Casts:
         cached = arg.op == "get_attr" and str(arg.target) in self.params and dtype != torch.float32
         if cached and key in self.cache:
             return self.cache[key]
-        graph, short = self.gm.graph, {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+        graph, short = self.gm.graph, str(dtype).removeprefix("torch.")
         with graph.inserting_before(user):
             node = graph.create_node("call_function", autocast_cast, (arg, dtype), name=f"{arg.name}_to_{short}")
         node.meta.update(user.meta)
