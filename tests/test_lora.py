@@ -53,10 +53,12 @@ def _vit() -> nn.Module:
     return next(e for e in ENTRIES if e.name == "vit").build(32)
 
 
-def _peft_measured(model: nn.Module, shape: tuple[int, ...], rank: int, targets: list[str], head: str):
+def _peft_measured(
+    model: nn.Module, shape: tuple[int, ...], rank: int, targets: list[str], head: str, amp: bool = False
+):
     """(saved bytes, trainable parameters) of one real step of peft's LoRA model of ``model``
     (the classifier trained whole: ``modules_to_save``; BatchNorms in eval mode, the frozen base's
-    statistics)."""
+    statistics), under bfloat16 autocast with ``amp``."""
     config = peft.LoraConfig(r=rank, lora_alpha=8, target_modules=targets, modules_to_save=[head])
     pm = peft.get_peft_model(copy.deepcopy(model), config).train()
     for m in pm.modules():
@@ -64,7 +66,9 @@ def _peft_measured(model: nn.Module, shape: tuple[int, ...], rank: int, targets:
             m.eval()
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn((2, *shape), generator=g), torch.randint(0, 10, (2,), generator=g)
-    return saved_bytes(pm, x, y, backward=True).bytes, sum(p.numel() for p in pm.parameters() if p.requires_grad)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        saved = saved_bytes(pm, x, y, backward=True).bytes
+    return saved, sum(p.numel() for p in pm.parameters() if p.requires_grad)
 
 
 @pytest.mark.skipif(bool(MISSING), reason=MISSING)
@@ -89,6 +93,19 @@ def test_lora_on_a_cnn_with_conv_targets_equals_peft(rank, targets):
     p = memplan.profile(_cnn(), "lora", batch=2, input_shape=(3, 16, 16), calibration=None, **opts)
     assert p.totals.saved_activation_bytes == saved
     assert p.totals.trainable_params == trainable
+
+
+@pytest.mark.skipif(bool(MISSING), reason=MISSING)
+def test_lora_under_autocast_equals_peft():
+    """peft casts an adapter's input to the adapter's dtype: under autocast, a float32 copy of a
+    bfloat16 input, which ``lora_A`` then casts down again into a copy it keeps."""
+    saved, _ = _peft_measured(_cnn(), (3, 16, 16), 8, ["c1", "c2"], "fc", amp=True)
+    p = memplan.profile(_cnn(), "lora", batch=2, input_shape=(3, 16, 16), targets="c1,c2", amp="bf16", calibration=None)
+    assert p.totals.saved_activation_bytes == saved
+    vit = _vit()
+    saved, _ = _peft_measured(vit.model, (3, 32, 32), 8, ["q_proj", "v_proj"], "classifier", amp=True)
+    p = memplan.profile(vit, "lora", batch=2, input_shape=(3, 32, 32), targets="q_proj,v_proj", amp="bf16")
+    assert p.totals.saved_activation_bytes == saved
 
 
 def test_the_lora_option_adds_the_adapters_to_any_strategy():

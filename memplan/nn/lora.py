@@ -2,7 +2,8 @@
 or conv layer, built the way ``peft``'s ``LoraConfig`` builds it (``peft.tuners.lora.layer``), so
 that a model with memplan's adapters computes, saves for backward and trains what ``peft``'s does:
 
-* ``nn.Linear(in, out)``: ``base(x) + lora_B(lora_A(x)) * alpha / rank`` with
+* ``nn.Linear(in, out)``: ``base(x) + lora_B(lora_A(x)) * alpha / rank`` (``x`` cast to the
+  adapter's dtype first, as peft does: a copy where it differs, under autocast) with
   ``lora_A = nn.Linear(in, rank, bias=False)``, ``lora_B = nn.Linear(rank, out, bias=False)``;
 * ``nn.ConvNd``: ``lora_A`` a conv of the base's kernel, stride and padding to ``rank`` channels,
   ``lora_B`` a 1x1 conv back to the output channels in the base's groups (peft's rule: the rank a
@@ -63,7 +64,8 @@ class LoRA(nn.Module):
         self.register_load_state_dict_pre_hook(_wrap_keys)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scaling
+        # peft casts the adapter's input to the adapter's dtype (a copy, under autocast, of a half one)
+        return self.base(x) + self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * self.scaling
 
 
 def _unwrap_keys(module: LoRA, state: dict, prefix: str, _metadata: dict) -> None:
