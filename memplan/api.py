@@ -214,7 +214,13 @@ def _scheme_optimizer(scheme: Any) -> str | None:
 
 @with_keywords(Costing, param="costing")
 def profile_captured(
-    cap: Captured, method: str = "full", costing: Costing | None = None, *, check: bool = False, **options: Any
+    cap: Captured,
+    method: str = "full",
+    costing: Costing | None = None,
+    *,
+    check: bool = False,
+    accumulated: bool = False,
+    **options: Any,
 ) -> Profile:
     """Profile one strategy on an already captured model, counted as ``costing`` says
     (:class:`~memplan.profile_options.Costing`, or its options by name: ``mode="applied"``).
@@ -226,7 +232,9 @@ def profile_captured(
     profile (``memplan.accounting.devices``): the mode defaults to its mode and
     ``Profile.extras["device"]`` says whether the peak fits it. ``check=True`` adds
     ``Profile.check``: predicted saved bytes (``pytorch`` mode) against a real CPU run of
-    ``cap.model`` at the graph's batch under saved_tensors_hooks (:mod:`memplan.check`)."""
+    ``cap.model`` at the graph's batch under saved_tensors_hooks (:mod:`memplan.check`).
+    ``accumulated=True``: the peak of a later micro-batch of gradient accumulation (the gradients
+    held from the start of the step)."""
     c = costing or Costing()
     optimizer = c.optimizer or _scheme_optimizer(options.get("scheme")) or "sgd"
     OPTIMIZERS.choose(optimizer)
@@ -247,6 +255,7 @@ def profile_captured(
         schedule=c.schedule,
         calibration=c.calibration,
         meta={**meta, "amp": amp} if amp is not None else meta,
+        accumulated=accumulated,
     )
     prof.extras.update(strategy_extras(cap.graph, plan, prof))
     if device is not None:
@@ -286,7 +295,8 @@ def profile(model: str | nn.Module, opts: ProfileOptions | None = None, **option
         _positive("batch", shaped.batch)
         shaped = shaped.replace(batch=micro_batch_size(shaped.batch, o.micro_batch))
     cap = capture(model, shaped, method=method, method_options=strategy)
-    prof = profile_captured(cap, method, o.costing, **strategy)
+    accumulated = o.micro_batch is not None and o.micro_batch > 1
+    prof = profile_captured(cap, method, o.costing, accumulated=accumulated, **strategy)
     if o.micro_batch is not None:
         plan = make_plan(cap.graph, method, **strategy)
         prof.extras["micro_batch"] = micro_batch_extras(cap.graph, plan, o.micro_batch, o.capture.batch)

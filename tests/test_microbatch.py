@@ -16,7 +16,7 @@ from memplan.apply import apply_plain
 from memplan.cli import main
 from memplan.errors import AssumptionWarning, BadOption
 from memplan.strategies import make_plan
-from memplan.verify.measure import saved_bytes
+from memplan.verify.measure import saved_bytes, step_peak_bytes
 
 SHAPE = (3, 8, 8)
 BATCH, MICRO = 8, 4
@@ -83,6 +83,30 @@ def test_group_norm_and_frozen_statistics_do_not_warn():
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split))
     _, caught = _profile(_net("batch"), "last", micro_batch=MICRO)  # BatchNorm in eval mode: running statistics
     assert not caught
+
+
+def test_a_later_micro_batch_peaks_with_the_accumulated_gradients():
+    """The peak of a micro-batch after the first: the accumulated gradients held from its start, each
+    op's new ones only until they are added in; measured with the allocation replay of a real
+    accumulation loop (the first step leaves the gradients, the second adds into them)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    first = memplan.profile(model, batch=8, input_shape=(64,), calibration=None)
+    later = memplan.profile(model, batch=16, input_shape=(64,), micro_batch=2, calibration=None)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn((8, 64), generator=g), torch.randint(0, 10, (8,), generator=g)
+    resident = first.totals.weight_bytes + x.nbytes + y.nbytes  # allocated before each measured step
+    measured_first = step_peak_bytes(model, x, y)
+    measured_later = step_peak_bytes(model, x, y)  # the gradients of the first are there: it accumulates
+    grads = later.totals.gradient_bytes
+    assert later.totals.peak_bytes > first.totals.peak_bytes
+    assert abs(first.totals.peak_bytes - resident - measured_first) <= 0.05 * measured_first
+    assert abs(later.totals.peak_bytes - resident - grads - measured_later) <= 0.05 * measured_later
+
+
+def test_accumulation_refuses_an_in_place_schedule():
+    with pytest.raises(BadOption, match="schedule 'tte' applies each update in place"):
+        memplan.profile(_net(), batch=BATCH, input_shape=SHAPE, micro_batch=MICRO, schedule="tte", calibration=None)
 
 
 def test_bad_micro_batch_is_one_line(capsys):

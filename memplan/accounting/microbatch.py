@@ -2,9 +2,11 @@
 each a forward and a backward whose parameter gradients add up before one optimizer step.
 
 Memory: weights, gradients and optimizer state are those of the whole step (the gradients
-accumulate in place); saved activations and the peak are those of one micro-batch, which is what
-``memplan profile --micro-batch M`` captures. FLOPs of the profile are one micro-batch's; an
-optimizer step runs M of them (the same total as the whole batch at once).
+accumulate in place); saved activations are those of one micro-batch, which is what
+``memplan profile --micro-batch M`` captures, and the peak that of a micro-batch after the
+first, which holds the accumulated gradients from its start (``memplan.costs.peak``). FLOPs of
+the profile are one micro-batch's; an optimizer step runs M of them (the same total as the
+whole batch at once).
 
 What the model computes is unchanged, except where a norm normalises with the statistics of its
 batch (a BatchNorm in train mode, or one without running statistics): it then sees B / M samples,
@@ -51,9 +53,9 @@ def micro_batch_extras(graph: LayerGraph, plan: Plan, micro_batches: int, batch:
         "micro_batch_size": batch // micro_batches,
         "batch": batch,
         "note": (
-            f"gradient accumulation: saved activations and peak of one micro-batch of {batch // micro_batches}; "
-            f"FLOPs per micro-batch ({micro_batches} per optimizer step); weights, gradients and optimizer state "
-            "of the whole step"
+            f"gradient accumulation: saved activations of one micro-batch of {batch // micro_batches}, peak of a "
+            f"later one (the accumulated gradients held from its start); FLOPs per micro-batch ({micro_batches} per "
+            "optimizer step); weights, gradients and optimizer state of the whole step"
         ),
         "batch_statistic_norms": len(norms),
     }
