@@ -133,8 +133,8 @@ class ProfileOptions(Options):
     )
     micro_batch: int | None = option(
         None,
-        "gradient accumulation: the batch as M micro-batches of batch / M; saved activations and peak of one "
-        "micro-batch (warns where a BatchNorm's batch statistics make it compute something else)",
+        "gradient accumulation: the batch as M micro-batches of batch / M; saved activations of one micro-batch, "
+        "the peak of a later one (warns where a BatchNorm's batch statistics make it compute something else)",
     )
 
 
