@@ -196,9 +196,9 @@ class _Casts:
         node.kwargs = fx.node.map_arg(node.kwargs, fn)
 
 
-def make_explicit(gm: fx.GraphModule) -> bool:
+def make_explicit(gm: fx.GraphModule) -> None:
     """Write the casts of every autocast region of ``gm`` (nodes marked by :class:`Regions`) as
-    nodes; True when any node ran under autocast."""
+    nodes, in place (a graph without autocast is left as it is)."""
     casts = _Casts(gm)
     found = False
     for node in list(gm.graph.nodes):
@@ -216,7 +216,6 @@ def make_explicit(gm: fx.GraphModule) -> bool:
     if found:
         gm.graph.lint()
         gm.recompile()
-    return found
 
 
 def amp_label(step: torch.dtype | None, casts: bool) -> str | None:
