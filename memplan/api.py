@@ -246,6 +246,8 @@ def profile_captured(
     plan = make_plan(cap.graph, method, **options)
     meta = {"model": cap.name, "resolution": cap.resolution, "classes": cap.classes}
     amp = amp_label(cap.graph.amp, any(n.kind == "cast" for n in cap.graph.nodes))
+    if amp is not None and not acc.autocast:
+        raise BadOption(f"mode {mode!r} does not cost a step under autocast (amp: {amp})", "use --mode pytorch")
     prof = compute(
         cap.graph,
         plan,

@@ -164,6 +164,14 @@ def test_check_runs_under_the_same_autocast():
     assert p.check["predicted"] == p.check["observed"] and not p.check["differing"]
 
 
+def test_a_mode_that_does_not_cost_autocast_refuses_it():
+    """memplan's lean autograd ops (``applied`` mode) under autocast are not modelled: refused, not guessed."""
+    with pytest.raises(BadOption, match="mode 'applied' does not cost a step under autocast"):
+        memplan.profile(Net(), "bias", input_shape=SHAPE, amp="bf16", mode="applied")
+    with pytest.raises(BadOption, match=r"\(amp: in forward\)"):
+        memplan.profile(Net("bf16"), "bias", input_shape=SHAPE, mode="applied")
+
+
 def test_bad_amp_is_one_line(capsys):
     with pytest.raises(BadOption, match="--amp must be one of bf16, fp16"):
         memplan.profile(Net(), input_shape=SHAPE, amp="fp8")
