@@ -15,6 +15,7 @@ from memplan.errors import BadOption
 from memplan.strategies import make_plan
 from memplan.verify.measure import saved_bytes
 
+from .torch_attention_corpus import ENTRIES as ATTENTION, SHAPE as ATTENTION_SHAPE
 from .transformers_corpus import ENTRIES, MISSING
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -149,6 +150,14 @@ def test_amp_around_transformers_models_is_byte_exact(name, amp):
     entry = next(e for e in ENTRIES if e.name == name)
     r = entry.resolutions[0]
     predicted, measured = _measured(entry.build(r).train(), "full", amp, (3, r, r))
+    assert predicted == measured
+
+
+@pytest.mark.parametrize("name", ["mha-both-masks-weights", "mha-dropout", "encoder-masks", "transformer"])
+def test_amp_around_torch_attention_modules_is_byte_exact(name):
+    """``nn.MultiheadAttention`` and the ``nn.Transformer`` layers, recorded through their parts."""
+    entry = next(e for e in ATTENTION if e.name == name)
+    predicted, measured = _measured(entry.build().train(), "full", "bf16", ATTENTION_SHAPE[1:])
     assert predicted == measured
 
 
