@@ -171,6 +171,8 @@ class GraphBuilder:
         if kind == "unknown" and not outs and fxn.op in ("call_function", "call_method"):
             kind = "meta"  # Python values only (shape arithmetic: c // heads): nothing autograd could keep
         ops = self.operands(fxn, value)
+        if kind == "cast" and outs and ops.in_tensors and outs[0].storage == ops.in_tensors[0].storage:
+            kind = "identity"  # autocast leaves an operand already in its dtype as it is
         layer = self.layer_of(fxn, kind, mod, ops)
         if kind == "pad":
             layer.attrs["mode"] = _pad_mode(fxn, mod)
