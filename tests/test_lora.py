@@ -24,7 +24,13 @@ from memplan.verify.measure import saved_bytes
 
 from .transformers_corpus import ENTRIES, MISSING
 
-peft = pytest.importorskip("peft")
+try:  # the lora extra (in the test extra too); memplan's own LoRA needs nothing more
+    import peft
+
+    NO_PEFT = ""
+except ImportError as exc:  # pragma: no cover
+    peft, NO_PEFT = None, f"{type(exc).__name__}: {exc} (pip install 'memplan[lora]')"
+needs_peft = pytest.mark.skipif(bool(NO_PEFT), reason=NO_PEFT)
 
 
 class CNN(nn.Module):
@@ -71,6 +77,7 @@ def _peft_measured(
     return saved, sum(p.numel() for p in pm.parameters() if p.requires_grad)
 
 
+@needs_peft
 @pytest.mark.skipif(bool(MISSING), reason=MISSING)
 def test_lora_on_a_transformers_vit_equals_peft():
     vit = _vit()
@@ -86,6 +93,7 @@ def test_lora_on_a_transformers_vit_equals_peft():
     [(8, ["c1", "c2"]), (16, ["c1", "c2", "dw"]), (4, None)],
     ids=["convs", "depthwise", "default"],
 )
+@needs_peft
 def test_lora_on_a_cnn_with_conv_targets_equals_peft(rank, targets):
     default = ["c1", "c2"]  # the default: every conv / linear but the classifier and the depthwise (4 % 16)
     saved, trainable = _peft_measured(_cnn(), (3, 16, 16), rank, targets or default, "fc")
@@ -95,6 +103,7 @@ def test_lora_on_a_cnn_with_conv_targets_equals_peft(rank, targets):
     assert p.totals.trainable_params == trainable
 
 
+@needs_peft
 @pytest.mark.skipif(bool(MISSING), reason=MISSING)
 def test_lora_under_autocast_equals_peft():
     """peft casts an adapter's input to the adapter's dtype: under autocast, a float32 copy of a
