@@ -61,6 +61,9 @@ class Mode:
     #: ``memplan profile --per-layer`` also prints the cost of updating each conv (the 256KB
     #: paper's Figure 11a, ``memplan.api.update_costs``)
     conv_update_table: bool = False
+    #: the mode costs a step under autocast (``--amp``, or an autocast in the model's forward: the
+    #: graph's casts, ``memplan.graph.autocast``)
+    autocast: bool = True
 
     def __init__(self, parent: Mode | None = None):
         self.parent = parent
