@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from memplan.models.int8 import fp32_model, int8_model
-from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, convs, last_k_weights, trained
+from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, last_k_weights, trained
 from memplan.optim import make_optimizer
 
 MODEL = "mcunet-5fps"
@@ -201,9 +201,10 @@ def run(job: dict, data: dict[str, torch.Tensor]) -> dict:
     split = "val" if job["seed"] in p["selection_seeds"] else "test"
     acc = evaluate(model, data[f"x_{split}"], data[f"y_{split}"], form, p["resolution"])
     finite = all(math.isfinite(v) for v in losses)
+    device = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     return {**{k: job[k] for k in ("id", "experiment", "method", "lr", "seed")}, "split": split, "acc": acc,
             "final_loss": float(np.mean(losses[-steps_per_epoch:])), "diverged": not finite,
-            "seconds": time.time() - t0, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu"}  # fmt: skip
+            "seconds": time.time() - t0, "device": device}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- driver
@@ -273,7 +274,9 @@ def pending(runs: dict[str, dict], experiment: str, method: str, optimizer: str,
     the choice sits on an edge, then the test seeds at the chosen rate."""
     grid = grid_of(optimizer, p)
     for widened in range(p["max_widen"] + 1):
-        missing = [(lr, s) for lr in grid for s in p["selection_seeds"] if job_id(experiment, method, lr, s) not in runs]
+        missing = [
+            (lr, s) for lr in grid for s in p["selection_seeds"] if job_id(experiment, method, lr, s) not in runs
+        ]
         if missing:
             return missing
         best = choose(runs, experiment, method, grid, p)
@@ -313,8 +316,16 @@ def main(argv: list[str] | None = None) -> int:
         while time.time() - t0 < args.budget_s:
             runs = read_runs(log)
             jobs = [
-                {"id": job_id(e, m, lr, s), "experiment": e, "method": m, "lr": lr, "seed": s,
-                 "device": args.device, "protocol": p, "deadline": t0 + args.budget_s}  # fmt: skip
+                {
+                    "id": job_id(e, m, lr, s),
+                    "experiment": e,
+                    "method": m,
+                    "lr": lr,
+                    "seed": s,
+                    "device": args.device,
+                    "protocol": p,
+                    "deadline": t0 + args.budget_s,
+                }
                 for e in args.experiments
                 for m, (_, _, opt) in methods()[e].items()
                 if args.methods is None or m in args.methods
@@ -327,8 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 with open(log, "a") as f:
                     f.write(json.dumps(r) + "\n")
-                print(f"{time.time() - t0:6.0f}s {r['experiment']:6} {r['method'][:38]:38} lr {r['lr']:<8g} seed {r['seed']:<3} "
-                      f"{r['split']:4} {r['acc']:6.2f}% {r['seconds']:6.1f}s", flush=True)  # fmt: skip
+                print(f"{time.time() - t0:6.0f}s {r['experiment']:6} {r['method'][:38]:38} lr {r['lr']:<8g} "
+                      f"seed {r['seed']:<3} {r['split']:4} {r['acc']:6.2f}% {r['seconds']:6.1f}s",
+                      flush=True)  # fmt: skip
     print(json.dumps(report(read_runs(log), args.experiments, p), indent=1))
     return 0
 
@@ -349,12 +361,17 @@ def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
         for m, (_, _, opt) in methods()[e].items():
             grid = expanded_grid(runs, e, m)
             best = choose(runs, e, m, grid, p) if grid else None
-            tests = [runs[job_id(e, m, best, s)] for s in p["test_seeds"] if best is not None and job_id(e, m, best, s) in runs]
+            tests = [
+                runs[job_id(e, m, best, s)]
+                for s in p["test_seeds"]
+                if best is not None and job_id(e, m, best, s) in runs
+            ]
             if not tests:
                 continue
             mean, ci = mean_ci([r["acc"] for r in tests])
             rows[m] = {"optimizer": opt, "lr": best, "grid": grid, "test": [r["acc"] for r in tests], "mean": mean,
-                       "ci95": ci, "diverged": any(r["diverged"] for r in tests), "device": tests[0]["device"]}  # fmt: skip
+                       "ci95": ci, "diverged": any(r["diverged"] for r in tests),
+                       "device": tests[0]["device"]}  # fmt: skip
         out["experiments"][e] = rows
     return out
 

@@ -95,7 +95,9 @@ class Int8Net(nn.Module):
         self.stem = ConvClamp(_quant_conv(fmt, cfg["first_conv"]))
         blocks = []
         for blk in cfg["blocks"]:
-            convs = [(name, ConvClamp(_quant_conv(fmt, blk[key]))) for key, name in _BLOCK_CONVS if blk[key] is not None]
+            convs = [
+                (name, ConvClamp(_quant_conv(fmt, blk[key]))) for key, name in _BLOCK_CONVS if blk[key] is not None
+            ]
             blocks.append(Int8Block(convs, _residual(blk)))
         self.blocks = nn.Sequential(*blocks)
         self.head = ConvClamp(_quant_conv(fmt, cfg["feature_mix"])) if cfg["feature_mix"] else None
