@@ -18,8 +18,7 @@ transforms that read a block's shapes, strategies that read a trace) call the gr
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,19 +28,20 @@ import torch.nn as nn
 from .accounting.devices import fit, load_device
 from .accounting.engine import compute
 from .accounting.extras import strategy_extras
+from .accounting.microbatch import micro_batch_extras, micro_batch_size
 from .check import CHECK_BATCH, check as self_check
 from .costs.records import Profile
-from .errors import AssumptionWarning, BadOption, InputShapeError, MemplanError, SchemeError
+from .errors import AssumptionWarning, BadOption, MemplanError
 from .graph import LayerGraph
-from .graph.capture import capture_graph
-from .io import read_json
+from .graph.autocast import AMP_DTYPES, amp_label
+from .graph.capture import StepRun, capture_graph
 from .models import recorded_shape, resolve, sample_shape, zoo
 from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
 from .nn.transforms import replace_module, swap_norm
 from .optim import OPTIMIZERS
 from .options import with_keywords
-from .plan import Scheme
+from .plan.given import planned_for, scheme_input_shape, scheme_optimizer
 from .profile_options import Capture as CaptureOptions, CompareOptions, Costing, ProfileOptions
 from .strategies import as_prepared, changes_architecture, make_plan, transform_model
 from .strategies.base import compared
@@ -140,6 +140,8 @@ def capture(
     :class:`~memplan.profile_options.Capture`, or its options by name (``input_shape`` also by
     position).
 
+    ``amp``: ``"bf16"`` / ``"fp16"``, the training step under ``torch.autocast`` on the CPU
+    (``memplan.graph.autocast``; an autocast in the model's forward is honoured without it).
     ``classes``: the head size of zoo / import-spec models. ``norm="group"``: BatchNorm ->
     GroupNorm first. ``method``: that strategy's architecture transform (if any) with
     ``method_options``, applied in place before tracing. ``leaf_modules`` / ``block_names`` /
@@ -151,6 +153,8 @@ def capture(
     """
     o = opts or CaptureOptions()
     _positive("batch", o.batch)
+    if o.amp is not None and o.amp not in AMP_DTYPES:
+        raise BadOption(f"--amp must be one of {', '.join(AMP_DTYPES)}, got {o.amp!r}")
     built = build_model(
         model, resolution=o.resolution, classes=o.classes, input_shape=o.input_shape, norm=o.norm, meta=meta
     )
@@ -166,7 +170,7 @@ def capture(
             name=name or built.name,
             output=o.output,
             runnable=runnable,
-            own_modes=as_prepared(method),
+            step=StepRun(own_modes=as_prepared(method), amp=AMP_DTYPES.get(o.amp) if o.amp is not None else None),
         )
 
     try:
@@ -199,58 +203,15 @@ def _rehead(net: nn.Module, graph: LayerGraph, classes: int) -> None:
     replace_module(net, head.name, new.train(old.training))
 
 
-def _scheme_data(scheme: Any) -> dict[str, Any] | None:
-    """A scheme given as a path or a dict, read as JSON (None for None or a ``Scheme``)."""
-    if scheme is None or isinstance(scheme, Scheme):
-        return None
-    return scheme if isinstance(scheme, dict) else read_json(scheme, "scheme file", SchemeError)
-
-
-def scheme_input_shape(scheme: Any) -> tuple[int, ...] | None:
-    """The per-sample input shape a scheme (a path, a dict or a :class:`~memplan.plan.Scheme`) was
-    planned at; None for none given and for tiny-training's backward_config, which records none."""
-    if isinstance(scheme, Scheme):
-        return tuple(scheme.input_shape)
-    data = _scheme_data(scheme)
-    shape = data.get("input_shape") if data is not None else None
-    if isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape):
-        return tuple(shape)
-    return None
-
-
-@contextmanager
-def planned_for(scheme: Any, *, shape_given: bool = False) -> Iterator[None]:
-    """A model failing at a scheme's recorded input shape is not the one it was planned for (that one ran
-    there): such a failure in the block is raised as a ``SchemeError`` ("scheme was planned for X"); with
-    ``shape_given`` (the shape is not the scheme's), without a scheme or a recorded shape, as it is."""
-    try:
-        yield
-    except InputShapeError as exc:
-        if shape_given or scheme_input_shape(scheme) is None:
-            raise
-        planned = scheme.model if isinstance(scheme, Scheme) else (_scheme_data(scheme) or {}).get("model")
-        raise SchemeError(
-            f"scheme was planned for {planned or 'another model'} at input "
-            f"{'x'.join(map(str, scheme_input_shape(scheme)))}; {exc.message}",
-            "use a scheme planned for this model (memplan search MODEL --out FILE), or give the input shape "
-            "(--input-shape C,H,W) if it is this model's",
-        ) from None
-
-
-def _scheme_optimizer(scheme: Any) -> str | None:
-    """The optimizer a scheme (a path or a :class:`~memplan.plan.Scheme`) records, if any."""
-    if isinstance(scheme, Scheme):
-        return scheme.optimizer
-    data = _scheme_data(scheme)
-    if data is None:
-        return None
-    value = data.get("optimizer")  # memplan's scheme JSON; tiny-training's backward_config has none
-    return value if isinstance(value, str) else None
-
-
 @with_keywords(Costing, param="costing")
 def profile_captured(
-    cap: Captured, method: str = "full", costing: Costing | None = None, *, check: bool = False, **options: Any
+    cap: Captured,
+    method: str = "full",
+    costing: Costing | None = None,
+    *,
+    check: bool = False,
+    accumulated: bool = False,
+    **options: Any,
 ) -> Profile:
     """Profile one strategy on an already captured model, counted as ``costing`` says
     (:class:`~memplan.profile_options.Costing`, or its options by name: ``mode="applied"``).
@@ -262,9 +223,11 @@ def profile_captured(
     profile (``memplan.accounting.devices``): the mode defaults to its mode and
     ``Profile.extras["device"]`` says whether the peak fits it. ``check=True`` adds
     ``Profile.check``: predicted saved bytes (``pytorch`` mode) against a real CPU run of
-    ``cap.model`` at the graph's batch under saved_tensors_hooks (:mod:`memplan.check`)."""
+    ``cap.model`` at the graph's batch under saved_tensors_hooks (:mod:`memplan.check`).
+    ``accumulated=True``: the peak of a later micro-batch of gradient accumulation (the gradients
+    held from the start of the step)."""
     c = costing or Costing()
-    optimizer = c.optimizer or _scheme_optimizer(options.get("scheme")) or "sgd"
+    optimizer = c.optimizer or scheme_optimizer(options.get("scheme")) or "sgd"
     OPTIMIZERS.choose(optimizer)
     if c.frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {c.frozen_bits}")
@@ -272,6 +235,10 @@ def profile_captured(
     mode = c.mode or (device.mode if device is not None else "pytorch")
     acc = get_mode(mode).configure(**(c.mode_options or {}))
     plan = make_plan(cap.graph, method, **options)
+    meta = {"model": cap.name, "resolution": cap.resolution, "classes": cap.classes}
+    amp = amp_label(cap.graph.amp, any(n.kind == "cast" for n in cap.graph.nodes))
+    if amp is not None and not acc.autocast:
+        raise BadOption(f"mode {mode!r} does not cost a step under autocast (amp: {amp})", "use --mode pytorch")
     prof = compute(
         cap.graph,
         plan,
@@ -280,7 +247,8 @@ def profile_captured(
         frozen_bits=c.frozen_bits,
         schedule=c.schedule,
         calibration=c.calibration,
-        meta={"model": cap.name, "resolution": cap.resolution, "classes": cap.classes},
+        meta={**meta, "amp": amp} if amp is not None else meta,
+        accumulated=accumulated,
     )
     prof.extras.update(strategy_extras(cap.graph, plan, prof))
     if device is not None:
@@ -310,15 +278,24 @@ def profile(model: str | nn.Module, opts: ProfileOptions | None = None, **option
     ``Profile.extras["device"]`` says whether the peak fits. A ``scheme`` option sets the input
     shape it was planned at unless ``input_shape`` is given (with ``resolution``: its channels at
     that side); a model that fails there is refused as not the scheme's (:func:`planned_for`).
+    ``micro_batch``: M, gradient accumulation over M micro-batches of ``batch / M``
+    (``memplan.accounting.microbatch``: one micro-batch's activations, ``Profile.extras["micro_batch"]``).
     """
     o = opts or ProfileOptions()
     method, shaped, strategy = o.method, o.capture, o.strategy.given(**options)
     scheme = strategy.get("scheme")
     if shaped.input_shape is None:
         shaped = shaped.replace(input_shape=recorded_shape(scheme_input_shape(scheme), shaped.resolution))
+    if o.micro_batch is not None:
+        _positive("batch", shaped.batch)
+        shaped = shaped.replace(batch=micro_batch_size(shaped.batch, o.micro_batch))
     with planned_for(scheme, shape_given=o.capture.input_shape is not None):
         cap = capture(model, shaped, method=method, method_options=strategy)
-    prof = profile_captured(cap, method, o.costing, **strategy)
+    accumulated = o.micro_batch is not None and o.micro_batch > 1
+    prof = profile_captured(cap, method, o.costing, accumulated=accumulated, **strategy)
+    if o.micro_batch is not None:
+        plan = make_plan(cap.graph, method, **strategy)
+        prof.extras["micro_batch"] = micro_batch_extras(cap.graph, plan, o.micro_batch, o.capture.batch)
     if o.check:
         small = _checkable(model, cap, shaped, method, strategy)
         prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **strategy)))

@@ -151,7 +151,8 @@ def observed_by_module(model: nn.Module, graph: LayerGraph, plan: Plan) -> dict[
         with contextlib.nullcontext() if as_prepared(plan.method) else train_mode(model):
             for qual, flag in norm_flags.items():
                 model.get_submodule(qual).train(flag)
-            with torch.enable_grad(), observer, calls:
+            amp = torch.autocast("cpu", dtype=graph.amp or torch.bfloat16, enabled=graph.amp is not None)
+            with torch.enable_grad(), amp, observer, calls:
                 out = torch.func.functional_call(model, state, (x,))
                 logits, _ = select_output(out, graph.output or None, graph.model_name)
                 stack[:] = [""]

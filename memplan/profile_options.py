@@ -52,6 +52,11 @@ class Capture(Options):
         "the key / field / index of the logits when the model returns a tuple, dict or namedtuple "
         "(default: its first tensor)",
     )
+    amp: str | None = option(
+        None,
+        "mixed precision: the training step (forward and loss) under torch.autocast with bf16 or fp16 on the CPU; "
+        "an autocast inside the model's forward is honoured without it",
+    )
 
 
 class StrategyOptions(Options):
@@ -125,6 +130,11 @@ class ProfileOptions(Options):
         False,
         "also run one real CPU forward + loss of the model at batch <= 2 under saved_tensors_hooks and compare "
         "with the prediction (exit 1 if they differ)",
+    )
+    micro_batch: int | None = option(
+        None,
+        "gradient accumulation: the batch as M micro-batches of batch / M; saved activations of one micro-batch, "
+        "the peak of a later one (warns where a BatchNorm's batch statistics make it compute something else)",
     )
 
 

@@ -24,7 +24,7 @@ from memplan.accounting import engine
 from memplan.accounting.engine import compute
 from memplan.cli import main
 from memplan.costs.observe import flop_counter
-from memplan.graph.capture import capture_graph
+from memplan.graph.capture import StepRun, capture_graph
 from memplan.modes import MODES, get_mode
 from memplan.strategies import as_prepared, make_plan
 from memplan.verify.calibrate import calibrate_graphs
@@ -74,7 +74,7 @@ def real_step(model: nn.Module, shape=C.SHAPE) -> tuple[int, int, int]:
 
 
 def predicted(model: nn.Module, method: str, mode: str = "pytorch", shape=C.SHAPE):
-    graph = capture_graph(model, shape, own_modes=as_prepared(method))
+    graph = capture_graph(model, shape, step=StepRun(own_modes=as_prepared(method)))
     return compute(graph, make_plan(graph, method), get_mode(mode), calibration=None)
 
 

@@ -13,9 +13,10 @@ from typing import Any
 from .. import optim
 from ..costs.flops import Flops, flops_of
 from ..costs.observe import observe
-from ..costs.peak import PeakOptions, check_schedule
+from ..costs.peak import PeakOptions, check_schedule, in_place_update
 from ..costs.records import CONVENTIONS, HIDDEN_KINDS, LayerCost, Profile, Saved, Totals
 from ..costs.workspace import Calibration, load_calibration, workspaces
+from ..errors import BadOption
 from ..graph import LayerGraph, role
 from ..graph.kinds import MAC_KINDS
 from ..modes import Mode
@@ -101,6 +102,7 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
     meta: dict[str, Any] | None = None,
     schedule: str | None = None,
     calibration: Calibration | str | None = "cpu",
+    accumulated: bool = False,
 ) -> Profile:
     """Profile ``plan`` on ``graph`` under ``mode``. ``meta`` fills the descriptive fields.
 
@@ -108,8 +110,16 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
     ``standard`` or ``tte``, updates applied in place during backward; None: the mode's default). ``calibration``: the
     kernel workspaces added to the peak in modes that model eager PyTorch kernels: this
     machine's calibration for a backend (``"cpu"`` / ``"cuda"``, :mod:`.workspace`), a file, a
-    :class:`Calibration`, or None for none; ``Profile.workspace`` says what was used."""
+    :class:`Calibration`, or None for none; ``Profile.workspace`` says what was used.
+    ``accumulated``: the peak of a later micro-batch of gradient accumulation (the parameter
+    gradients held from the start; ``memplan.costs.peak.PeakOptions``)."""
     schedule = check_schedule(schedule or mode.default_schedule)
+    if accumulated and in_place_update(schedule):
+        raise BadOption(
+            f"gradient accumulation keeps the gradients until the optimizer step; schedule {schedule!r} applies "
+            "each update in place during backward",
+            "give --schedule standard",
+        )
     views = grad_flow(graph, plan)
     totals = Totals()
     layers: list[LayerCost] = []
@@ -132,7 +142,7 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
         if op.node.kind not in HIDDEN_KINDS:
             layers.append(lc)
     peak, workspace = _peak_options(views, mode, schedule, calibration)
-    peak = replace(peak, recomputed=tuple(rc.again), held_gradients=tuple(rc.held_gradients))
+    peak = replace(peak, recomputed=tuple(rc.again), held_gradients=tuple(rc.held_gradients), accumulated=accumulated)
     summary = mode.summarize(graph, views, rc.forward, all_layers, totals, peak)
     totals.total_bytes, totals.peak_bytes = summary.total_bytes, summary.peak_bytes
     for lc, op in zip(all_layers, views):

@@ -145,6 +145,6 @@ def cross_entropy(op: OpView, wf: float) -> Flops:
     return Flops(forward=f, grad_input=f if op.grad_input else 0)
 
 
-@flop_rule("view", "identity", "getitem", "meta", "param", "input", "output", "cat", "pad", "fold")
+@flop_rule("view", "identity", "cast", "getitem", "meta", "param", "input", "output", "cat", "pad", "fold")
 def free(op: OpView, wf: float) -> Flops:
     return Flops()

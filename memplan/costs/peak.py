@@ -21,6 +21,11 @@ them, so at backward step i only op i's parameter gradients are alive (exact for
 momentum; other optimizers keep their state, which is static here). Gradients of frozen
 parameters are never allocated in either schedule.
 
+Gradient accumulation (``PeakOptions.accumulated``: every micro-batch after the first) holds the
+accumulated parameter gradients from the start of the step, static like the weights, and each
+op's new parameter gradients only until they are added into them (freed before the next op's
+backward, as the ``tte`` schedule frees them).
+
 Kernel workspaces (:mod:`.workspace`), when given, are added to the op running at each step,
 forward and backward. Allocator rounding is not modelled.
 """
@@ -59,6 +64,7 @@ class PeakOptions:
     #: (node, node): the gradient of the first one's output is held until after the second one's backward,
     #: not freed after its own (a reentrant checkpoint holds its output's gradient through its backward)
     held_gradients: Sequence[tuple[int, int]] = ()
+    accumulated: bool = False  # a later micro-batch of gradient accumulation: the gradients held throughout
 
     def __post_init__(self) -> None:
         check_schedule(self.schedule)
@@ -203,6 +209,8 @@ def simulate_peak(  # one walk over the training step's events
     the most memory in use while it runs, forward or backward): eager PyTorch's step (module
     docstring) run through :func:`simulate_step`."""
     options = options or PeakOptions()
+    if options.accumulated:  # the gradients accumulated by the earlier micro-batches, held throughout
+        static += sum(param_grads)
     n = len(graph.nodes)
     ws_f = list(options.workspace_forward or [0] * n)
     producer, last_use = _lifetimes(graph)
@@ -257,7 +265,7 @@ def simulate_peak(  # one walk over the training step's events
         grad_free,
         param_grads,
         [v.req_out for v in views],
-        in_place_update=in_place_update(options.schedule),
+        in_place_update=in_place_update(options.schedule) or options.accumulated,
         workspace=options.workspace_backward,
         acquired=acquired,
     )

@@ -43,7 +43,7 @@ from ..plan import OpView
 #: calibration file format version
 CALIBRATION_VERSION = 1
 #: kinds that never run a kernel (views, shape queries, graph boundaries)
-NO_KERNEL = frozenset({"input", "output", "param", "meta", "getitem", "view", "identity"})
+NO_KERNEL = frozenset({"input", "output", "param", "meta", "getitem", "view", "identity", "cast"})
 BACKENDS = ("cpu", "cuda")
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from .autocast import autocast_cast
 from .kinds import function_name
 
 
@@ -134,7 +135,7 @@ def _param_source(node: Any, gm: fx.GraphModule) -> str | None:
         if (
             node.op == "call_method"
             and node.target in ("t", "transpose", "permute", "view", "reshape")
-            or (node.op == "call_function" and node.target in (torch.t, torch.transpose))
+            or (node.op == "call_function" and node.target in (torch.t, torch.transpose, autocast_cast))
         ):
             node = node.args[0]
             seen += 1

@@ -95,8 +95,17 @@ class GraphBuilder:
     """Builds the LayerGraph of ``gm`` propagated by ``runner`` (the module ``model``, named ``name``;
     ``output``: the logits entry of a structured output)."""
 
-    def __init__(self, gm: fx.GraphModule, runner: _MetaRunner, model: nn.Module, name: str, output: str | int | None):
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        runner: _MetaRunner,
+        model: nn.Module,
+        name: str,
+        output: str | int | None,
+        amp: torch.dtype | None = None,
+    ):
         self.gm, self.runner, self.model, self.name, self.output = gm, runner, model, name, output
+        self.amp = amp  # the step's autocast dtype (the loss runs under it), None for none
         self.storage_ids: dict[int, int] = {}
         self.storages: list[int] = []  # nbytes per storage id
         self.param_storages: set[int] = set()
@@ -134,6 +143,7 @@ class GraphBuilder:
             buffer_bytes,
         )
         graph.output = self.out_path
+        graph.amp = self.amp
         graph.gm = self.gm
         graph.constant_storages = frozenset(self.constant_storages)
         graph.wrappers = {
@@ -177,6 +187,8 @@ class GraphBuilder:
         if kind == "unknown" and not outs and fxn.op in ("call_function", "call_method"):
             kind = "meta"  # Python values only (shape arithmetic: c // heads): nothing autograd could keep
         ops = self.operands(fxn, value)
+        if kind == "cast" and outs and ops.in_tensors and outs[0].storage == ops.in_tensors[0].storage:
+            kind = "identity"  # autocast leaves an operand already in its dtype as it is
         layer = self.layer_of(fxn, kind, mod, ops)
         if kind == "pad":
             layer.attrs["mode"] = _pad_mode(fxn, mod)
@@ -324,7 +336,10 @@ class GraphBuilder:
             )
         target = TensorInfo((logits.shape[0],), torch.int64, len(storages))
         storages.append(target.nbytes)
-        loss_out = TensorInfo((), logits.dtype, len(storages))
+        # under autocast the loss is on its float32 list: lower-precision logits are cast up
+        low = self.amp is not None and logits.dtype in (torch.bfloat16, torch.float16)
+        dtype = torch.float32 if low else logits.dtype
+        loss_out = TensorInfo((), dtype, len(storages))
         storages.append(loss_out.nbytes)
         out_node = nodes[-1]
         loss = Node(
@@ -336,7 +351,7 @@ class GraphBuilder:
             inputs=[out_node.inputs[0]],
             in_tensors=[logits],
             outs=(loss_out,),
-            attrs={"target": target},
+            attrs={"target": target, "dtype": dtype},
         )
         nodes.insert(len(nodes) - 1, loss)
         out_node.index = len(nodes) - 1

@@ -21,6 +21,7 @@ upper bound of its saved bytes) and reported as not exact.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -90,6 +91,16 @@ class Segments:
         if self.stack:
             node.meta[SEGMENT_META] = tuple(self.stack)
         return node
+
+
+def follow_replaced(gm: fx.GraphModule, replaced: dict[fx.Node, fx.Node]) -> None:
+    """Point the segments of ``gm`` at the nodes that replaced their inputs' nodes (``replaced``: a
+    graph pass's old node -> new node; ``memplan.graph.autocast.make_explicit``'s module calls)."""
+    segments = gm.meta.get(SEGMENTS_META)
+    if segments and replaced:
+        gm.meta[SEGMENTS_META] = [
+            dataclasses.replace(s, inputs=tuple(replaced.get(n, n) for n in s.inputs)) for s in segments
+        ]
 
 
 _ORIGINAL_GENERATOR = tuc._checkpoint_without_reentrant_generator

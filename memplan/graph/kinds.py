@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import SDPA_ARGS
+from .autocast import autocast_cast
 
 #: kinds whose forward is multiply-accumulate work: FLOPs = 2 x MACs
 MAC_KINDS = frozenset({"conv", "linear", "matmul", "sdpa"})
@@ -156,6 +157,7 @@ FUNCTION_KINDS: dict[object, str] = {
     torch.softmax: "softmax",
     F.log_softmax: "log_softmax",
     getattr: "meta",
+    autocast_cast: "cast",  # a cast autocast makes (memplan.graph.autocast)
 }
 
 METHOD_KINDS: dict[str, str] = {

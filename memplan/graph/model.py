@@ -160,6 +160,7 @@ class LayerGraph:
     capture: str = "symbolic"  # "symbolic" (torch.fx) or "recorded" (one eager run on meta, graph.record)
     output: str = ""  # the entry of a tuple / dict / namedtuple output the loss takes ("" = the output itself)
     gm: fx.GraphModule | None = field(default=None, repr=False)  # the captured fx graph
+    amp: torch.dtype | None = None  # the step's autocast dtype (memplan.graph.autocast), None for none
     observed: dict = field(default_factory=dict, repr=False)  # replay cache of memplan.costs.observe
     #: storages of constants (tensors the model reads from outside itself: a module-level cache, an
     #: fx ``_tensor_constant``): resident like buffers (in ``param_storages``), but what an op saves of

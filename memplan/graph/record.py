@@ -31,6 +31,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import TraceFailure
+from .autocast import Regions, cast_operands
 from .checkpoint import SEGMENTS_META, Segments, checkpoint_calls
 from .kinds import COMPOSITE_FUNCTIONS, composite_body
 from .layout import flatten, function_output
@@ -116,6 +117,7 @@ class _Recorder(TorchFunctionMode):
         self.depth = 0  # > 0 while inside a leaf module or an opaque call
         # checkpoint calls (memplan.graph.checkpoint)
         self.segments = Segments(self.tracked, lambda: self.stack[-1][0] if self.stack else "")
+        self.regions = Regions()  # where autocast was on (memplan.graph.autocast)
 
     # ------------------------------------------------------------------ graph building
     def bind(self, value: Any, node: fx.Node) -> None:
@@ -132,6 +134,7 @@ class _Recorder(TorchFunctionMode):
     def _node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
         node = self.graph.create_node(op, target, args, kwargs)
         node.meta["nn_module_stack"] = {q: (q, cls) for q, cls in self.stack if q}
+        self.regions.mark(node)
         return self.segments.tag(node)
 
     def tracked(self, value: Any) -> fx.Node | None:
@@ -182,9 +185,10 @@ class _Recorder(TorchFunctionMode):
         if func in COMPOSITE_FUNCTIONS and not self.depth and self.stack:
             with self:  # its parts are recorded
                 return composite_body(func)(*args, **kwargs)
-        out = function_output(func, args, kwargs)  # laid out as on CPU, without the slow Python meta kernel
+        run_args, run_kwargs = cast_operands(func, args, kwargs)  # the dtypes autocast gives (when on)
+        out = function_output(func, run_args, run_kwargs)  # laid out as on CPU, without the slow Python meta kernel
         if out is None:
-            out = _call(func, args, kwargs)
+            out = _call(func, run_args, run_kwargs)
         if self.depth or not self.stack:
             return out
         mutates = name.endswith("_") and not name.endswith("__") or name in ("__setitem__",) or name.startswith("__i")

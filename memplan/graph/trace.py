@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - older / newer torch without it
     GraphModule = fx.GraphModule
 
 from ..errors import MemplanError, TraceFailure
+from .autocast import Regions
 from .checkpoint import SEGMENTS_META, Segments, checkpoint_calls
 from .kinds import is_composite_module, module_kind
 from .layout import flatten
@@ -74,10 +75,14 @@ class LeafTracer(fx.Tracer):
         self.segments = Segments(
             lambda v: v.node if isinstance(v, fx.Proxy) else None, lambda: self.stack[-1][0] if self.stack else ""
         )
+        self.regions = Regions()  # where autocast was on (memplan.graph.autocast)
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
-        """fx's node, marked with the checkpoint segments it runs in (``memplan.graph.checkpoint``)."""
-        return self.segments.tag(super().create_node(*args, **kwargs))
+        """fx's node, marked with the checkpoint segments it runs in (``memplan.graph.checkpoint``) and
+        the autocast region in force (``memplan.graph.autocast``)."""
+        node = self.segments.tag(super().create_node(*args, **kwargs))
+        self.regions.mark(node)
+        return node
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return InPlaceProxy(node, self)

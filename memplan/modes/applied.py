@@ -61,6 +61,7 @@ LEAN_REPLACEABLE = frozenset({"conv", "batchnorm", "relu", "hardtanh", "leaky_re
 class AppliedMode(Mode):
     name = "applied"
     description = "eager PyTorch 2.13 after memplan.apply_*: lean autograd ops where they save memory"
+    autocast = False  # the lean autograd ops under autocast are not modelled
 
     def summarize(
         self,

@@ -64,6 +64,9 @@ class Mode:
     #: (weight, bias) bits of the frozen model as deployed (``accounting.devices.deployed_bytes``);
     #: None: the parameters' own dtype
     deployed_bits: tuple[int, int] | None = None
+    #: the mode costs a step under autocast (``--amp``, or an autocast in the model's forward: the
+    #: graph's casts, ``memplan.graph.autocast``)
+    autocast: bool = True
 
     def __init__(self, parent: Mode | None = None):
         self.parent = parent

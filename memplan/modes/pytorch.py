@@ -8,6 +8,8 @@ not activations and are not counted here; they are in the weight bytes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..graph import TensorInfo, conv_padding
@@ -28,6 +30,17 @@ pytorch = register_mode(PyTorchMode())
 rule = pytorch.rule
 
 
+def weight(op: OpView, w: TensorInfo) -> Saved:
+    """The weight operand ``w`` kept. Autocast's low-precision copy of a parameter (a ``cast`` node,
+    ``memplan.graph.autocast``) is one per autocast region when the parameter requires grad (the cast
+    cache: one storage, however many ops keep it); a frozen one is cast again at every use, a copy
+    of its own."""
+    src = op.graph.nodes[op.node.inputs[op.node.attrs["operands"]["weight"]]]
+    if src.kind == "cast" and not op.operand_grad("weight"):
+        return private(w.nbytes, "weight (autocast copy)")
+    return tensor(op, w, "weight")
+
+
 @rule("conv")
 def conv(op: OpView):
     """Convolution saves input and weight whenever recorded, whatever needs a gradient (a
@@ -37,7 +50,7 @@ def conv(op: OpView):
     (the asymmetric remainder is zero-padded into a copy)."""
     x, w, a = op.node.in_tensors[0], op.operand("weight"), op.node.attrs
     if w is not None:
-        yield tensor(op, w, "weight")
+        yield weight(op, w)
     pads = conv_padding(a["padding"], a["kernel_size"], a["dilation"])
     mode = a.get("padding_mode", "zeros")
     if mode == "zeros":
@@ -91,7 +104,7 @@ def linear(op: OpView):
         yield reshaped(op, x, len(x.shape) - 1, "input")
     w = op.operand("weight")
     if w is not None and op.grad_input:
-        yield tensor(op, w, "weight")
+        yield weight(op, w)
 
 
 @rule("batchnorm")
@@ -217,6 +230,18 @@ def matmul(op: OpView):
         yield keep_a
 
 
+def _math_value(op: OpView, v: TensorInfo, batch: tuple[int, ...], acc: int) -> Saved:
+    """``value`` as the math kernel keeps it for bmm: merged to 3 dims (a view, or a copy); a float32
+    copy where it computes in float32 (broadcast to the batch by a copy where it must be)."""
+    if acc != v.itemsize:
+        lead = math.prod(batch)
+        numel = v.numel if tuple(v.shape[:-2]) == batch else lead * v.shape[-2] * v.shape[-1]
+        return private(numel * acc, "value (float32 copy)")
+    if len(v.shape) > 2:
+        return reshaped(op, _expanded(v, batch), len(batch), "value")
+    return tensor(op, v, "value")
+
+
 @rule("sdpa")
 def sdpa(op: OpView):
     """F.scaled_dot_product_attention, as the CPU kernel torch picks
@@ -225,7 +250,9 @@ def sdpa(op: OpView):
     float tensor) and the float32 logsumexp (batch x heads x L). Math: the composite's matmuls,
     softmax and dropout: q x sqrt(scale) and (k x sqrt(scale))^T (new tensors, kept for each
     other's gradient), the softmax output when the scores need a gradient, the dropout mask and
-    the dropped-out weights, and ``value`` (merged to 3 dims for bmm: a view, or a copy)."""
+    the dropped-out weights, and ``value`` (merged to 3 dims for bmm: a view, or a copy). The math
+    kernel computes float16 / bfloat16 attention in float32 (query, key and value cast up first):
+    all of these are then float32, ``value`` a float32 copy."""
     q, k, v, m = (op.operand(n) for n in ("query", "key", "value", "attn_mask"))
     rq, rk, rv, rm = (op.operand_grad(n) for n in ("query", "key", "value", "attn_mask"))
     if sdpa_backend(op) == "flash":
@@ -241,27 +268,31 @@ def sdpa(op: OpView):
     for s in batch:
         lead *= s
     L, S = q.shape[-2], k.shape[-2]
-    scores = lead * L * S * q.itemsize
+    acc = 4 if q.dtype in (torch.float16, torch.bfloat16) else q.itemsize  # the math kernel's precision
+    scores = lead * L * S * acc
     if rq:
-        yield private(lead * S * k.shape[-1] * k.itemsize, "scaled key (transposed)")
+        yield private(lead * S * k.shape[-1] * acc, "scaled key (transposed)")
     if rk:
-        yield private(lead * L * q.shape[-1] * q.itemsize, "scaled query")
+        yield private(lead * L * q.shape[-1] * acc, "scaled query")
     grad_scores = rq or rk or rm
     dropout = op.node.attrs["dropout_p"] > 0
     if grad_scores:
         yield private(scores, "softmax output")
         if dropout:
             yield private(scores, "dropout mask")
-        yield reshaped(op, _expanded(v, batch), len(batch), "value") if len(v.shape) > 2 else tensor(op, v, "value")
+        yield _math_value(op, v, batch, acc)
     if rv and (dropout or not grad_scores):
         yield private(scores, "attention weights")
 
 
 @rule("cross_entropy")
 def cross_entropy(op: OpView):
-    yield private(op.node.in_tensors[0].nbytes, "log-softmax")
+    # the log-softmax of the logits, in float32 under autocast (its float32 list)
+    logits = op.node.in_tensors[0]
+    dtype = op.node.attrs.get("dtype", logits.dtype)
+    yield private(logits.numel * dtype.itemsize, "log-softmax")
     yield tensor(op, op.node.attrs["target"], "target")
-    yield private(4, "total weight")
+    yield private(dtype.itemsize, "total weight")
 
 
 @rule("pad")
@@ -285,7 +316,10 @@ def getitem(op: OpView):
             yield private(nbytes, "index tensor made of a Python sequence")
 
 
-@rule("add", "sub", "cat", "fold", "interpolate", "mean", "view", "identity", "meta", "param", "input", "output")
+@rule(
+    "add", "sub", "cat", "fold", "interpolate", "mean", "view", "identity", "cast", "meta", "param", "input", "output"
+)
 def saves_nothing(op: OpView):
+    # cast: an autocast copy (ToCopyBackward keeps nothing)
     # fold: F.unfold (im2col) / F.fold (col2im), each the other's backward, which needs only shapes
     return ()

@@ -41,11 +41,12 @@ __all__ = [
     "architecture",
     "as_is",
     "cache_reuse",
+    "lora",
     "minilearn",
     "mobiletl",
     "sparse",
     "tinytl",
 ]
-# each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn, as-is;
-# architecture registers the transforms every strategy accepts
-from . import architecture, as_is, cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402
+# each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn, as-is,
+# lora; architecture registers the transforms every strategy accepts
+from . import architecture, as_is, cache_reuse, lora, minilearn, mobiletl, sparse, tinytl  # noqa: E402
