@@ -31,7 +31,7 @@ probe head re-fit on them: ``Worker.train_plan``); weights + biases of the last 
 TinyTL lite residual + bias (``tinytl-lb``); MobileTL; full fine-tuning; and, with ``--profile``,
 ``validated B`` for each of ``--budgets``: what ``memplan search B --validate N`` returns (the
 search in ``applied`` mode at the training batch over the profile, then the validation stage,
-``memplan.search.select``: N searched candidates and every baseline that fits, successive halving
+``memplan.search.stage``: N searched candidates and every baseline that fits, successive halving
 on the validation split with the same rates and seeds, the baselines' runs shared), trained on
 test at the rate the stage chose. ``--schemes`` adds scheme files as methods. A method that
 trains exactly what an earlier one trains shares its runs.
@@ -82,7 +82,7 @@ from memplan.rates import Rates, distinct
 from memplan.search import run_search
 from memplan.search.baselines import BASELINES
 from memplan.search.candidates import collect_candidates
-from memplan.search.select import choose
+from memplan.search.stage import choose
 from memplan.strategies import make_plan, transform_model
 from memplan.units import parse_bytes
 
@@ -230,7 +230,7 @@ def baselines(cap) -> list[Method]:
 
 
 class BenchTrainer:
-    """The validation stage's trainer (``memplan.search.select.choose``) over the benchmark's own
+    """The validation stage's trainer (``memplan.search.stage.choose``) over the benchmark's own
     runs: a candidate that trains what a method trains reads and writes that method's grid runs
     (``grid|method|lr|seed``, validation split), so the stage and the baselines share them."""
 

@@ -107,11 +107,11 @@ def print_applied_cost(result: Any, classes: int | None, out: Console) -> None:
 
 
 def _validate(result, n: int, opts: SearchOptions, stage):  # noqa: ANN001, ANN202
-    """The validation stage with a progress bar (``memplan.search.select.validate_search``)."""
+    """The validation stage with a progress bar (``memplan.search.stage.validate_search``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .search.run import run_search
-    from .search.select import validate_search
+    from .search.stage import validate_search
 
     def again(objective: str, budget: int):  # noqa: ANN202
         return run_search(result.model, opts=opts.replace(objective=objective, budget=budget, out=None, curves=False))

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..plan import Training
-from ..search.select import Validated
+from ..search.stage import Validated
 from ..units import fmt_bytes
 
 

@@ -1,5 +1,5 @@
 """The candidates of the validation stage (``memplan search --validate``,
-:mod:`memplan.search.select`): the search's scheme and more from the search, every baseline that
+:mod:`memplan.search.stage`): the search's scheme and more from the search, every baseline that
 fits the budget, and the unions of two of them that fit; each with its memory in the search's
 mode and metric (bytes) and the parameter families it trains.
 """

@@ -7,7 +7,7 @@
 * ``solver``: :class:`Solver`, the search method and its settings;
 * ``output``: :class:`Output`, the scheme written and its provenance;
 
-and :class:`Stage`, the validation stage's schedule (``--validate``, ``memplan.search.select``);
+and :class:`Stage`, the validation stage's schedule (``--validate``, ``memplan.search.stage``);
 ``memplan search`` takes both (:class:`SearchCommand`).
 
 No torch import: the command line derives its options from these fields before any command runs.
@@ -135,7 +135,7 @@ DEFAULT_GRID = ("5e-4", "2.5e-3", "1.25e-2", "1.25e-2/weight=5e-4", "1.25e-2/wei
 
 
 class Stage(Options):
-    """The validation stage's schedule (``memplan.search.select``): its candidates, the
+    """The validation stage's schedule (``memplan.search.stage``): its candidates, the
     learning-rate grid and seeds of the successive halving, its checkpoint and where it runs."""
 
     what: ClassVar[str] = "validation stage"
@@ -209,7 +209,7 @@ class SearchCommand(Options):
 
 
 class ValidateOptions(Options):
-    """The options of the additivity check (``memplan.search.validate.validate_profile``,
+    """The options of the additivity check (``memplan.search.additivity.validate_profile``,
     ``memplan contrib validate``)."""
 
     what: ClassVar[str] = "additivity check"
