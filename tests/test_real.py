@@ -317,8 +317,8 @@ def test_ceiling_from_seed_agreement_by_hand():
 
 
 def test_collapsed_schemes_are_named_and_correlated_apart():
-    from memplan.search.agreement import noise_readings
     from memplan.search.additivity import Point
+    from memplan.search.agreement import noise_readings
 
     ref = [80.0, 82.0]
 
