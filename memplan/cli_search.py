@@ -37,7 +37,7 @@ def search(  # typer command: its own parameters, then one per option of SearchC
     opts = opts.replace(target=target, curves=plot is not None, command="memplan " + " ".join(sys.argv[1:]))
     out_console = console()
     try:
-        with _StageView(out_console, opts.stage.validate_candidates is not None) as progress:
+        with _StageView(out_console) as progress:
             done = search_and_validate(model, opts, progress)
     except ProfileError as exc:
         if opts.search.inputs.profile_path is not None:
@@ -87,10 +87,10 @@ def print_searched(done: Any, out: Console) -> None:
 
 class _StageView:
     """The search's :class:`memplan.search.stage.Progress`: the search printed as soon as it is done,
-    then (``stage``) a progress bar over the validation stage's runs on stderr."""
+    then a progress bar over the validation stage's runs on stderr (from when they are planned)."""
 
-    def __init__(self, out: Console, stage: bool):
-        self.out, self.stage, self.bar = out, stage, None
+    def __init__(self, out: Console):
+        self.out, self.bar = out, None
 
     def __enter__(self) -> Any:
         from .search.stage import Progress
@@ -103,18 +103,6 @@ class _StageView:
 
     def _searched(self, done: Any) -> None:
         print_searched(done, self.out)
-        if self.stage:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(
-                TextColumn("validating"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console(stderr=True),
-            )
-            self.bar.start()
-            self.task = self.bar.add_task("runs", total=None)
 
     def _waiting(self, lock: str) -> None:
         console(stderr=True).print(
@@ -122,8 +110,12 @@ class _StageView:
         )
 
     def _start(self, total: int) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, total=total)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn("validating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self.bar = Progress(*columns, console=console(stderr=True))
+        self.bar.start()
+        self.task = self.bar.add_task("runs", total=total)
 
     def _run(self) -> None:
         if self.bar is not None:
