@@ -23,7 +23,10 @@ validation accuracy is at least that of every baseline that fits, on the same se
 The scheme records the rates and optimizer it was validated with (``training``) and its
 validation accuracy ± SE with the runners-up (``validation``). Runs are checkpointed (JSONL,
 one line per finished run, keyed by what the candidate trains, its rates and seed, so budgets
-and reruns share them): an interrupted stage resumes where it was.
+and reruns share them): an interrupted stage resumes where it was. A stage holds its folder's
+lock (``LOCK``) from reading the checkpoint to its choice, so a second run on the same folder
+waits and then reuses every run (none is trained twice); a checkpoint that cannot be written is
+refused before any run trains.
 Runs execute one after another in this process, or each rung's runs at once on contribution
 analysis's executors (``Stage.validate_workers``: a local process pool or Ray).
 """
