@@ -113,7 +113,7 @@ def save_figure(fig: Any, path: str | os.PathLike, **savefig: Any) -> Path:
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
     """``torch.save`` to a temporary file beside ``path``, then rename (atomic)."""
-    import torch  # noqa: PLC0415  (this module is imported by ``import memplan``, which loads no torch)
+    import torch  # this module is imported by ``import memplan``, which loads no torch
 
     fd, tmp = _temp_beside(Path(path))
     os.close(fd)

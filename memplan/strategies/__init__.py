@@ -45,4 +45,4 @@ __all__ = [
 ]
 # each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn;
 # architecture registers the transforms every strategy accepts
-from . import architecture, cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402
+from . import architecture, cache_reuse, minilearn, mobiletl, sparse, tinytl
