@@ -39,7 +39,7 @@ from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
 from .nn.transforms import swap_norm
 from .optim import OPTIMIZERS
-from .options import with_keywords
+from .options import DEFAULT_OPTIMIZER, with_keywords
 from .plan import Scheme
 from .profile_options import Capture as CaptureOptions, CompareOptions, Costing, ProfileOptions
 from .strategies import changes_architecture, make_plan, transform_model
@@ -221,7 +221,7 @@ def profile_captured(
     ``Profile.check``: predicted saved bytes (``pytorch`` mode) against a real CPU run of
     ``cap.model`` at the graph's batch under saved_tensors_hooks (:mod:`memplan.check`)."""
     c = costing or Costing()
-    optimizer = c.optimizer or _scheme_optimizer(options.get("scheme")) or "sgd"
+    optimizer = c.optimizer or _scheme_optimizer(options.get("scheme")) or DEFAULT_OPTIMIZER
     OPTIMIZERS.choose(optimizer)
     if c.frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {c.frozen_bits}")

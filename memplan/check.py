@@ -27,6 +27,7 @@ from .graph import LayerGraph, role, select_output, train_mode
 from .graph.kinds import NORM_KINDS
 from .graph.saved import SavedObserver
 from .modes import get_mode
+from .options import DEFAULT_OPTIMIZER
 from .plan import Plan, grad_flow
 
 #: batch of the real run ``memplan profile --check`` observes (the profile's own batch if smaller)
@@ -62,7 +63,7 @@ def predicted_by_module(graph: LayerGraph, plan: Plan) -> dict[str, list[tuple[s
     by_module: dict[str, list[tuple[str, int]]] = {}
     counted: set[int] = set()
     for op in grad_flow(graph, plan):
-        _, saved, _ = layer_costs(op, mode, "sgd", 32)
+        _, saved, _ = layer_costs(op, mode, DEFAULT_OPTIMIZER, 32)
         for s in saved:
             if graph.is_weight(s.storage) or (s.storage is not None and s.storage in counted):
                 continue

@@ -29,6 +29,7 @@ import torch
 
 from ..errors import BadOption, MemplanError
 from ..models.loading import portable
+from ..options import DEFAULT_EXECUTOR
 from ..registry import Registry
 from .protocol import RunSpec
 from .runner import Context, SchemeRun, Worker
@@ -200,7 +201,7 @@ def execute(
     specs: Sequence[Job],
     *,
     workers: int = 1,
-    executor: str = "process",
+    executor: str = DEFAULT_EXECUTOR,
     address: str | None = None,
     key: str = "",
 ) -> Iterator[dict]:

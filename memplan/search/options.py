@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from pydantic import field_validator
 
 from ..options import (
+    DEFAULT_EXECUTOR,
     Batch,
     Classes,
     FrozenBits,
@@ -159,7 +160,7 @@ class Stage(Options):
     validate_workers: int = option(
         1, "runs of --validate trained at once (each rung's runs on contribution analysis's executors)"
     )
-    validate_executor: str = option("process", "where --validate's runs train: process (a local pool) | ray")
+    validate_executor: str = option(DEFAULT_EXECUTOR, "where --validate's runs train: process (a local pool) | ray")
     validate_address: str | None = option(None, "Ray cluster address (with --validate-executor ray)")
     validate_threads: int | None = option(
         None, "torch threads per worker (default: the cores this process may use, shared by the workers)", cli=False
@@ -237,7 +238,7 @@ class ValidateOptions(Options):
         "depend on it",
         flags=("--workers", "-j"),
     )
-    executor: str = option("process", "process (a local pool) | ray (memplan.contrib.executors)")
+    executor: str = option(DEFAULT_EXECUTOR, "process (a local pool) | ray (memplan.contrib.executors)")
     address: str | None = option(None, "Ray cluster address (with --executor ray)")
     device: str = option("cpu", "cpu | cuda | auto")
     checkpoint: str | os.PathLike | None = option(

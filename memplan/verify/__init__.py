@@ -42,7 +42,7 @@ from ..graph import LayerGraph
 from ..modes import get_mode
 from ..nn.train import fit
 from ..optim import make_optimizer
-from ..options import with_keywords
+from ..options import DEFAULT_OPTIMIZER, with_keywords
 from ..plan import Plan
 from ..profile_options import VerifyOptions
 from .measure import saved_bytes
@@ -173,7 +173,7 @@ def verify(model: str | nn.Module, opts: VerifyOptions | None = None, **options:
     o = opts or VerifyOptions()
     method, batch, resolution, steps, tolerance, seed = o.method, o.batch, o.resolution, o.steps, o.tolerance, o.seed
     options = o.strategy.given(**options)
-    optimizer = o.optimizer or "sgd"
+    optimizer = o.optimizer or DEFAULT_OPTIMIZER
     if steps < 1 or batch < 1 or tolerance < 0:
         raise BadOption("--steps and --batch must be positive and --tolerance non-negative")
     dev = _device(o.device)
