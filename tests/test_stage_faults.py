@@ -245,3 +245,35 @@ def test_a_kill_during_an_output_write_leaves_no_temporary_file(tmp_path):
     live.write_text("")
     write_text(target, "whole")
     assert target.read_text() == "whole" and temps() == [live.name]
+
+
+def test_one_library_call_reads_the_profile_once(profile, tmp_path, monkeypatch):
+    """``search_and_validate``: the search, its further searches, the applied-mode cost and the stage
+    all use the one profile read; what it returns is what the command prints and writes."""
+    import ast
+
+    from memplan.search.command import search_and_validate
+    from memplan.search.options import SearchCommand
+
+    reads = []
+    read_text = Path.read_text
+
+    def counted(self, *a, **kw):
+        if self.resolve() == profile.resolve():
+            reads.append(self)
+        return read_text(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    opts = SearchCommand.of(
+        budget="30KB", profile_path=profile, validate_candidates=2, validate_lrs=("0.01",), validate_seeds=(0,),
+        validate_dir=tmp_path / "val", out=tmp_path / "scheme.json",
+    )  # fmt: skip
+    done = search_and_validate("minilearn-cifar10", opts)
+    assert len(reads) == 1
+    assert done.out == str(tmp_path / "scheme.json") and load_scheme(done.out) == done.scheme
+    assert done.scheme.validation.name == done.validated.chosen.name and done.applied is not None
+    assert set(done.applied.totals) == {"applied", "pytorch"} and done.applied.batch == 8  # the profile's batch
+    # the command only renders: no function (a search closure) defined inside it
+    tree = ast.parse((ROOT / "memplan" / "cli_search.py").read_text())
+    (command,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "search"]
+    assert not [n for n in ast.walk(command) if isinstance(n, (ast.FunctionDef, ast.Lambda)) and n is not command]
