@@ -277,3 +277,24 @@ def test_one_library_call_reads_the_profile_once(profile, tmp_path, monkeypatch)
     tree = ast.parse((ROOT / "memplan" / "cli_search.py").read_text())
     (command,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "search"]
     assert not [n for n in ast.walk(command) if isinstance(n, (ast.FunctionDef, ast.Lambda)) and n is not command]
+
+
+def test_ray_with_one_worker_is_not_ignored(profile, tmp_path, capsys, monkeypatch):
+    """``--validate-executor ray --validate-workers 1``: the runs go to the executor (a cluster may
+    hold that one worker), not silently into this process. The executor is stood in for by one
+    that runs them here and records where it was asked to."""
+    from memplan.contrib import executors
+    from memplan.search import stage
+
+    asked = []
+
+    def fake_execute(ctx, specs, *, workers, executor, address, key):
+        asked.append((executor, workers, len(specs)))
+        return executors.run_here(ctx, specs)
+
+    monkeypatch.setattr(stage, "execute", fake_execute)
+    code, _, err = run_cli(stage_args(profile, tmp_path / "val", "--validate-executor", "ray"), capsys)
+    assert code == 0, err
+    assert asked and all(executor == "ray" and workers == 1 for executor, workers, _ in asked)
+    ids = [json.loads(x)["run"]["id"] for x in (tmp_path / "val" / CHECKPOINT).read_text().splitlines()[1:]]
+    assert sum(n for *_, n in asked) == len(ids) == len(set(ids))

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contrib.checkpoint import Checkpoint
-from ..contrib.executors import check as check_execution, default_threads, execute, num_threads
+from ..contrib.executors import EXECUTORS, check as check_execution, default_threads, execute, num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
 from ..contrib.profile import ContribProfile
 from ..contrib.runner import Context, SchemeRun, Worker, added_key, linear_probe, with_added_modules
@@ -162,12 +162,13 @@ class ProfileTrainer:
         return self.workers[key]
 
     def prefetch(self, rung: Sequence[tuple[Candidate, Rates, int]]) -> None:
-        """Train the runs of ``rung`` not in the checkpoint, on the stage's workers (one worker: nothing
-        here, each run trains when it is read)."""
+        """Train the runs of ``rung`` not in the checkpoint, on the stage's workers (one worker of a local
+        executor: nothing here, each run trains in this process when it is read; a remote one, Ray,
+        gets its runs even with one worker)."""
         jobs = [SchemeRun(self.run_id(c, r, s), c.scheme, r, s) for c, r, s in rung]
         jobs = [j for j in dict((j.id, j) for j in jobs).values() if j.id not in self.done]
         st = self.stage
-        if st.validate_workers == 1 or not jobs:
+        if (st.validate_workers == 1 and not EXECUTORS[st.validate_executor].remote) or not jobs:
             return
         groups: dict[str, list[SchemeRun]] = {}
         for job in jobs:  # one pool per model: the plain one, and each set of added modules
