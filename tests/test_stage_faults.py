@@ -298,3 +298,19 @@ def test_ray_with_one_worker_is_not_ignored(profile, tmp_path, capsys, monkeypat
     assert asked and all(executor == "ray" and workers == 1 for executor, workers, _ in asked)
     ids = [json.loads(x)["run"]["id"] for x in (tmp_path / "val" / CHECKPOINT).read_text().splitlines()[1:]]
     assert sum(n for *_, n in asked) == len(ids) == len(set(ids))
+
+
+def test_a_read_only_checkpoint_is_refused_by_every_writer(tmp_path):
+    """``Checkpoint.writable``: what the stage, contribution analysis and the additivity check call
+    before any run trains; a failed append is one line too, never a PermissionError."""
+    path = tmp_path / "runs.jsonl"
+    ckpt = Checkpoint(path, {"k": 1}, RUN_FIELDS)
+    ckpt.writable()  # a new file in a writable folder
+    ckpt.start()
+    path.chmod(0o444)
+    with pytest.raises(MemplanError, match=f"cannot write checkpoint {path}: read-only") as exc:
+        ckpt.writable()
+    assert "\n" not in str(exc.value)
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(MemplanError, match="cannot write checkpoint"):
+        Checkpoint(tmp_path / "dir.jsonl", {}).append({"id": "a"})
