@@ -15,6 +15,8 @@ from ..registry import lazy_exports
 #: command line reads :mod:`.options` without torch)
 EXPORTS = {
     "run_search": "run",
+    "search_and_validate": "command",
+    "Searched": "command",
     "SearchResult": "result",
     "SearchOptions": "options",
     "BudgetError": "budgets",
