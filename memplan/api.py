@@ -18,8 +18,7 @@ transforms that read a block's shapes, strategies that read a trace) call the gr
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,17 +30,16 @@ from .accounting.engine import compute
 from .accounting.extras import strategy_extras
 from .check import CHECK_BATCH, check as self_check
 from .costs.records import Profile
-from .errors import AssumptionWarning, BadOption, InputShapeError, MemplanError, SchemeError
+from .errors import AssumptionWarning, BadOption, MemplanError
 from .graph import LayerGraph
 from .graph.capture import capture_graph
-from .io import read_json
 from .models import recorded_shape, resolve, sample_shape, zoo
 from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
 from .nn.transforms import replace_module, swap_norm
 from .optim import OPTIMIZERS
-from .options import with_keywords
-from .plan import Scheme
+from .options import DEFAULT_OPTIMIZER, with_keywords
+from .plan.recorded import planned_for, scheme_input_shape, scheme_optimizer
 from .profile_options import Capture as CaptureOptions, CompareOptions, Costing, ProfileOptions
 from .strategies import as_prepared, changes_architecture, make_plan, transform_model
 from .strategies.base import compared
@@ -199,55 +197,6 @@ def _rehead(net: nn.Module, graph: LayerGraph, classes: int) -> None:
     replace_module(net, head.name, new.train(old.training))
 
 
-def _scheme_data(scheme: Any) -> dict[str, Any] | None:
-    """A scheme given as a path or a dict, read as JSON (None for None or a ``Scheme``)."""
-    if scheme is None or isinstance(scheme, Scheme):
-        return None
-    return scheme if isinstance(scheme, dict) else read_json(scheme, "scheme file", SchemeError)
-
-
-def scheme_input_shape(scheme: Any) -> tuple[int, ...] | None:
-    """The per-sample input shape a scheme (a path, a dict or a :class:`~memplan.plan.Scheme`) was
-    planned at; None for none given and for tiny-training's backward_config, which records none."""
-    if isinstance(scheme, Scheme):
-        return tuple(scheme.input_shape)
-    data = _scheme_data(scheme)
-    shape = data.get("input_shape") if data is not None else None
-    if isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape):
-        return tuple(shape)
-    return None
-
-
-@contextmanager
-def planned_for(scheme: Any, *, shape_given: bool = False) -> Iterator[None]:
-    """A model failing at a scheme's recorded input shape is not the one it was planned for (that one ran
-    there): such a failure in the block is raised as a ``SchemeError`` ("scheme was planned for X"); with
-    ``shape_given`` (the shape is not the scheme's), without a scheme or a recorded shape, as it is."""
-    try:
-        yield
-    except InputShapeError as exc:
-        if shape_given or scheme_input_shape(scheme) is None:
-            raise
-        planned = scheme.model if isinstance(scheme, Scheme) else (_scheme_data(scheme) or {}).get("model")
-        raise SchemeError(
-            f"scheme was planned for {planned or 'another model'} at input "
-            f"{'x'.join(map(str, scheme_input_shape(scheme)))}; {exc.message}",
-            "use a scheme planned for this model (memplan search MODEL --out FILE), or give the input shape "
-            "(--input-shape C,H,W) if it is this model's",
-        ) from None
-
-
-def _scheme_optimizer(scheme: Any) -> str | None:
-    """The optimizer a scheme (a path or a :class:`~memplan.plan.Scheme`) records, if any."""
-    if isinstance(scheme, Scheme):
-        return scheme.optimizer
-    data = _scheme_data(scheme)
-    if data is None:
-        return None
-    value = data.get("optimizer")  # memplan's scheme JSON; tiny-training's backward_config has none
-    return value if isinstance(value, str) else None
-
-
 @with_keywords(Costing, param="costing")
 def profile_captured(
     cap: Captured, method: str = "full", costing: Costing | None = None, *, check: bool = False, **options: Any
@@ -264,7 +213,7 @@ def profile_captured(
     ``Profile.check``: predicted saved bytes (``pytorch`` mode) against a real CPU run of
     ``cap.model`` at the graph's batch under saved_tensors_hooks (:mod:`memplan.check`)."""
     c = costing or Costing()
-    optimizer = c.optimizer or _scheme_optimizer(options.get("scheme")) or "sgd"
+    optimizer = c.optimizer or scheme_optimizer(options.get("scheme")) or DEFAULT_OPTIMIZER
     OPTIMIZERS.choose(optimizer)
     if c.frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {c.frozen_bits}")

@@ -48,4 +48,4 @@ __all__ = [
 ]
 # each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn, as-is;
 # architecture registers the transforms every strategy accepts
-from . import architecture, as_is, cache_reuse, minilearn, mobiletl, sparse, tinytl  # noqa: E402
+from . import architecture, as_is, cache_reuse, minilearn, mobiletl, sparse, tinytl

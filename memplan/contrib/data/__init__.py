@@ -2,6 +2,7 @@
 registry of offline sources (:mod:`.sources`; the sources themselves in :mod:`.digits`,
 :mod:`.fashion_mnist`, :mod:`.cifar10` and :mod:`.files`)."""
 
+from .cifar10 import cifar10_dir, read_jpeg_npz
 from .core import (
     DEFAULT_VALIDATION,
     BadData,
@@ -14,7 +15,6 @@ from .core import (
     prepare,
     split_per_class,
 )
-from .cifar10 import cifar10_dir, read_jpeg_npz
 from .digits import PRETRAIN_DIGITS, TRANSFER_DIGITS, digits, digits_arrays, digits_raw
 from .fashion_mnist import fashion_mnist_dir, read_idx
 from .files import NPZ_KEYS
