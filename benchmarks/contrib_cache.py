@@ -19,9 +19,9 @@ import time
 
 os.environ.setdefault("MEMPLAN_NUM_THREADS", "1")
 
-import torch  # noqa: E402
+import torch
 
-from memplan.contrib import run_contrib  # noqa: E402
+from memplan.contrib import run_contrib
 
 
 def main() -> None:

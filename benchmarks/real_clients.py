@@ -142,7 +142,7 @@ def run_model(
     try:
         graph = corpus.capture_entry(base, entry.shape)
         res.capture, res.capture_seconds = graph.capture, time.perf_counter() - t
-    except Exception as exc:  # noqa: BLE001  (a capture failure is a result)
+    except Exception as exc:  # a capture failure is a result
         res.capture_error = corpus.one_line(exc)
         res.seconds = time.perf_counter() - start
         log(f"  {entry.id}: capture failed: {res.capture_error}")
@@ -158,7 +158,7 @@ def run_model(
         res.timing_shape = list(shape)
         try:
             res.profile_seconds, res.measure_seconds = time_model(base, shape, repeat)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             res.timing_error = corpus.one_line(exc)
     res.seconds = time.perf_counter() - start
     log(model_line(res))

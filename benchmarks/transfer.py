@@ -41,7 +41,7 @@ hand-made schemes of ``memplan.search.baselines`` at the largest k that fits eac
 bias + the weights of the last k convs; the biases of the last k convs); and, with a ``profile``,
 ``validated B`` for each of ``budgets``: what ``memplan search B --validate N`` returns (the search
 in ``applied`` mode at the training batch over the profile, then the validation stage,
-``memplan.search.select``: N searched candidates and every baseline that fits, the natural schemes
+``memplan.search.stage``: N searched candidates and every baseline that fits, the natural schemes
 included, successive halving on the validation split with the same seeds, the baselines' runs
 shared, its grid widened like the methods'), trained on test at the rate the stage chose.
 ``--schemes`` adds scheme files as methods. A method that trains exactly what an earlier one

@@ -30,7 +30,7 @@ from memplan.rates import Rates, distinct
 from memplan.search import run_search
 from memplan.search.baselines import BASELINES
 from memplan.search.candidates import collect_candidates, sized_candidate
-from memplan.search.select import choose
+from memplan.search.stage import choose
 from memplan.strategies import make_plan, transform_model
 from memplan.units import parse_bytes
 
@@ -147,7 +147,7 @@ def baselines(cap) -> list[Method]:
 
 
 class BenchTrainer:
-    """The validation stage's trainer (``memplan.search.select.choose``) over the benchmark's own
+    """The validation stage's trainer (``memplan.search.stage.choose``) over the benchmark's own
     runs: a candidate that trains what a method trains reads and writes that method's grid runs
     (``grid|method|lr|seed``, validation split), so the stage and the baselines share them."""
 

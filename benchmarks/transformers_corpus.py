@@ -44,7 +44,7 @@ def main() -> int:
             try:
                 problems = check_model(e, r, results=results)
                 error = ""
-            except Exception as exc:  # noqa: BLE001  (a capture failure is a result: a failure)
+            except Exception as exc:  # a capture failure is a result: a failure
                 problems, error = [], f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             bad = {m for m in STRATEGIES if any(f"/{m}:" in p and ": apply: " not in p for p in problems)}
             bad_apply = {m for m in STRATEGIES if any(f"/{m}: apply: " in p for p in problems)}

@@ -40,8 +40,8 @@ from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
 from .nn.transforms import replace_module, swap_norm
 from .optim import OPTIMIZERS
-from .options import with_keywords
-from .plan.given import planned_for, scheme_input_shape, scheme_optimizer
+from .options import DEFAULT_OPTIMIZER, with_keywords
+from .plan.recorded import planned_for, scheme_input_shape, scheme_optimizer
 from .profile_options import Capture as CaptureOptions, CompareOptions, Costing, ProfileOptions
 from .strategies import as_prepared, changes_architecture, make_plan, transform_model
 from .strategies.base import compared
@@ -227,7 +227,7 @@ def profile_captured(
     ``accumulated=True``: the peak of a later micro-batch of gradient accumulation (the gradients
     held from the start of the step)."""
     c = costing or Costing()
-    optimizer = c.optimizer or scheme_optimizer(options.get("scheme")) or "sgd"
+    optimizer = c.optimizer or scheme_optimizer(options.get("scheme")) or DEFAULT_OPTIMIZER
     OPTIMIZERS.choose(optimizer)
     if c.frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {c.frozen_bits}")

@@ -29,6 +29,7 @@ from .graph import LayerGraph, role, select_output, train_mode
 from .graph.kinds import NORM_KINDS
 from .graph.saved import SavedObserver
 from .modes import get_mode
+from .options import DEFAULT_OPTIMIZER
 from .plan import Plan, grad_flow
 from .strategies import as_prepared
 
@@ -65,7 +66,9 @@ def predicted_by_module(graph: LayerGraph, plan: Plan) -> dict[str, list[tuple[s
     by_module: dict[str, list[tuple[str, int]]] = {}
     counted: set[int] = set()
     views = grad_flow(graph, plan)
-    saved = [[s for s in layer_costs(op, mode, "sgd", 32)[1] if not graph.is_weight(s.storage)] for op in views]
+    saved = [
+        [s for s in layer_costs(op, mode, DEFAULT_OPTIMIZER, 32)[1] if not graph.is_weight(s.storage)] for op in views
+    ]
     rc = recompute(graph, views, saved)  # a checkpointed segment keeps its inputs, packed by the module calling it
     for op, items in zip(views, rc.forward):
         for s in items:

@@ -86,7 +86,7 @@ def validate(
     correlate their summed Δacc with their real test-accuracy gain (Pearson, Spearman, bootstrap CIs)."""
     from .contrib.profile import load_profile
     from .render.figures import plot_additivity
-    from .search.validate import save, summary, validate_profile
+    from .search.additivity import save, summary, validate_profile
 
     out_console = console()
     positive_int("bootstrap", opts.bootstrap)

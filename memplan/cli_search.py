@@ -1,5 +1,6 @@
 """``memplan search``: budget -> searched sparse-update scheme (a thin typer layer over
-:func:`memplan.search.run.run_search`; printing and plots are :mod:`memplan.render` views)."""
+:func:`memplan.search.command.search_and_validate`: search, validate, write; printing and plots
+are :mod:`memplan.render` views)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rich.console import Console
 
 from .cli_common import OldTargetOpt, console, options_command, target_option
 from .errors import MemplanError
-from .search.options import SearchCommand, SearchOptions
+from .search.options import SearchCommand
 
 
 @options_command(SearchCommand)
@@ -26,30 +27,20 @@ def search(  # typer command: its own parameters, then one per option of SearchC
 ) -> None:
     """Search the sparse-update scheme of largest summed (noise-aware) Δacc under a memory (and FLOPs) budget."""
     from .render.figures import plot_search
-    from .render.reports import print_search
-    from .search.run import run_search
+    from .search.command import search_and_validate
     from .search.space import ProfileError
 
-    stage, opts = opts.stage, opts.search
-    target = target_option(opts.accounting.target, old_target, "search")
-    if opts.accounting.budget is None and target is None:
+    accounting = opts.search.accounting
+    target = target_option(accounting.target, old_target, "search")
+    if accounting.budget is None and target is None:
         raise MemplanError("give --budget (e.g. 100KB) or --target NAME (e.g. stm32f746)")
-    validate = stage.validate_candidates
-    if validate is not None:  # a bad executor is refused before any work
-        from .contrib.executors import check
-
-        check(stage.validate_workers, stage.validate_executor, stage.validate_address)
-    out = opts.output.out
-    opts = opts.replace(
-        target=target,
-        out=None if validate else out,
-        curves=plot is not None,
-        command="memplan " + " ".join(sys.argv[1:]),
-    )
+    opts = opts.replace(target=target, curves=plot is not None, command="memplan " + " ".join(sys.argv[1:]))
+    out_console = console()
     try:
-        result = run_search(model, opts=opts)
+        with _StageView(out_console) as progress:
+            done = search_and_validate(model, opts, progress)
     except ProfileError as exc:
-        if opts.inputs.profile_path is not None:
+        if opts.search.inputs.profile_path is not None:
             raise
         name = model or "MODEL"
         raise MemplanError(
@@ -57,80 +48,75 @@ def search(  # typer command: its own parameters, then one per option of SearchC
             f"measure one with `memplan contrib {name} --data DATA --out profile.json` and pass it: "
             f"`memplan search {name} --profile profile.json ...`",
         ) from None
-    out_console = console()
-    print_search(result, out_console)
-    try:
-        print_applied_cost(result, opts.inputs.classes, out_console)
-    except MemplanError as exc:  # the search itself is done (and saved): say why this line is missing
-        out_console.print(f"warning: the scheme's applied-mode cost was not computed: {exc}", markup=False)
-    if validate is not None:
+    if done.validated is not None:
         from .render.validated import print_validated
 
-        validated = _validate(result, validate, opts, stage)
-        print_validated(validated, out_console)
-        if out:
-            validated.scheme.save(out)
-            out_console.print(f"validated scheme written to {out}")
+        print_validated(done.validated, out_console)
     if plot:
-        plot_search(result, plot)
+        plot_search(done.result, plot)
         out_console.print(f"plot written to {plot}")
-    if not out:
+    if done.out is not None:
+        what = "validated scheme" if done.validated is not None else "scheme"
+        out_console.print(f"{what} written to {done.out}", markup=False)
+    else:
         out_console.print("not saved: add --out scheme.json to write the scheme (for apply_scheme / memplan verify)")
 
 
-def print_applied_cost(result: Any, classes: int | None, out: Console) -> None:
-    """The searched scheme's memory in ``applied`` mode (eager PyTorch after ``memplan.apply_scheme``)
-    and plain ``pytorch`` mode at the training batch (the profile's runs'), beside the budget's mode."""
-    from .api import capture, profile_captured
-    from .contrib.profile import load_profile
-    from .search.space import load_contributions
+def print_searched(done: Any, out: Console) -> None:
+    """The search (``memplan.render.reports.print_search``) and its scheme's applied-mode cost, or
+    why that cost is missing."""
+    from .render.reports import print_search
     from .units import fmt_bytes
 
-    batch, source = result.scheme.batch, "the scheme's"
-    if result.profile_path is not None:
-        batch, source = load_profile(result.profile_path).protocol.batch_size, "the profile's training"
-        classes = classes or load_contributions(result.profile_path).classes
-    cap = capture(result.model, tuple(result.input_shape), batch=batch, classes=classes)
-    costs = {
-        mode: profile_captured(cap, "sparse", mode=mode, scheme=result.scheme).totals for mode in ("applied", "pytorch")
-    }
+    result, applied = done.result, done.applied
+    print_search(result, out)
+    if applied is None:
+        out.print(f"warning: the scheme's applied-mode cost was not computed: {done.applied_error}", markup=False)
+        return
     cost = {
         mode: f"{fmt_bytes(t.total_bytes)} in all ({fmt_bytes(t.saved_activation_bytes)} saved activations)"
-        for mode, t in costs.items()
+        for mode, t in applied.totals.items()
     }
     out.print(
-        f"the same scheme at {source} batch {batch}: applied mode (PyTorch after memplan.apply_scheme) "
-        f"{cost['applied']}; pytorch mode {cost['pytorch']} (the budget bounds {result.mode} mode at batch "
-        f"{result.scheme.batch})",
+        f"the same scheme at {applied.source} batch {applied.batch}: applied mode (PyTorch after "
+        f"memplan.apply_scheme) {cost['applied']}; pytorch mode {cost['pytorch']} (the budget bounds "
+        f"{result.mode} mode at batch {result.scheme.batch})",
         markup=False,
     )
 
 
-def _validate(result, n: int, opts: SearchOptions, stage):  # noqa: ANN001, ANN202
-    """The validation stage with a progress bar (``memplan.search.select.validate_search``)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+class _StageView:
+    """The search's :class:`memplan.search.stage.Progress`: the search printed as soon as it is done,
+    then a progress bar over the validation stage's runs on stderr (from when they are planned)."""
 
-    from .search.run import run_search
-    from .search.select import validate_search
+    def __init__(self, out: Console):
+        self.out, self.bar = out, None
 
-    def again(objective: str, budget: int):  # noqa: ANN202
-        return run_search(result.model, opts=opts.replace(objective=objective, budget=budget, out=None, curves=False))
+    def __enter__(self) -> Any:
+        from .search.stage import Progress
 
-    with Progress(
-        TextColumn("validating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console(stderr=True)
-    ) as bar:
-        task = bar.add_task("runs", total=None)
-        validated = validate_search(
-            result,
-            n,
-            again,
-            stage=stage,
-            on_start=lambda total: bar.update(task, total=total),
-            on_run=lambda: bar.advance(task),
-            options={
-                "optimizer": result.scheme.optimizer,
-                "frozen_bits": opts.accounting.frozen_bits,
-                "mode_options": opts.accounting.mode_options,
-            },
+        return Progress(searched=self._searched, waiting=self._waiting, start=self._start, run=self._run)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def _searched(self, done: Any) -> None:
+        print_searched(done, self.out)
+
+    def _waiting(self, lock: str) -> None:
+        console(stderr=True).print(
+            f"another memplan run holds {lock}: waiting for it to finish, then its runs are reused", markup=False
         )
-    return validated
+
+    def _start(self, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn("validating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self.bar = Progress(*columns, console=console(stderr=True))
+        self.bar.start()
+        self.task = self.bar.add_task("runs", total=total)
+
+    def _run(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)

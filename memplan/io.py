@@ -4,11 +4,12 @@ shipped data (package data under ``memplan/data``, found with ``importlib.resour
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,22 +31,49 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (no partial file is ever visible)."""
-    target = Path(path)
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    return True
+
+
+def _temp_beside(target: Path, suffix: str = ".tmp") -> tuple[int, str]:
+    """(fd, path) of a new temporary file ``.NAME.PID.XXXX<suffix>`` beside ``target``, after removing
+    those a killed writer left (their PID is gone): a kill during a write leaves nothing behind
+    once the output is written again. A one-line error when the folder is missing or not writable."""
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise MemplanError(f"cannot write {target}: directory {directory} does not exist")
+    head = f".{target.name}."
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+        names = os.listdir(directory)
+    except OSError:
+        names = []
+    for name in names:
+        pid, _, rest = name[len(head) : len(name) - len(suffix)].partition(".")
+        ours = name.startswith(head) and name.endswith(suffix) and rest and "." not in rest
+        if ours and pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(directory / name)
+            except OSError:
+                pass
+    try:
+        return tempfile.mkstemp(prefix=f"{head}{os.getpid()}.", suffix=suffix, dir=directory)
     except OSError as exc:
         raise MemplanError(f"cannot write {target}: {exc.strerror or exc}") from None
+
+
+def _replace_from(tmp: str, target: Path, write: Callable[[], None]) -> None:
+    """Run ``write`` (which fills ``tmp``), then rename ``tmp`` over ``target``; ``tmp`` removed on
+    any failure (an OSError as one line)."""
     try:
         os.chmod(tmp, _umask_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        write()
         os.replace(tmp, target)
     except BaseException as exc:
         try:
@@ -55,6 +83,21 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
         if isinstance(exc, OSError):
             raise MemplanError(f"cannot write {target}: {exc.strerror or exc}") from None
         raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (no partial file is ever visible, and none left behind:
+    :func:`_temp_beside`)."""
+    target = Path(path)
+    fd, tmp = _temp_beside(target)
+
+    def write() -> None:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    _replace_from(tmp, target, write)
     return target
 
 
@@ -62,29 +105,45 @@ def save_figure(fig: Any, path: str | os.PathLike, **savefig: Any) -> Path:
     """Save a matplotlib figure atomically (format from the suffix of ``path``; ``savefig``:
     options of ``Figure.savefig`` such as ``dpi``)."""
     target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise MemplanError(f"cannot write {target}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".png", dir=directory)
+    fd, tmp = _temp_beside(target, target.suffix or ".png")
     os.close(fd)
-    try:
-        os.chmod(tmp, _umask_mode())
-        fig.savefig(tmp, format=(target.suffix.lstrip(".") or "png"), **savefig)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    _replace_from(tmp, target, lambda: fig.savefig(tmp, format=(target.suffix.lstrip(".") or "png"), **savefig))
     return target
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
     """``torch.save`` to a temporary file beside ``path``, then rename (atomic)."""
-    import torch  # noqa: PLC0415  (this module is imported by ``import memplan``, which loads no torch)
+    import torch  # this module is imported by ``import memplan``, which loads no torch
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    fd, tmp = _temp_beside(Path(path))
+    os.close(fd)
+    _replace_from(tmp, Path(path), lambda: torch.save(state, tmp))
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (created if missing) inside the block: a second
+    process that asks for it waits (``on_wait()`` called first) until the first leaves the block or
+    dies. Where the platform has no ``fcntl`` (Windows), no lock is taken."""
+    try:
+        import fcntl  # POSIX only
+    except ImportError:
+        yield
+        return
+    try:
+        f = open(path, "a+b")  # closed below, which releases the lock
+    except OSError as exc:
+        raise MemplanError(f"cannot open the lock file {path}: {exc.strerror or exc}") from None
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+    finally:
+        f.close()
 
 
 def read_json(path: str | os.PathLike, what: str = "file", error: type[MemplanError] = MemplanError) -> dict[str, Any]:

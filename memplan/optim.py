@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .errors import BadOption
+from .options import DEFAULT_OPTIMIZER
 from .rates import FAMILIES, Rates, param_groups
 from .registry import Registry
 
@@ -118,7 +119,7 @@ def make_optimizer(
     too (:func:`param_groups`: the scheme's ``training.rates``, the head ``training.classifier``).
     Without a scheme: ``sgd`` at 0.01."""
     training = getattr(scheme, "training", None)
-    name = name or (training.optimizer if training else None) or getattr(scheme, "optimizer", None) or "sgd"
+    name = name or (training.optimizer if training else None) or getattr(scheme, "optimizer", None) or DEFAULT_OPTIMIZER
     spec = OPTIMIZERS.choose(name)
     if isinstance(params, torch.nn.Module):
         if lr is None and training is not None and training.rates:

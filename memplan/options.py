@@ -210,12 +210,19 @@ ModeOptions = Annotated[
         parse="key_values",
     ),
 ]
+#: the optimizer trained and counted where neither the options, a scheme nor a profile names one
+#: (a name of ``memplan.optim.OPTIMIZERS``; tests/test_options.py checks it is one and that no
+#: signature, field or fallback writes it again)
+DEFAULT_OPTIMIZER = "sgd"
+#: where runs train unless told: a local process pool (a name of
+#: ``memplan.contrib.executors.EXECUTORS``, checked likewise)
+DEFAULT_EXECUTOR = "process"
 Optimizer = Annotated[
     str | None,
     option(
         None,
         "sgd | sgd-momentum | adam, whose state is counted per trainable weight (not given: the one the scheme or "
-        "the contribution profile records, else sgd)",
+        f"the contribution profile records, else {DEFAULT_OPTIMIZER})",
     ),
 ]
 FrozenBits = Annotated[int, option(32, "storage bits of frozen weights: 32, 16 or 8 (int8)")]

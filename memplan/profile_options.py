@@ -16,6 +16,7 @@ import os
 from typing import Annotated, Any, ClassVar
 
 from .options import (
+    DEFAULT_OPTIMIZER,
     Batch,
     Classes,
     FrozenBits,
@@ -161,7 +162,7 @@ class VerifyOptions(Options):
     norm: Norm = None
     steps: int = option(2, "real training steps on random data")
     device: str = option("auto", "torch device: auto (CUDA when present), cpu or cuda")
-    optimizer: Optimizer = "sgd"
+    optimizer: Optimizer = DEFAULT_OPTIMIZER
     tolerance: int = option(0, "allowed |measured - predicted| saved bytes")
     lr: float = option(0.01, "learning rate of the training steps", cli=False)
     seed: int = option(0, "seed of the model's initialisation and the random batch", cli=False)

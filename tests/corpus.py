@@ -78,7 +78,7 @@ def _stub_torchvision() -> None:
     try:
         importlib.import_module("torchvision")
         return
-    except Exception:  # noqa: BLE001  (absent, or the broken CPU wheel)
+    except Exception:  # absent, or the broken CPU wheel
         for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
             del sys.modules[name]
 
@@ -118,7 +118,7 @@ def _import(family: str, module: str):
         with warnings.catch_warnings():  # geffnet scripts activations at import: torch.jit.script deprecation
             warnings.simplefilter("ignore", DeprecationWarning)
             return importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         MISSING.setdefault(family, f"{module}: {type(exc).__name__}: {exc}".splitlines()[0])
         return None
     finally:
@@ -574,7 +574,7 @@ def _check_pair(
         try:
             fn()
             return True
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if raise_errors:
                 raise
             res.errors[label] = one_line(exc)
@@ -618,7 +618,7 @@ def _check_pair(
 
     try:
         self_check()
-    except Exception as exc:  # noqa: BLE001  (informational: recorded, never raised)
+    except Exception as exc:  # informational: recorded, never raised
         res.errors["check"] = one_line(exc)
     if not apply_checks:
         return res

@@ -241,7 +241,7 @@ def import_timm():
     placeholders leave ``sys.modules`` afterwards (``transformers`` must not find them)."""
     try:
         import torchvision  # noqa: F401
-    except Exception:  # noqa: BLE001  (absent, or the broken CPU wheel)
+    except Exception:  # absent, or the broken CPU wheel
         for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
             del sys.modules[name]
         finder = _StubFinder()
@@ -295,7 +295,7 @@ def _missing() -> dict[str, str]:
             continue
         try:
             import_timm() if s.needs == "timm" else importlib.import_module(s.needs)
-        except Exception as exc:  # noqa: BLE001  (absent, or failing at import: timm without torchvision)
+        except Exception as exc:  # absent, or failing at import: timm without torchvision
             out[s.name] = f"{s.needs}: {type(exc).__name__}: {exc}".splitlines()[0]
     return out
 

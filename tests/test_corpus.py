@@ -43,7 +43,7 @@ def captured(entry: corpus.Entry):
         base = entry.build()
         try:
             _cache[entry.id] = (base, corpus.capture_entry(base, entry.shape), None)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _cache[entry.id] = (base, None, exc)
     base, graph, exc = _cache[entry.id]
     if exc is not None:

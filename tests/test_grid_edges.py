@@ -10,7 +10,7 @@ import pytest
 from memplan.plan import Scheme
 from memplan.rates import Rates, outward
 from memplan.search.candidates import Candidate
-from memplan.search.select import choose
+from memplan.search.stage import choose
 
 R = Rates.parse
 

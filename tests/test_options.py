@@ -156,3 +156,35 @@ def test_options_objects_are_never_changed():
     assert (other.capture.batch, other.costing.mode, other.method) == (4, "applied", "bias")
     with pytest.raises(ValidationError):
         opts.capture.batch = 3  # frozen
+
+
+def test_the_fallback_optimizer_and_executor_are_written_once():
+    """The optimizer and the executor used where nothing names one are one constant each
+    (``memplan.options``), a registered name; no signature default, field default or ``or``
+    fallback in memplan/ writes a registered optimizer or executor name again (the registries'
+    own registrations and the legacy-momentum table are where the names are defined)."""
+    from memplan.contrib.executors import EXECUTORS
+    from memplan.optim import OPTIMIZERS
+    from memplan.options import DEFAULT_EXECUTOR, DEFAULT_OPTIMIZER
+
+    assert DEFAULT_OPTIMIZER in OPTIMIZERS and DEFAULT_EXECUTOR in EXECUTORS
+    names = set(OPTIMIZERS) | set(EXECUTORS)
+
+    def named(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Constant) and node.value in names
+
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defaults = [*node.args.defaults, *node.args.kw_defaults]
+            elif isinstance(node, ast.AnnAssign):
+                defaults = [node.value]
+            elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+                defaults = node.values
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("option", "Field"):
+                defaults = node.args[:1]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{d.lineno}" for d in defaults if named(d)]
+    assert not found, f"a default optimizer / executor written by hand (use memplan.options' constant): {found}"

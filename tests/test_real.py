@@ -317,8 +317,8 @@ def test_ceiling_from_seed_agreement_by_hand():
 
 
 def test_collapsed_schemes_are_named_and_correlated_apart():
+    from memplan.search.additivity import Point
     from memplan.search.agreement import noise_readings
-    from memplan.search.validate import Point
 
     ref = [80.0, 82.0]
 
@@ -352,7 +352,7 @@ def test_ceiling_bounds_a_predictor_that_knows_the_expected_gains():
 
 
 def test_validate_end_to_end_on_a_tiny_profile(tmp_path):
-    from memplan.search.validate import default_budgets, validate_profile
+    from memplan.search.additivity import default_budgets, validate_profile
 
     npz = make_npz(tmp_path / "task.npz", n=30)
     prof = run_contrib(
@@ -377,7 +377,7 @@ def test_validate_end_to_end_on_a_tiny_profile(tmp_path):
 
 def test_validate_resumes_from_its_checkpoint_and_correlates_every_objective(tmp_path, monkeypatch):
     from memplan.contrib.runner import SchemeRun
-    from memplan.search.validate import validate_profile
+    from memplan.search.additivity import validate_profile
 
     npz = make_npz(tmp_path / "task.npz", n=30)
     run_contrib(
@@ -409,7 +409,7 @@ def test_validate_resumes_from_its_checkpoint_and_correlates_every_objective(tmp
 
 def test_validate_refuses_too_few_schemes_before_training(tmp_path, monkeypatch):
     from memplan.contrib.final import Evaluator
-    from memplan.search.validate import validate_profile
+    from memplan.search.additivity import validate_profile
 
     npz = make_npz(tmp_path / "task.npz", n=30)
     run_contrib("minilearn-cifar10", data=str(npz), out=tmp_path / "p.json", validation=4, **TINY_GRID)

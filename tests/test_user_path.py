@@ -388,7 +388,7 @@ def test_docs_small_truths():
 
 def test_contrib_validate_costs_at_the_profile_shape(user):
     """``contrib validate``'s budgets and costing capture at the runs' 1 x 28 x 28, not 3 channels."""
-    from memplan.search.validate import costing_shape, default_budgets
+    from memplan.search.additivity import costing_shape, default_budgets
 
     prof = memplan.contrib.load_profile(user["profile"])
     assert costing_shape(prof) == (1, 28, 28)

@@ -8,9 +8,9 @@ import torch
 
 from memplan.contrib.analysis import run_contrib
 from memplan.errors import BadOption
+from memplan.search.additivity import validate_profile
 from memplan.search.options import ValidateOptions
 from memplan.search.space import Candidate
-from memplan.search.validate import validate_profile
 
 from .test_real import make_npz
 

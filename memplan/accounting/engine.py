@@ -20,6 +20,7 @@ from ..errors import BadOption
 from ..graph import LayerGraph, role
 from ..graph.kinds import MAC_KINDS
 from ..modes import Mode
+from ..options import DEFAULT_OPTIMIZER
 from ..plan import OpView, Plan, grad_flow, updated_weight_numel
 from .recompute import Recomputation, recompute
 
@@ -97,7 +98,7 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
     plan: Plan,
     mode: Mode,
     *,
-    optimizer: str = "sgd",
+    optimizer: str = DEFAULT_OPTIMIZER,
     frozen_bits: int = 32,
     meta: dict[str, Any] | None = None,
     schedule: str | None = None,

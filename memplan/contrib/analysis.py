@@ -225,6 +225,7 @@ def _resume(
         raise MemplanError(f"cannot write {out}: directory {out.parent} does not exist")
     ckpt, head_path = Checkpoint(out.with_suffix(".runs.jsonl"), identity), out.with_suffix(".head.pt")
     previous = ckpt.finished()
+    ckpt.writable()  # before any run trains: a refused append would lose a finished run
     return ckpt, head_path, (previous if previous and head_path.is_file() else {})
 
 

@@ -16,6 +16,7 @@ workers exit when their parent dies. Ray workers need memplan installed on every
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import multiprocessing as mp
 import os
 import threading
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import BadOption, MemplanError
+from ..models.loading import portable
+from ..options import DEFAULT_EXECUTOR
 from ..registry import Registry
 from .protocol import RunSpec
 from .runner import Context, SchemeRun, Worker
@@ -38,10 +41,12 @@ Run = Callable[[Context, Sequence[Job], int, "str | None", str], Iterator[dict]]
 @dataclass(frozen=True)
 class Executor:
     """``run(ctx, specs, workers, address, key)``: records as runs finish; ``remote``: it takes a
-    cluster ``address``."""
+    cluster ``address``; ``needs``: the package it imports (checked before any work) and how to
+    install it."""
 
     run: Run
     remote: bool = False
+    needs: tuple[str, str] | None = None
 
 
 #: executor name -> where and how the runs execute
@@ -113,7 +118,7 @@ def run_pool(ctx: Context, specs: Sequence[Job], workers: int) -> Iterator[dict]
     """Runs on ``workers`` spawned processes (spawn: safe with torch's thread pools)."""
     pending = list(reversed(specs))
     pool = ProcessPoolExecutor(
-        workers, mp_context=mp.get_context("spawn"), initializer=_init_process, initargs=(ctx, os.getpid())
+        workers, mp_context=mp.get_context("spawn"), initializer=_init_process, initargs=(portable(ctx), os.getpid())
     )
     running: set[Future] = set()
     try:
@@ -165,7 +170,7 @@ def run_ray(ctx: Context, specs: Sequence[Job], workers: int, address: str | Non
             raise MemplanError(f"cannot start or reach Ray{f' at {address}' if address else ''}: {first}") from None
         started = True
     task = ray.remote(num_cpus=ctx.threads, max_retries=0)(_run_on_ray)
-    ctx_ref = [ray.put(ctx)]
+    ctx_ref = [ray.put(portable(ctx))]
     pending = list(reversed(specs))
     running: list = []
     try:
@@ -188,7 +193,7 @@ def run_local(ctx: Context, specs: Sequence[Job], workers: int, address: str | N
 
 
 EXECUTORS.add("process", Executor(run_local))
-EXECUTORS.add("ray", Executor(run_ray, remote=True))
+EXECUTORS.add("ray", Executor(run_ray, remote=True, needs=("ray", "pip install 'memplan[ray]'")))
 
 
 def execute(
@@ -196,7 +201,7 @@ def execute(
     specs: Sequence[Job],
     *,
     workers: int = 1,
-    executor: str = "process",
+    executor: str = DEFAULT_EXECUTOR,
     address: str | None = None,
     key: str = "",
 ) -> Iterator[dict]:
@@ -205,9 +210,11 @@ def execute(
 
 
 def check(workers: int, executor: str, address: str | None) -> Executor:
-    """The executor named ``executor``, after a one-line error for a bad worker count or an address
-    it cannot take (callers check before any expensive work)."""
+    """The executor named ``executor``, after a one-line error for a bad worker count, an address
+    it cannot take or a package it needs that is missing (callers check before any expensive work)."""
     entry = EXECUTORS.choose(executor)
+    if entry.needs is not None and importlib.util.find_spec(entry.needs[0]) is None:
+        raise MemplanError(f"the {executor} executor needs {entry.needs[0]}, which is not installed", entry.needs[1])
     if not isinstance(workers, int) or workers < 1:
         raise BadOption(f"workers must be a positive integer, got {workers!r}")
     if address is not None and not entry.remote:

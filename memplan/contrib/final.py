@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import BadOption
+from ..options import DEFAULT_EXECUTOR
 from ..plan import Scheme, scheme_to_plan
 from .data import Data
 from .executors import execute, num_threads
@@ -109,7 +110,7 @@ class Evaluator:
         schemes: Sequence[tuple[str, Scheme]],
         *,
         workers: int = 1,
-        executor: str = "process",
+        executor: str = DEFAULT_EXECUTOR,
         address: str | None = None,
     ) -> Iterator[Result]:
         """Each ``(label, scheme)`` trained for every seed (one :class:`~memplan.contrib.runner.SchemeRun`

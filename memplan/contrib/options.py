@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..options import Options, Resolution, option
+from ..options import DEFAULT_EXECUTOR, DEFAULT_OPTIMIZER, Options, Resolution, option
 from ..rates import Rates
 
 #: protocol fields added after checkpoints were written, with the value those checkpoints imply
@@ -53,7 +53,7 @@ class Protocol(BaseModel):
     lr_weight: float = Field(0.1, gt=0, description="learning rate of the analysed conv weight (weight runs)")
     lr_norm: float | None = Field(None, gt=0, description="learning rate of norm scales; None: lr_bias")
     optimizer: str = Field(
-        "sgd",
+        DEFAULT_OPTIMIZER,
         description="sgd | sgd-momentum | adam (memplan.optim): the one optimizer of the linear probe and every run "
         "(its state is what memplan search counts for schemes searched from this profile)",
     )
@@ -211,7 +211,7 @@ class Execution(Options):
         "resume); none: nothing kept on disk",
     )
     workers: int = option(1, "parallel runs (a local process pool, or Ray tasks)", flags=("--workers", "-j"))
-    executor: str = option("process", "process | ray (memplan.contrib.executors)")
+    executor: str = option(DEFAULT_EXECUTOR, "process | ray (memplan.contrib.executors)")
     address: str | None = option(None, "Ray cluster address (with --executor ray)")
     cache: bool = option(
         True,

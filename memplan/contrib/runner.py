@@ -244,7 +244,7 @@ class Worker:
 @dataclass(frozen=True)
 class SchemeRun:
     """One run of a whole scheme at rates per family and one seed (the validation stage's unit of
-    work, ``memplan.search.select``, and of the final evaluations, ``memplan.contrib.final``):
+    work, ``memplan.search.stage``, and of the final evaluations, ``memplan.contrib.final``):
     executors run it like a :class:`RunSpec`. ``id``: its checkpoint id."""
 
     id: str

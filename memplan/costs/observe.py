@@ -162,7 +162,7 @@ def conv_backward_flops(  # the conv's geometry, one argument per dimension
     costs: 2 x out_numel x (C_in / groups) x kernel elements, computed from the shapes the
     autograd engine really passes.
     """
-    from torch.utils.flop_counter import conv_flop_count  # noqa: PLC0415  (heavy: only when counting)
+    from torch.utils.flop_counter import conv_flop_count  # heavy: only when counting
 
     output_mask = args[-1]
     fwd = conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed=transposed)
@@ -172,14 +172,14 @@ def conv_backward_flops(  # the conv's geometry, one argument per dimension
 def flash_cpu_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
     """FLOPs of ``aten._scaled_dot_product_flash_attention_for_cpu`` (torch 2.13's FlopCounterMode
     has no formula for it and counts 0): torch's own SDPA formula, QK^T and PV."""
-    from torch.utils.flop_counter import sdpa_flop_count  # noqa: PLC0415
+    from torch.utils.flop_counter import sdpa_flop_count
 
     return sdpa_flop_count(q_shape, k_shape, v_shape)
 
 
 def flash_cpu_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
     """FLOPs of its backward: torch's SDPA backward formula (5 matmuls: QK^T recomputed, dV, dP, dQ, dK)."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count  # noqa: PLC0415
+    from torch.utils.flop_counter import sdpa_backward_flop_count
 
     return sdpa_backward_flop_count(grad_shape, q_shape, k_shape, v_shape)
 
@@ -194,7 +194,7 @@ FLOP_FORMULAS = {
 
 def flop_counter():
     """``FlopCounterMode`` with the group-aware convolution backward and the CPU flash attention kernels."""
-    from torch.utils.flop_counter import FlopCounterMode  # noqa: PLC0415  (heavy: only when counting)
+    from torch.utils.flop_counter import FlopCounterMode  # heavy: only when counting
 
     return FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
 
@@ -254,13 +254,13 @@ def observe(op: OpView) -> Observed:
     else:
         try:
             result = _replay(op, "meta")
-        except Exception as exc:  # noqa: BLE001  (any failure of user code: retry, then bound)
+        except Exception as exc:  # any failure of user code: retry, then bound
             size = sum(t.nbytes for t in op.node.in_tensors) + sum(t.nbytes for t in op.node.outs)
             result = _unbounded(op, f"{type(exc).__name__}: {exc}")
             if size <= CPU_RETRY_BYTES:
                 try:
                     result = _replay(op, "cpu")
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
     cache[key] = result
     return result

@@ -10,9 +10,11 @@ import importlib
 import importlib.util
 import inspect
 import os
+import pickle
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -33,6 +35,53 @@ class ModelSpec:
     block_names: tuple[str, ...] | None = None  # explicit blocks (None: the structural rule)
 
 
+#: modules imported from a user's file (``file.py:attr``): module name -> absolute path, so that
+#: another process can import them again before it unpickles their objects (:func:`portable`)
+USER_FILES: dict[str, str] = {}
+
+
+def load_file(path: str) -> ModuleType:
+    """Import the Python file ``path`` as module ``memplan_user_<stem>`` (recorded in
+    :data:`USER_FILES`)."""
+    mod_name = "memplan_user_" + os.path.splitext(os.path.basename(path))[0]
+    spec_obj = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec_obj)
+    sys.modules[mod_name] = module
+    try:
+        spec_obj.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[mod_name]
+        raise ModelNotFound(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+    USER_FILES[mod_name] = os.path.abspath(path)
+    return module
+
+
+class _Portable:
+    """An object that pickles as (the user files it may need, its own pickle): unpickled, it imports
+    those files first (where they are not yet), then is the object itself."""
+
+    def __init__(self, obj: Any, files: dict[str, str]):
+        self.obj, self.files = obj, files
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, str], bytes]]:
+        return _restore, (self.files, pickle.dumps(self.obj))
+
+
+def _restore(files: dict[str, str], data: bytes) -> Any:
+    for name, path in files.items():
+        if name not in sys.modules:
+            load_file(path)
+    return pickle.loads(data)
+
+
+def portable(obj: Any) -> Any:
+    """``obj`` ready to be pickled to another process (a spawned pool worker, a Ray task): where a
+    model was given as ``file.py:attr``, its class lives in a module no other process can import
+    by name, so the object travels with the files to import first (:func:`load_file`); ``obj``
+    itself otherwise."""
+    return _Portable(obj, dict(USER_FILES)) if USER_FILES else obj
+
+
 def import_attr(spec: str) -> Any:
     path, _, attr = spec.rpartition(":")
     if not path or not attr:
@@ -42,14 +91,7 @@ def import_attr(spec: str) -> Any:
     if path.endswith(".py"):
         if not os.path.isfile(path):
             raise ModelNotFound(f"no such file {path!r}")
-        mod_name = "memplan_user_" + os.path.splitext(os.path.basename(path))[0]
-        spec_obj = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(spec_obj)
-        sys.modules[mod_name] = module
-        try:
-            spec_obj.loader.exec_module(module)
-        except Exception as exc:
-            raise ModelNotFound(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+        module = load_file(path)
     else:
         try:
             module = importlib.import_module(path)

@@ -1,6 +1,6 @@
 """Plans: what trains under a strategy (:mod:`.plan`), the sparse-update scheme format
-(:mod:`.scheme`), its mapping to a plan (:mod:`.convert`) and tiny-training's
-``backward_config`` (:mod:`.tinytraining`).
+(:mod:`.scheme`), its mapping to a plan (:mod:`.convert`), what a scheme records about where it
+was planned (:mod:`.recorded`) and tiny-training's ``backward_config`` (:mod:`.tinytraining`).
 
 The scheme format is built on pydantic, which costs a noticeable part of a cold start; its
 names load on first use (module ``__getattr__``), so commands that read no scheme never

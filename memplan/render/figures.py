@@ -159,7 +159,7 @@ def _figure11b(ax: Any, result: SearchResult) -> None:
 
 
 def plot_additivity(check: Any, path: str | os.PathLike) -> Path:
-    """The 256KB paper's Figure 5(c) from ``memplan.search.validate.AdditivityCheck``: real test-accuracy
+    """The 256KB paper's Figure 5(c) from ``memplan.search.additivity.AdditivityCheck``: real test-accuracy
     gain over classifier-only (y) against summed Δacc (x), one point per trained scheme (colour:
     budget; star: the searched optimum), with a least-squares line and the correlations."""
     plt = _pyplot()

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..plan import Training
-from ..search.select import Validated
+from ..search.stage import Validated
 from ..units import fmt_bytes
 
 
@@ -24,7 +24,7 @@ def print_validated(v: Validated, console: Console) -> None:
     for col in ("candidate", "memory", "lr", "validation acc %", "seeds"):
         t.add_column(col, justify="left" if col == "candidate" else "right")
     for r in v.table():
-        acc = "diverged" if r["accuracy"] is None else f"{r['accuracy']:.2f} ± {r['se']:.2f}"
+        acc = "diverged" if r["accuracy"] is None else accuracy_text(r["accuracy"], r["se"], len(r["seeds"]))
         name = r["name"] + (" (baseline)" if r["baseline"] else "")
         lr = r["lr"] or ""
         t.add_row(name, f"{fmt_bytes(r['memory_bytes'])} ({r['memory_bytes']:,} B)", lr, acc, str(len(r["seeds"])))
@@ -32,11 +32,23 @@ def print_validated(v: Validated, console: Console) -> None:
     val, tr = v.scheme.validation, v.scheme.training
     console.print(
         f"chosen: [bold]{v.chosen.name}[/] at lr {rates_text(tr)} ({tr.optimizer}, {tr.epochs} epochs of batch "
-        f"{tr.batch_size}): {val.accuracy:.2f} ± {val.se:.2f}% on validation over seeds {val.seeds}; "
-        f"{v.runs_trained} runs trained now, the rest from {v.checkpoint}; {v.seconds:.0f} s"
+        f"{tr.batch_size}): {accuracy_text(val.accuracy, val.se, len(val.seeds), '%')} on validation over seeds "
+        f"{val.seeds}; {v.runs_trained} runs trained now, the rest from {v.checkpoint}; {v.seconds:.0f} s"
     )
     if v.at_edge:
         console.print(
             "[yellow]warning:[/] the chosen rate is still at an edge of the grid after widening it as far as "
             "--validate-widen allows: widen --validate-lrs or raise --validate-widen"
         )
+    if len(v.seeds) == 1:
+        console.print(
+            "one validation seed gives no error bar: the ranking may be seed noise (give two or more seeds, "
+            "e.g. --validate-seeds 0,1)",
+            markup=False,
+        )
+
+
+def accuracy_text(mean: float, se: float, seeds: int, unit: str = "") -> str:
+    """``mean ± se`` (%, points) over two or more seeds; over one, the mean and that one seed gives no
+    error bar (its SE of 0 is no measurement)."""
+    return f"{mean:.2f} ± {se:.2f}{unit}" if seeds > 1 else f"{mean:.2f}{unit} (1 seed: no error bar)"

@@ -4,7 +4,9 @@
 and draws it). Pieces: ``space`` (candidates, scheme / plan mapping), ``memory`` (costs via
 ``memplan.accounting.engine.compute``, additivity check), ``exact`` (certified optimum), ``toolbox``
 / ``evolution`` / ``random_search`` (DEAP), ``budgets`` (reading the memory and FLOPs budgets: a
-device's from ``memplan.accounting.devices``), ``methods`` (the search methods, a registry).
+device's from ``memplan.accounting.devices``), ``methods`` (the search methods, a registry),
+``stage`` (the validation stage of ``memplan search --validate``: candidates trained before one is
+chosen), ``additivity`` (``memplan contrib validate``: does summed Δacc predict trained accuracy).
 """
 
 from ..registry import lazy_exports
@@ -13,6 +15,8 @@ from ..registry import lazy_exports
 #: command line reads :mod:`.options` without torch)
 EXPORTS = {
     "run_search": "run",
+    "search_and_validate": "command",
+    "Searched": "command",
     "SearchResult": "result",
     "SearchOptions": "options",
     "BudgetError": "budgets",

@@ -1,4 +1,4 @@
-"""Statistics of the additivity check (``memplan.search.validate``): how well summed Δacc agrees
+"""Statistics of the additivity check (``memplan.search.additivity``): how well summed Δacc agrees
 with the real gain, and what bounds that agreement. Accuracies and gains in accuracy points.
 
 How high a correlation can go is bounded by the measurement itself: with few seeds, the measured

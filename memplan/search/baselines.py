@@ -4,7 +4,7 @@ One entry per baseline: the plan a user would pick by hand, a strategy's (``memp
 on the model as that strategy's architecture transform builds it (TinyTL's lite residual
 branches), changed by ``adjust`` where the baseline is a variant. ``Scheme.from_plan`` writes it as
 a scheme (added modules as ``added_modules``), so the validation stage
-(``memplan.search.select``) trains it, costs it and returns it exactly like a searched scheme.
+(``memplan.search.stage``) trains it, costs it and returns it exactly like a searched scheme.
 
 A *sized* baseline is a family of plans, one per size k = 1 .. the model's convs, each training
 more than the one before (``Baseline.sized``): "every bias + the weights of the last k convs"

@@ -1,5 +1,5 @@
 """The candidates of the validation stage (``memplan search --validate``,
-:mod:`memplan.search.select`): the search's scheme and more from the search, every baseline that
+:mod:`memplan.search.stage`): the search's scheme and more from the search, every baseline that
 fits the budget, and the unions of two of them that fit; each with its memory in the search's
 mode and metric (bytes) and the parameter families it trains.
 """
@@ -120,7 +120,7 @@ def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any])
     return out
 
 
-def sized_candidate(  # noqa: PLR0913 (the mode is the scheme's record of how it was costed)
+def sized_candidate(
     name: str, baseline: Baseline, graph: Any, memory: Callable[[Scheme], int], budget_bytes: int, mode: str
 ) -> Candidate | None:
     """The largest plan of the sized ``baseline`` (registered as ``name``) on ``graph`` whose

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..accounting.engine import compute
 from ..costs.records import Profile
 from ..modes import get_mode
+from ..options import DEFAULT_OPTIMIZER
 from ..registry import Registry
 from .space import Candidate, SearchSpace
 
@@ -66,7 +67,7 @@ class MemoryModel:
         mode: str = "tinytraining",
         metric: str = "total",
         *,
-        optimizer: str = "sgd",
+        optimizer: str = DEFAULT_OPTIMIZER,
         frozen_bits: int = 32,
         mode_options: dict | None = None,
     ):

@@ -7,7 +7,7 @@
 * ``solver``: :class:`Solver`, the search method and its settings;
 * ``output``: :class:`Output`, the scheme written and its provenance;
 
-and :class:`Stage`, the validation stage's schedule (``--validate``, ``memplan.search.select``);
+and :class:`Stage`, the validation stage's schedule (``--validate``, ``memplan.search.stage``);
 ``memplan search`` takes both (:class:`SearchCommand`).
 
 No torch import: the command line derives its options from these fields before any command runs.
@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from pydantic import field_validator
 
 from ..options import (
+    DEFAULT_EXECUTOR,
     Batch,
     Classes,
     FrozenBits,
@@ -137,7 +138,7 @@ DEFAULT_GRID = ("5e-4", "2.5e-3", "1.25e-2", "1.25e-2/weight=5e-4", "1.25e-2/wei
 
 
 class Stage(Options):
-    """The validation stage's schedule (``memplan.search.select``): its candidates, the
+    """The validation stage's schedule (``memplan.search.stage``): its candidates, the
     learning-rate grid and seeds of the successive halving, its checkpoint and where it runs."""
 
     what: ClassVar[str] = "validation stage"
@@ -170,7 +171,7 @@ class Stage(Options):
     validate_workers: int = option(
         1, "runs of --validate trained at once (each rung's runs on contribution analysis's executors)"
     )
-    validate_executor: str = option("process", "where --validate's runs train: process (a local pool) | ray")
+    validate_executor: str = option(DEFAULT_EXECUTOR, "where --validate's runs train: process (a local pool) | ray")
     validate_address: str | None = option(None, "Ray cluster address (with --validate-executor ray)")
     validate_threads: int | None = option(
         None, "torch threads per worker (default: the cores this process may use, shared by the workers)", cli=False
@@ -227,7 +228,7 @@ class SearchCommand(Options):
 
 
 class ValidateOptions(Options):
-    """The options of the additivity check (``memplan.search.validate.validate_profile``,
+    """The options of the additivity check (``memplan.search.additivity.validate_profile``,
     ``memplan contrib validate``)."""
 
     what: ClassVar[str] = "additivity check"
@@ -265,7 +266,7 @@ class ValidateOptions(Options):
         "depend on it",
         flags=("--workers", "-j"),
     )
-    executor: str = option("process", "process (a local pool) | ray (memplan.contrib.executors)")
+    executor: str = option(DEFAULT_EXECUTOR, "process (a local pool) | ray (memplan.contrib.executors)")
     address: str | None = option(None, "Ray cluster address (with --executor ray)")
     device: str = option("cpu", "cpu | cuda | auto")
     checkpoint: str | os.PathLike | None = option(

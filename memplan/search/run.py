@@ -73,6 +73,26 @@ class _Search:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Read:
+    """What the search read: the model's capture, its contribution profile and that profile's file
+    (None: given as an object)."""
+
+    cap: Captured
+    contributions: Contributions
+    profile_path: Any
+
+
+@dataclass
+class _Found:
+    """What the method found: its name, the results by method (``memplan.search.methods``) and the
+    measured memory of the best candidate, bytes."""
+
+    method: str
+    runs: dict[str, Any]
+    measured: int
+
+
 @with_keywords(SearchOptions, positional=("budget",))
 def run_search(model: str | nn.Module | None = None, opts: SearchOptions | None = None) -> SearchResult:
     """Search the sparse-update scheme of largest summed Δacc whose memory fits ``budget``.
@@ -96,13 +116,13 @@ def run_search(model: str | nn.Module | None = None, opts: SearchOptions | None 
     """
     search = _start(opts or SearchOptions())
     t0 = time.perf_counter()
-    cap, contributions, profile_path = capture_inputs(model, search.opts.inputs)
+    read = _Read(*capture_inputs(model, search.opts.inputs))
     search.seconds["capture"] = time.perf_counter() - t0
-    search.warnings += resolution_warnings(cap, contributions)
-    _check_flash(search, cap)
-    prepared, additivity = _prepare(search, cap, contributions)
-    method, runs, measured = _run(search, prepared, additivity)
-    return _result(search, cap, contributions, profile_path, prepared, additivity, method, runs, measured)
+    search.warnings += resolution_warnings(read.cap, read.contributions)
+    _check_flash(search, read.cap)
+    prepared, additivity = _prepare(search, read.cap, read.contributions)
+    found = _run(search, prepared, additivity)
+    return _result(search, read, prepared, additivity, found)
 
 
 def _start(opts: SearchOptions) -> _Search:
@@ -198,8 +218,8 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
     return prepared, additivity
 
 
-def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[str, dict[str, Any], int]:
-    """(method, results by method, measured memory of the best candidate in bytes). The table's
+def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> _Found:
+    """The method, the results by method and the measured memory of the best candidate. The table's
     estimate of the best is checked against ``compute()`` (and the FLOPs table's, with a FLOPs
     budget); where they differ the mode is declared non-additive for this run and the search
     redone with ``compute()`` as the memory (and FLOPs) function."""
@@ -232,22 +252,14 @@ def _run(search: _Search, prepared: Prepared, additivity: Additivity) -> tuple[s
             f"search returned {cand.describe()} using {prepared.memory.flops(cand)} backward FLOPs "
             f"> FLOPs budget {search.flops_budget}"
         )
-    return method, runs, measured
+    return _Found(method, runs, measured)
 
 
-def _result(  # the steps' products, each used once here
-    search: _Search,
-    cap: Captured,
-    contributions: Contributions,
-    profile_path: Any,
-    prepared: Prepared,
-    additivity: Additivity,
-    method: str,
-    runs: dict[str, Any],
-    measured: int,
-) -> SearchResult:
+def _result(search: _Search, read: _Read, prepared: Prepared, additivity: Additivity, found: _Found) -> SearchResult:
     """The scheme of the best candidate (saved to ``out`` if given) and the :class:`SearchResult`."""
     opts, space, memory = search.opts, prepared.space, prepared.memory
+    cap, contributions, profile_path = read.cap, read.contributions, read.profile_path
+    method, runs, measured = found.method, found.runs, found.measured
     cand = runs[method].candidate
     value = space.value(cand)
     summed = space.summed(cand)

@@ -27,6 +27,7 @@ from ..contrib.protocol import LATER_FIELDS, LEGACY_MOMENTUM
 from ..errors import BadOption, MemplanError
 from ..graph import EXPLICIT_SELECT, SELECT_RULES, ConvLayer, LayerGraph, conv_layers, conv_table, is_pw1
 from ..nn.lean import top_channels
+from ..options import DEFAULT_OPTIMIZER
 from ..plan import BackwardFlags, Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..units import ratio_label
 from .objective import apply_objective
@@ -53,7 +54,7 @@ class Contributions:
     classes: int | None = None
     run_shape: tuple[int, ...] | None = None  # per-sample input shape the profile's runs used
     costing_resolution: int | None = None  # input side the profile's schemes are meant to be costed at
-    optimizer: str = "sgd"  # the optimizer the profile's runs trained with (memplan.optim)
+    optimizer: str = DEFAULT_OPTIMIZER  # the optimizer the profile's runs trained with (memplan.optim)
     bias_se: dict[int, float | None] = field(default_factory=dict)  # standard errors, points (None: one seed)
     weight_se: dict[str, dict[float, float | None]] = field(default_factory=dict)
     estimator: str = "grid"  # what measured the entries (memplan.contrib.estimators)

@@ -49,4 +49,4 @@ __all__ = [
 ]
 # each module registers its strategies: sparse, mobiletl, cache-reuse, tinytl-b / -l / -lb, minilearn, as-is,
 # lora; architecture registers the transforms every strategy accepts
-from . import architecture, as_is, cache_reuse, lora, minilearn, mobiletl, sparse, tinytl  # noqa: E402
+from . import architecture, as_is, cache_reuse, lora, minilearn, mobiletl, sparse, tinytl

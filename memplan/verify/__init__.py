@@ -43,7 +43,7 @@ from ..models import recorded_shape
 from ..modes import get_mode
 from ..nn.train import fit
 from ..optim import make_optimizer
-from ..options import with_keywords
+from ..options import DEFAULT_OPTIMIZER, with_keywords
 from ..plan import Plan
 from ..profile_options import VerifyOptions
 from .measure import saved_bytes
@@ -114,18 +114,22 @@ def _device(device: str) -> torch.device:
     return dev
 
 
-def _run_setup(  # one verify setup with verify's options
-    built: Built,
-    setup: str,
-    method: str,
-    options: dict[str, Any],
-    shape: tuple[int, ...],
-    device: torch.device,
-    optimizer: str,
-    lr: float,
-    steps: int,
-    seed: int,
-) -> SetupResult:
+@dataclass(frozen=True)
+class _Run:
+    """What every setup of one verify runs with: its options and what verify resolved from them
+    (the strategy's options, the input shape with the batch, the torch device, the optimizer)."""
+
+    opts: VerifyOptions
+    options: dict[str, Any]
+    shape: tuple[int, ...]
+    device: torch.device
+    optimizer: str
+
+
+def _run_setup(built: Built, setup: str, run: _Run) -> SetupResult:
+    """Predicted and measured saved bytes (and step peak) of ``setup`` (``SETUPS``) on ``built``."""
+    method, options, shape, device, optimizer = run.opts.method, run.options, run.shape, run.device, run.optimizer
+    lr, steps, seed = run.opts.lr, run.opts.steps, run.opts.seed
     model = copy.deepcopy(built.model).to(device)
     model, graph, plan = plan_strategy(model, method, input_shape=shape, block_names=built.block_names, **options)
     prof = compute(graph, plan, get_mode(setup), optimizer=optimizer)
@@ -169,7 +173,7 @@ def verify(model: str | nn.Module, opts: VerifyOptions | None = None, **options:
     o = opts or VerifyOptions()
     method, batch, resolution, steps, tolerance, seed = o.method, o.batch, o.resolution, o.steps, o.tolerance, o.seed
     options = o.strategy.given(**options)
-    optimizer, lr = o.optimizer or "sgd", o.lr
+    optimizer = o.optimizer or DEFAULT_OPTIMIZER
     if steps < 1 or batch < 1 or tolerance < 0:
         raise BadOption("--steps and --batch must be positive and --tolerance non-negative")
     dev = _device(o.device)
@@ -185,8 +189,9 @@ def verify(model: str | nn.Module, opts: VerifyOptions | None = None, **options:
     )
     built.warn_assumed()
     shape = (batch, *built.sample_shape)
+    run = _Run(o, options, shape, dev, optimizer)
     with planned_for(scheme, shape_given=o.input_shape is not None):
-        results = {s: _run_setup(built, s, method, options, shape, dev, optimizer, lr, steps, seed) for s in SETUPS}
+        results = {s: _run_setup(built, s, run) for s in SETUPS}
     return VerifyReport(
         built.name,
         method,

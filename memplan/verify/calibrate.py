@@ -131,7 +131,7 @@ def measure_ops(ops: Sequence[OpView], device: torch.device | str = "cpu") -> li
             spans: dict[str, tuple[int, int]] = {}
             try:
                 produced = _run_one(op, device, lambda part, spans=spans: _CudaRegion(device, spans, part))
-            except Exception as exc:  # noqa: BLE001  (user code)
+            except Exception as exc:  # user code
                 results[j] = exc
                 continue
             results[j] = _workspaces(spans.get("f"), spans.get("b"), produced)
@@ -147,7 +147,7 @@ def measure_ops(ops: Sequence[OpView], device: torch.device | str = "cpu") -> li
         for j, op in enumerate(ops):
             try:
                 produced[j] = _run_one(op, device, lambda part, j=j: record_function(f"{LABEL}{j}:{part}"))
-            except Exception as exc:  # noqa: BLE001  (user code)
+            except Exception as exc:  # user code
                 results[j] = exc
     regions = _cpu_regions(prof)
     for j, made in produced.items():

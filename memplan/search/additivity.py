@@ -298,6 +298,7 @@ def _checkpoint(
     }
     ckpt = Checkpoint(Path(path), identity)
     done = ckpt.finished()
+    ckpt.writable()  # before any run trains
     if done is None:
         ckpt.start()
     return ckpt, done or {}

@@ -1,7 +1,6 @@
-"""A scheme as the entry points are given it (a path to its JSON, a dict, or a
-:class:`~memplan.plan.scheme.Scheme`; also tiny-training's ``backward_config``): what it records of
-the setting it was planned in (its input shape, its optimizer), and the refusal of a model that
-fails at its recorded input shape (:func:`planned_for`)."""
+"""What a sparse-update scheme given as a path, a dict or a :class:`~memplan.plan.scheme.Scheme` records
+about where it was planned: the per-sample input shape and the optimizer; and :func:`planned_for`, the guard
+that names a model failing at that input shape as not the one the scheme was planned for."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from ..io import read_json
 from .scheme import Scheme
 
 
-def _scheme_data(scheme: Any) -> dict[str, Any] | None:
+def scheme_data(scheme: Any) -> dict[str, Any] | None:
     """A scheme given as a path or a dict, read as JSON (None for None or a ``Scheme``)."""
     if scheme is None or isinstance(scheme, Scheme):
         return None
@@ -26,7 +25,7 @@ def scheme_input_shape(scheme: Any) -> tuple[int, ...] | None:
     planned at; None for none given and for tiny-training's backward_config, which records none."""
     if isinstance(scheme, Scheme):
         return tuple(scheme.input_shape)
-    data = _scheme_data(scheme)
+    data = scheme_data(scheme)
     shape = data.get("input_shape") if data is not None else None
     if isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape):
         return tuple(shape)
@@ -43,7 +42,7 @@ def planned_for(scheme: Any, *, shape_given: bool = False) -> Iterator[None]:
     except InputShapeError as exc:
         if shape_given or scheme_input_shape(scheme) is None:
             raise
-        planned = scheme.model if isinstance(scheme, Scheme) else (_scheme_data(scheme) or {}).get("model")
+        planned = scheme.model if isinstance(scheme, Scheme) else (scheme_data(scheme) or {}).get("model")
         raise SchemeError(
             f"scheme was planned for {planned or 'another model'} at input "
             f"{'x'.join(map(str, scheme_input_shape(scheme)))}; {exc.message}",
@@ -56,7 +55,7 @@ def scheme_optimizer(scheme: Any) -> str | None:
     """The optimizer a scheme (a path or a :class:`~memplan.plan.Scheme`) records, if any."""
     if isinstance(scheme, Scheme):
         return scheme.optimizer
-    data = _scheme_data(scheme)
+    data = scheme_data(scheme)
     if data is None:
         return None
     value = data.get("optimizer")  # memplan's scheme JSON; tiny-training's backward_config has none

@@ -27,7 +27,9 @@ validation accuracy is at least that of every baseline that fits, on the same se
 scheme records the rates and optimizer it was validated with (``training``) and its validation
 accuracy ± SE with the runners-up (``validation``). Runs are checkpointed (JSONL, one line per
 finished run, keyed by what the candidate trains, its rates and seed, so budgets and reruns share
-them): an interrupted stage resumes where it was.
+them): an interrupted stage resumes where it was. A stage holds its folder's lock (``LOCK``) from
+reading the checkpoint to its choice, so a second run on the same folder waits and then reuses every
+run (none is trained twice); a checkpoint that cannot be written is refused before any run trains.
 Runs execute one after another in this process, or each rung's runs at once on contribution
 analysis's executors (``Stage.validate_workers``: a local process pool or Ray).
 """
@@ -43,12 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from ..contrib.checkpoint import Checkpoint
-from ..contrib.executors import check as check_execution, default_threads, execute, num_threads
+from ..contrib.executors import EXECUTORS, check as check_execution, default_threads, execute, num_threads
 from ..contrib.halving import Halving, planned_runs, successive_halving
-from ..contrib.profile import load_profile
+from ..contrib.profile import ContribProfile
 from ..contrib.runner import Context, SchemeRun, Worker, added_key, linear_probe, with_added_modules
 from ..contrib.setup import setup_of
 from ..errors import BadOption, MemplanError
+from ..io import exclusive
 from ..plan import Scheme, Training, Validation
 from ..rates import Rates, outward
 from .candidates import Candidate, collect_candidates
@@ -59,6 +62,10 @@ from .result import SearchResult
 DEFAULT_LRS = Stage().grid
 DEFAULT_SEEDS = Stage.model_fields["validate_seeds"].default
 DEFAULT_WIDEN = Stage.model_fields["validate_widen"].default
+#: the stage's files in its folder (``Stage.validate_dir``): the runs, and the lock a run holds
+CHECKPOINT, LOCK = "validate.runs.jsonl", "validate.lock"
+#: what every checkpointed run holds (``Checkpoint.fields``): a line without them is refused
+RUN_FIELDS = {"accuracy": (int, float), "final_loss": (int, float)}
 
 
 @dataclass
@@ -104,19 +111,17 @@ class ProfileTrainer:
     before the schedule reads them. Any object with this call and these attributes can stand in
     (the transfer benchmark trains through its own checkpoint)."""
 
-    def __init__(self, profile_path: str | Path, stage: Stage):
+    def __init__(self, profile: ContribProfile, stage: Stage):
         self.stage = stage
         self.threads = stage.validate_threads or default_threads(stage.validate_workers)
-        check_execution(stage.validate_workers, stage.validate_executor, stage.validate_address)
+        folder = check_stage(stage)
         with num_threads(self.threads):
-            profile = load_profile(profile_path)
             setup = setup_of(profile)
             self.protocol = protocol = profile.protocol
-            folder = Path(stage.validate_dir)
-            folder.mkdir(parents=True, exist_ok=True)
             identity = {**setup.identity(), "protocol": protocol.identity(exclude={"seeds"})}
-            self.ckpt = Checkpoint(folder / "validate.runs.jsonl", identity)
+            self.ckpt = Checkpoint(folder / CHECKPOINT, identity, RUN_FIELDS)
             done = self.ckpt.finished()
+            self.ckpt.writable()  # before any run trains: a refused append would lose a finished run
             if done is None:
                 self.ckpt.start()
             self.done = done or {}
@@ -162,12 +167,13 @@ class ProfileTrainer:
         return self.workers[key]
 
     def prefetch(self, rung: Sequence[tuple[Candidate, Rates, int]]) -> None:
-        """Train the runs of ``rung`` not in the checkpoint, on the stage's workers (one worker: nothing
-        here, each run trains when it is read)."""
+        """Train the runs of ``rung`` not in the checkpoint, on the stage's workers (one worker of a local
+        executor: nothing here, each run trains in this process when it is read; a remote one, Ray,
+        gets its runs even with one worker)."""
         jobs = [SchemeRun(self.run_id(c, r, s), c.scheme, r, s) for c, r, s in rung]
         jobs = [j for j in dict((j.id, j) for j in jobs).values() if j.id not in self.done]
         st = self.stage
-        if st.validate_workers == 1 or not jobs:
+        if (st.validate_workers == 1 and not EXECUTORS[st.validate_executor].remote) or not jobs:
             return
         groups: dict[str, list[SchemeRun]] = {}
         for job in jobs:  # one pool per model: the plain one, and each set of added modules
@@ -293,33 +299,66 @@ def choose(  # the stage's schedule, one keyword each
     return validated
 
 
-def validate_search(
+@dataclass(frozen=True)
+class Progress:
+    """What a long search reports as it goes (each optional): ``searched(searched)`` once the search
+    is done (:class:`memplan.search.command.Searched`, before any training), ``waiting(path)``
+    when another run holds the stage's folder (this one waits for it, then reuses its runs),
+    ``start(total)`` the runs planned, ``run()`` after each run."""
+
+    searched: Callable[[Any], None] | None = None
+    waiting: Callable[[str], None] | None = None
+    start: Callable[[int], None] | None = None
+    run: Callable[[], None] | None = None
+
+
+def check_stage(stage: Stage) -> Path:
+    """The stage's folder (made if missing), after one-line errors for what would fail later: an
+    executor that cannot run (a bad worker count, a package it needs missing), a folder that is a
+    file or cannot be made, a checkpoint that is read-only. Cheap: called before any work."""
+    check_execution(stage.validate_workers, stage.validate_executor, stage.validate_address)
+    folder = Path(stage.validate_dir)
+    if folder.exists() and not folder.is_dir():
+        raise BadOption(f"--validate-dir {folder} is a file, not a folder", "name a folder (made if missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadOption(f"cannot make --validate-dir {folder}: {exc.strerror or exc}") from None
+    Checkpoint(folder / CHECKPOINT, {}).writable()
+    return folder
+
+
+def validate_search(  # the stage's inputs, then keywords
     result: SearchResult,
     n: int,
     search: Callable[[str, int], SearchResult],
+    profile: ContribProfile,
     *,
     stage: Stage | None = None,
     options: dict[str, Any] | None = None,
-    on_start: Callable[[int], None] | None = None,
-    on_run: Callable[[], None] | None = None,
+    progress: Progress | None = None,
 ) -> Validated:
-    """Run the stage (module docstring) on ``result`` (a search over a profile that records its
-    setup). ``search(objective, budget_bytes)``: the same search under another objective or budget.
-    ``options``: how baselines are costed (``profile_captured``'s optimizer, frozen_bits,
-    mode_options: the search's). ``on_start(total)`` / ``on_run()``: progress."""
-    if result.profile_path is None:
-        raise BadOption("the validation stage trains from the profile's setup: search with a profile file")
+    """Run the stage (module docstring) on ``result``, a search over ``profile`` (a contribution
+    profile that records its setup). ``search(objective, budget_bytes)``: the same search under
+    another objective or budget. ``options``: how baselines are costed (``profile_captured``'s
+    optimizer, frozen_bits, mode_options: the search's). The stage holds its folder's lock
+    (``LOCK``) from reading the checkpoint to the choice: a second run on the same folder waits,
+    then reuses every run the first trained (none is trained twice)."""
     stage = stage or Stage()
-    trainer = ProfileTrainer(result.profile_path, stage)
-    classes = load_profile(result.profile_path).dataset.get("classes")
+    progress = progress or Progress()
+    folder = check_stage(stage)
+    classes = profile.dataset.get("classes")
     candidates = collect_candidates(result, n, search, options or {}, classes)
-    return choose(
-        candidates,
-        trainer,
-        lrs=stage.grid,
-        seeds=stage.validate_seeds,
-        budget_bytes=result.budget_bytes,
-        widen=stage.validate_widen,
-        on_start=on_start,
-        on_run=on_run,
-    )
+    lock = folder / LOCK
+    with exclusive(lock, None if progress.waiting is None else lambda: progress.waiting(str(lock))):
+        trainer = ProfileTrainer(profile, stage)
+        return choose(
+            candidates,
+            trainer,
+            lrs=stage.grid,
+            seeds=stage.validate_seeds,
+            budget_bytes=result.budget_bytes,
+            widen=stage.validate_widen,
+            on_start=progress.start,
+            on_run=progress.run,
+        )
