@@ -100,16 +100,10 @@ def _capture(model: nn.Module, input_shape: Sequence[int], **options: Any) -> Ca
 
 
 def _sub_channels_in_place(op: Any) -> None:
-    """A sub-channel update of a conv no lean module replaces: realised by the module itself when it
-    can (``train_channels(indices)``: the int8 graph's ``QuantConv2d`` masks the other channels'
-    weight gradient), refused otherwise (its whole weight would train)."""
+    """A sub-channel update of a conv no lean module replaces but that trains a channel subset itself
+    (``train_channels(indices)``: the int8 graph's ``QuantConv2d`` masks the other channels' weight
+    gradient), with memplan's channel selection."""
     m, t = op.node.module, op.train
-    if not hasattr(m, "train_channels"):
-        raise BadOption(
-            f"plan updates {t.weight:g} of conv {op.node.name!r} ({type(m).__name__}), which no lean module "
-            "replaces and which cannot train a channel subset itself",
-            "update that conv whole (ratio 1) or not at all",
-        )
     channels = t.channels if t.channels is not None else select_channels(m.weight, m.groups, t.weight, t.select)
     m.train_channels(torch.as_tensor(channels, dtype=torch.int64))
 
@@ -194,7 +188,7 @@ def apply_plan(
     for op in ops:
         cls = lean_class(op)
         qual = names.get(id(op.node.module), "")
-        if cls is None and op.kind == "conv" and 0 < op.train.weight < 1:
+        if cls is None and 0 < op.train.weight < 1 and hasattr(op.node.module, "train_channels"):
             _sub_channels_in_place(op)
             continue
         if cls is None or type(op.node.module) is cls or qual in swaps:
