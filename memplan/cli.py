@@ -7,6 +7,7 @@ Every error caused by the input ends in one line ``error: ...`` on stderr and ex
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -209,7 +210,10 @@ def models() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app; every failure ends in one line and an exit code."""
-    sys.exit(run_command(typer.main.get_command(app), argv))
+    code = run_command(typer.main.get_command(app), argv)
+    if code == 130:  # told once: a second Ctrl-C while the interpreter shuts down must not kill it by signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
