@@ -465,6 +465,23 @@ class PairResult:
     def applied_exact(self) -> bool:
         return self.applied_predicted is not None and self.applied_predicted == self.applied_measured
 
+    def problems_beyond_bytes(self, where: str) -> list[str]:
+        """What is not exact besides the saved bytes: FLOPs, ``--check``, and the model after apply."""
+        out = []
+        if not self.flops_exact:
+            out.append(
+                f"{where}: FLOPs {self.predicted_fwd_flops} / {self.predicted_bwd_flops}, "
+                f"measured {self.measured_fwd_flops} / {self.measured_bwd_flops}"
+            )
+        if self.check_differing or self.check_observed != self.measured_bytes:
+            out.append(f"{where}: --check {self.check_observed} vs {self.measured_bytes}: {self.check_differing[:2]}")
+        if not (self.eval_identical and self.loss_identical and self.grads_close and self.applied_exact):
+            out.append(
+                f"{where}: apply: eval identical {self.eval_identical}, loss identical {self.loss_identical}, "
+                f"grads {self.grad_mismatch or 'ok'}, applied {self.applied_predicted} vs {self.applied_measured}"
+            )
+        return out
+
     @property
     def ok(self) -> bool:
         return (

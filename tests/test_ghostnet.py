@@ -50,18 +50,7 @@ def problems(name: str, resolution: int, methods=corpus.STRATEGIES) -> list[str]
             out.append(f"{where}: predicted {r.predicted_bytes} B, measured {r.measured_bytes} B")
         if r.unknown_ops or r.observed_ops:
             out.append(f"{where}: not costed by rules: {r.unknown_ops} {r.observed_ops}")
-        if not r.flops_exact:
-            out.append(
-                f"{where}: FLOPs {r.predicted_fwd_flops} / {r.predicted_bwd_flops}, "
-                f"measured {r.measured_fwd_flops} / {r.measured_bwd_flops}"
-            )
-        if r.check_differing or r.check_observed != r.measured_bytes:
-            out.append(f"{where}: --check {r.check_observed} vs {r.measured_bytes}: {r.check_differing[:2]}")
-        if not (r.eval_identical and r.loss_identical and r.grads_close and r.applied_exact):
-            out.append(
-                f"{where}: apply: eval identical {r.eval_identical}, loss identical {r.loss_identical}, "
-                f"grads {r.grad_mismatch or 'ok'}, applied {r.applied_predicted} vs {r.applied_measured}"
-            )
+        out += r.problems_beyond_bytes(where)
     return out
 
 
