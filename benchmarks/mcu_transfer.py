@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from memplan.models.int8 import fp32_model, int8_model
-from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, last_k_weights, trained
+from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, backward_config, last_k_weights, trained
 from memplan.optim import make_optimizer
 
 MODEL = "mcunet-5fps"
@@ -214,19 +214,6 @@ def device_name(dev: str) -> str:
 STM32F746 = "stm32f746"
 
 
-def backward_config(update: Update) -> dict:
-    """tiny-training's ``backward_config`` of an update (memplan reads it as a scheme)."""
-    if update.full:
-        return {"n_bias_update": N_CONVS, "manual_weight_idx": list(range(N_CONVS)), "weight_update_ratio": 1}
-    if update.blocks:
-        per_block = 3  # expand, dw, project: the last blocks of mcunet-5fps have all three
-        k = per_block * update.blocks
-        return backward_config(Update(bias_last=k, weights=last_k_weights(N_CONVS, k)))
-    return {"n_bias_update": update.bias_last, "manual_weight_idx": [i for i, _ in update.weights],
-            "weight_update_ratio": [r for _, r in update.weights] or None,
-            "weight_select_criteria": "magnitude+"}  # fmt: skip
-
-
 def memory(update: Update, optimizer: str) -> dict:
     """The int8 graph's training memory at batch 1, 128 px: ``tinytraining`` (the paper's analytic
     extra memory, with the optimizer's real state) and the ``mcu`` mode's peak SRAM, and whether
@@ -235,7 +222,7 @@ def memory(update: Update, optimizer: str) -> dict:
     from memplan.accounting.devices import fit, load_device
     from memplan.models.int8 import int8_model
 
-    cfg = backward_config(update)
+    cfg = backward_config(update, N_CONVS)
     kw = {"method": "sparse", "scheme": cfg, "batch": 1, "classes": 10, "optimizer": optimizer}
     tt = memplan.profile(f"{MODEL}-int8", mode="tinytraining", **kw)
     mcu = memplan.profile(f"{MODEL}-int8", mode="mcu", **kw)

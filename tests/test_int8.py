@@ -20,7 +20,7 @@ from PIL import Image
 import memplan
 from memplan.contrib.data import BadData, load_data
 from memplan.models.int8 import NAMES, QuantConv2d, fp32_model, int8_model, load, mcu_transform
-from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, convs
+from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, backward_config, convs
 from memplan.optim import make_optimizer
 
 from . import int8_reference as ref
@@ -132,8 +132,7 @@ def test_the_papers_100KB_scheme_counts_under_100KiB_as_the_paper_does():
     mode (the paper's analytic memory, 1024-based KB), fits its 100 KB; the fp32 form counts the
     same, the paper's int8 convention."""
     u = PAPER_SCHEMES["mcunet-5fps-paper-100KB"]
-    cfg = {"n_bias_update": u.bias_last, "manual_weight_idx": [i for i, _ in u.weights],
-           "weight_update_ratio": [r for _, r in u.weights]}  # fmt: skip
+    cfg = backward_config(u, len(convs(int8_model("mcunet-5fps", 10))))
     kw = {"method": "sparse", "scheme": cfg, "mode": "tinytraining", "batch": 1, "classes": 10, "optimizer": "sgd-qas"}
     q = memplan.profile("mcunet-5fps-int8", **kw)
     assert 90 * 1024 < q.totals.total_bytes <= 100 * 1024
@@ -184,8 +183,7 @@ def test_apply_strategy_realises_the_papers_scheme_on_the_int8_graph():
     module computes them) and has each train its channel subset, the channels tiny-training's
     ``magnitude+`` picks."""
     u = PAPER_SCHEMES["mcunet-5fps-paper-100KB"]
-    cfg = {"n_bias_update": u.bias_last, "manual_weight_idx": [i for i, _ in u.weights],
-           "weight_update_ratio": [r for _, r in u.weights], "weight_select_criteria": "magnitude+"}  # fmt: skip
+    cfg = backward_config(u, len(convs(int8_model("mcunet-5fps", 10))))
     applied = memplan.apply_strategy(int8_model("mcunet-5fps", 10), "sparse", scheme=cfg, input_shape=(1, 3, 64, 64))
     by_hand = apply_update(int8_model("mcunet-5fps", 10), u)
     assert all(type(m) is QuantConv2d for m in convs(applied))

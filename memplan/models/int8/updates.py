@@ -76,6 +76,22 @@ def last_k_weights(n_convs: int, k: int) -> tuple[tuple[int, float], ...]:
     return tuple((i, 1.0) for i in range(n_convs - k, n_convs))
 
 
+def backward_config(update: Update, n_convs: int, per_block: int = 3) -> dict:
+    """tiny-training's ``backward_config`` of ``update`` on a net of ``n_convs`` convs (memplan reads it
+    as a scheme); ``per_block``: convs per block of the last blocks (expand, dw, project)."""
+    if update.full:
+        return {"n_bias_update": n_convs, "manual_weight_idx": list(range(n_convs)), "weight_update_ratio": 1}
+    if update.blocks:
+        k = per_block * update.blocks
+        return backward_config(Update(bias_last=k, weights=last_k_weights(n_convs, k)), n_convs)
+    return {
+        "n_bias_update": update.bias_last,
+        "manual_weight_idx": [i for i, _ in update.weights],
+        "weight_update_ratio": [r for _, r in update.weights] or None,
+        "weight_select_criteria": "magnitude+",
+    }
+
+
 #: the 256KB paper's own schemes (its Figure 9 / README: mcunet-5fps, Flowers-102, 100 KB):
 #: biases of the last 22 convs, weights of convs 21, 24, 27, 30, 36, 39 at ratios 1, 1, 1, 1, 1/8, 1/4
 PAPER_SCHEMES: dict[str, Update] = {
