@@ -53,6 +53,39 @@ def test_int8_forward_is_bit_exact_against_the_integer_format(name):
     assert len(np.unique(expected.argmax(1))) > 1  # real logits, not a constant
 
 
+def test_fused_kernels_compute_the_same_bits_and_gradients():
+    """``fuse_kernels`` compiles the same formulas: logits bit-exact against the integer format,
+    gradients equal to the eager kernels'."""
+    from memplan.models.int8.ops import fuse_kernels
+
+    torch.set_num_threads(1)
+    name = "mcunet-5fps"
+    px = sample_pixels(n=2, size=48)
+    x = mcu_transform(torch.tensor(px, dtype=torch.float32))
+    y = torch.tensor([3, 7])
+
+    def step():
+        torch.manual_seed(0)
+        model = apply_update(int8_model(name, 10), Update(bias_last=6, weights=((40, 1.0),)))
+        out = model(x)
+        torch.nn.functional.cross_entropy(out, y).backward()
+        return out.detach(), [p.grad for p in model.parameters() if p.grad is not None]
+
+    eager_out, eager_grads = step()
+    if not fuse_kernels():
+        pytest.skip("this torch cannot compile here")
+    try:
+        fused_out, fused_grads = step()
+        with torch.no_grad():
+            logits = int8_model(name).eval()(x)
+    finally:
+        fuse_kernels(False)
+    np.testing.assert_array_equal(logits.numpy().astype(np.int64), ref.forward(px, load(name).cfg, load(name).arrays))
+    assert torch.equal(fused_out, eager_out)
+    assert len(fused_grads) == len(eager_grads) > 2
+    assert all(torch.equal(a, b) for a, b in zip(fused_grads, eager_grads))
+
+
 def test_fp32_form_computes_the_dequantized_network():
     """The fp32 form is the int8 network without activation rounding: its logits track the int8
     graph's dequantized logits closely (same weights, same scales)."""

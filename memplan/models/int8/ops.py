@@ -37,14 +37,51 @@ from torch.autograd.function import once_differentiable
 QMIN, QMAX = -128, 127
 
 
-def _shifted(x: Tensor, zero: float) -> Tensor:
+def _shifted(x: Tensor, zero: float | Tensor) -> Tensor:
     return x.round() - zero
 
 
-def _rescale(acc: Tensor, scale: Tensor, zero: float) -> Tensor:
-    """``round(float64(acc) * scale) + zero`` per output channel (dim 1), back in ``acc``'s dtype."""
+def _requantize(acc: Tensor, bias: Tensor, scale: Tensor, zero: float | Tensor) -> Tensor:
+    """``round(float64(acc + bias) * scale) + zero`` per output channel (dim 1), back in ``acc``'s
+    dtype. ``acc + bias`` is an exact integer sum in float32 (int32 values below 2**24)."""
     shape = (1, -1) + (1,) * (acc.dim() - 2)
-    return (acc.double() * scale.double().view(shape)).round_().add_(zero).to(acc.dtype)
+    exact = (acc + bias.view(shape)).double()
+    return (exact * scale.double().view(shape)).round_().add_(zero).to(acc.dtype)
+
+
+#: the elementwise kernels of the forward: eager by default; :func:`fuse_kernels` swaps in
+#: compiled versions of the same formulas
+_KERNELS: dict[str, Any] = {"shifted": _shifted, "requantize": _requantize}
+
+
+def fuse_kernels(enable: bool = True) -> bool:
+    """Compile the forward's elementwise chains (``torch.compile``, one fused loop each instead of
+    six passes over float64 copies: ~4x faster training of the int8 graph on a CPU). Same
+    formulas, so the same bits (``tests/test_int8.py`` checks). Returns False, changing nothing,
+    where this torch cannot compile (no C++ compiler, ...). The first call of each kernel
+    compiles (~30 s); later processes read torch's compile cache. ``enable=False`` restores the
+    eager kernels."""
+    if not enable:
+        _KERNELS.update(shifted=_shifted, requantize=_requantize)
+        return False
+    shifted, requantize = (torch.compile(f, dynamic=True) for f in (_shifted, _requantize))
+    # zero points go in as 0-dim tensors (a Python float compiles once per value), the bias as a
+    # plain tensor (a Parameter's shape is compiled static); both run in autograd's no-grad mode
+    fused = {
+        "shifted": lambda x, zero: shifted(x, torch.tensor(zero, dtype=x.dtype)),
+        "requantize": lambda acc, bias, scale, zero: requantize(
+            acc, bias.detach(), scale, torch.tensor(zero, dtype=acc.dtype)
+        ),
+    }
+    try:
+        with torch.no_grad():
+            probe = torch.arange(-60.0, 60.0).view(2, 3, 4, 5)
+            fused["shifted"](probe, 1.0)
+            fused["requantize"](probe, torch.ones(3), torch.full((3,), 0.5), 1.0)
+    except Exception:  # any failure to compile leaves the eager kernels
+        return False
+    _KERNELS.update(fused)
+    return True
 
 
 class _QuantConvFn(torch.autograd.Function):
@@ -52,9 +89,9 @@ class _QuantConvFn(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, conv: QuantConv2d) -> Tensor:
         ctx.conv = conv
         ctx.save_for_backward(x, weight)
-        acc = F.conv2d(_shifted(x, conv.x_zero), weight.round(), None, conv.stride, conv.padding, 1, conv.groups)
-        acc = acc + bias.view(1, -1, 1, 1)
-        return _rescale(acc, conv.effective_scale, conv.y_zero)
+        shifted = _KERNELS["shifted"](x, conv.x_zero)
+        acc = F.conv2d(shifted, weight.round(), None, conv.stride, conv.padding, 1, conv.groups)
+        return _KERNELS["requantize"](acc, bias, conv.effective_scale, conv.y_zero)
 
     @staticmethod
     @once_differentiable
@@ -67,7 +104,7 @@ class _QuantConvFn(torch.autograd.Function):
             gx = torch.nn.grad.conv2d_input(x.shape, weight.round(), g, conv.stride, conv.padding, 1, conv.groups)
         if ctx.needs_input_grad[1]:
             gw = torch.nn.grad.conv2d_weight(
-                _shifted(x, conv.x_zero), weight.shape, g, conv.stride, conv.padding, 1, conv.groups
+                _KERNELS["shifted"](x, conv.x_zero), weight.shape, g, conv.stride, conv.padding, 1, conv.groups
             )
             if conv.weight_channels is not None:
                 gw = gw * conv.weight_channel_mask().to(gw.dtype)
