@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from memplan.io import write_text
 from memplan.models.int8 import fp32_model, int8_model
 from memplan.models.int8.ops import fuse_kernels
 from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, backward_config, last_k_weights, trained
@@ -94,6 +95,8 @@ def methods() -> dict[str, dict[str, tuple[str, Update, str]]]:
         )
     fig9["full update"] = ("int8", Update(full=True), "sgd-qas")
     fig9["paper's 100 KB scheme"] = ("int8", PAPER_SCHEMES["mcunet-5fps-paper-100KB"], "sgd-qas")
+    for name, (update, optimizer) in searched_schemes().items():
+        fig9[name] = ("int8", update, optimizer)
     return {
         "profile": {name: ("int8", update, "sgd-qas") for name, update in profile_entries(PROTOCOL["profile"]).items()},
         "table1": {
@@ -104,6 +107,27 @@ def methods() -> dict[str, dict[str, tuple[str, Update, str]]]:
         },
         "fig9": fig9,
     }
+
+
+#: the schemes ``memplan search`` found from this benchmark's profile (package data), trained as rows
+SCHEME_GLOB = "mcunet-5fps-int8-cifar10-*.json"
+
+
+def searched_schemes() -> dict[str, tuple[Update, str]]:
+    """Row name ("memplan 100 kB") -> (update, optimizer) of every shipped scheme searched from the profile."""
+    from memplan.io import shipped
+    from memplan.plan.scheme import load_scheme
+
+    out = {}
+    for path in sorted(shipped("schemes").glob(SCHEME_GLOB), key=lambda f: load_scheme(f).budget_bytes or 0):
+        scheme = load_scheme(path)
+        update = Update(
+            bias_last=scheme.bias_update,
+            weights=tuple((w.conv_index, w.ratio) for w in scheme.weight_updates),
+            description=path.name,
+        )
+        out[f"memplan {scheme.budget_bytes / 1000:g} kB"] = (update, scheme.optimizer or "sgd-qas")
+    return out
 
 
 def profile_entries(q: dict) -> dict[str, Update]:
@@ -239,6 +263,13 @@ def run(job: dict, data: dict[str, torch.Tensor]) -> dict:
             opt.step()
             losses.append(float(loss.detach()))
             step += 1
+            if not math.isnan(losses[-1]):
+                continue
+            if all(t.isnan().all() for t in trained(model)):
+                break  # diverged: every trained tensor is NaN, and stays so to the last epoch
+        else:
+            continue
+        break
     split = "val" if job["seed"] in p["selection_seeds"] else "test"
     acc = evaluate(model, data[f"x_{split}"], data[f"y_{split}"], form, p["resolution"])
     finite = all(math.isfinite(v) for v in losses)
@@ -272,6 +303,123 @@ def memory(update: Update, optimizer: str) -> dict:
     return {"tinytraining_bytes": tt.totals.total_bytes, "mcu_peak_bytes": mcu.totals.peak_bytes,
             "sram_fits": fit(mcu, dev)["margin_bytes"] >= 0, "flash_bytes": flash,
             "flash_fits": flash <= dev.flash_bytes}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the profile
+PROFILE_MODEL = f"{MODEL}-int8"
+
+
+def profile_document(runs: dict[str, dict], p: dict) -> dict | None:
+    """The ``profile`` experiment's runs as a memplan contribution profile (the JSON ``memplan
+    search`` reads: Δacc in accuracy points on the validation split, one selection seed); None
+    until every entry has run."""
+    from memplan.api import capture
+    from memplan.contrib.options import Protocol
+    from memplan.contrib.profile import ContribProfile, Resolution, from_runs
+    from memplan.contrib.protocol import grid
+    from memplan.graph.conv import conv_table
+    from memplan.plan import fingerprint
+
+    q, res = p["profile"], p["resolution"]
+    graph = capture(PROFILE_MODEL, resolution=res, classes=10).graph
+    layers = conv_table(graph)
+    protocol = Protocol(
+        seeds=tuple(p["selection_seeds"]), epochs=p["epochs"], batch_size=p["batch"], lr_classifier=q["lr"],
+        lr_bias=q["lr"], lr_weight=q["lr"], optimizer="sgd-qas", probe_epochs=1, probe_lr=q["lr"],
+        ratios=tuple(q["ratios"]), bias_ks=tuple(q["bias_ks"]), weight_convs=tuple(q["weight_convs"]),
+    )  # fmt: skip
+    specs = grid(layers, protocol)
+    raw = {}
+    for spec in specs:
+        name = "classifier" if spec.kind == "classifier" else f"bias {spec.k}" if spec.kind == "bias" else (
+            f"weight {spec.conv_index}@{spec.ratio:g}")  # fmt: skip
+        rows = [runs.get(job_id("profile", name, q["lr"], s)) for s in protocol.seeds]
+        if any(r is None for r in rows):
+            return None
+        model = build("int8", methods()["profile"][name][1], "cpu")
+        raw[spec.id] = {**spec.to_dict(), "id": spec.id, "seeds": list(protocol.seeds),
+                        "accuracy": [r["acc"] for r in rows], "trainable_params": trained_elements(model),
+                        "train_s": sum(r["seconds"] for r in rows), "eval_s": 0.0, "cache_s": 0.0,
+                        "cpu_s": sum(r["seconds"] for r in rows)}  # fmt: skip
+    entries = from_runs(specs, raw, layers)
+    clf = raw["classifier"]["accuracy"][0]
+    devices = sorted({runs[job_id("profile", n, q["lr"], s)]["device"] for n in methods()["profile"]
+                      for s in protocol.seeds})  # fmt: skip
+    doc = ContribProfile(
+        model=PROFILE_MODEL, fingerprint=fingerprint(graph), input_shape=[3, res, res],
+        weights={"source": "the 256KB paper's int8 ImageNet backbone (tiny-training, MIT), memplan/data/int8",
+                 "form": "int8 training graph (memplan.models.int8), QAS"},
+        dataset={"name": "cifar10", "classes": 10, "train": 10 * p["train_per_class"],
+                 "validation": 10 * p["val_per_class"], "resolution": res, "augment": p["augment"],
+                 "description": f"CIFAR-10 train split: {p['train_per_class']} train and {p['val_per_class']} "
+                 "validation images per class (seeded, disjoint), 128 px, the MCU transform (pixel - 127.5)"},
+        protocol=protocol,
+        description=(
+            f"Contribution analysis of int8 {MODEL} + QAS on CIFAR-10 under benchmarks/mcu_transfer.py's protocol "
+            f"(the rows of its Figure 9 train with it): {p['epochs']} epochs ({p['warmup_epochs']} warm-up, then "
+            f"cosine), batch {p['batch']}, {p['augment']}, SGD + QAS at lr {q['lr']} for every tensor, seed "
+            f"{protocol.seeds[0]}, accuracy on the validation split. No linear probe: every run trains the head "
+            f"from its seeded initialisation (probe_epochs is not used; probe_accuracy holds the classifier-only "
+            f"run's accuracy). A reduced grid: biases of the last k convs for k in {list(protocol.bias_ks)}, "
+            f"weights of convs {list(protocol.weight_convs)} at ratios {list(protocol.ratios)} (magnitude+). "
+            f"Device: {' + '.join(devices)}."
+        ),
+        probe_accuracy=clf, layers=layers, resolution=Resolution(runs=res, costing=res), evaluated_on="validation",
+        timing={"run_seconds": round(sum(r["train_s"] for r in raw.values()), 1), "runs": len(raw),
+                "executor": "benchmarks/mcu_transfer.py"},
+        **entries,
+    )  # fmt: skip
+    return json.loads(doc.model_dump_json())
+
+
+def record_evidence(runs: dict[str, dict], p: dict) -> list[str]:
+    """Write into each shipped searched scheme how its row trained (``training``) and validated
+    (``validation``: the rate chosen on the selection seed, the other rates as runners-up, the
+    test seeds' accuracy), once its row has every test seed. Returns the files written."""
+    from memplan.io import shipped
+    from memplan.plan.scheme import TestAccuracy, Training, Validation, load_scheme
+
+    rep = report(runs, ["fig9"], p)["experiments"]["fig9"]
+    written = []
+    for path in sorted(shipped("schemes").glob(SCHEME_GLOB)):
+        scheme = load_scheme(path)
+        name = f"memplan {scheme.budget_bytes / 1000:g} kB"
+        row = rep.get(name)
+        if row is None or len(row["test"]) < len(p["test_seeds"]):
+            continue
+        val = {lr: runs[job_id("fig9", name, lr, p["selection_seeds"][0])]["acc"] for lr in row["grid"]}
+        data = f"CIFAR-10, benchmarks/mcu_transfer.py protocol ({p['epochs']} epochs, {p['augment']})"
+        devices = row["device"]
+        scheme = scheme.model_copy(
+            update={
+                "training": Training(
+                    optimizer=row["optimizer"], lr=row["lr"], epochs=p["epochs"], batch_size=p["batch"]
+                ),
+                "validation": Validation(
+                    name=name, accuracy=val[row["lr"]], se=0.0, seeds=list(p["selection_seeds"]),
+                    data=f"{data}: validation split, {10 * p['val_per_class']} images",
+                    runners_up=[{"name": name, "lr": lr, "accuracy": a, "seeds": list(p["selection_seeds"])}
+                                for lr, a in val.items() if lr != row["lr"]],
+                    test=TestAccuracy(accuracy=row["mean"], ci95=row["ci95"], seeds=list(p["test_seeds"]),
+                                      per_seed=row["test"], data="the CIFAR-10 test split (10,000 images)",
+                                      where=f"benchmarks/mcu_transfer.py fig9 row {name!r} ({devices})"),
+                ),
+            }
+        )  # fmt: skip
+        scheme.save(path)
+        written.append(str(path))
+    return written
+
+
+def trained_elements(model: torch.nn.Module) -> int:
+    """Elements of the parameters that train (a sub-channel weight: its trained channels only)."""
+    total = 0
+    for m in model.modules():
+        for name, t in m.named_parameters(recurse=False):
+            if t.requires_grad:
+                channels = getattr(m, "weight_channels", None) if name == "weight" else None
+                total += t.numel() if channels is None else int(m.weight_channel_mask().sum())
+    return total
 
 
 # ----------------------------------------------------------------------------- driver
@@ -362,7 +510,7 @@ def expanded_grid(runs: dict[str, dict], experiment: str, method: str) -> list[f
                    and r["split"] == "val"})  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/datasets/cifar10")
@@ -373,16 +521,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", nargs="*", default=[], help="protocol overrides KEY=JSON (cheap forms)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no run after this many seconds")
     ap.add_argument("--report-only", action="store_true", help="rebuild the report from runs.jsonl, train nothing")
-    args = ap.parse_args(argv)
+    ap.add_argument("--write-profile", type=Path, help="write the profile experiment's runs as a contribution profile")
+    ap.add_argument("--record-evidence", action="store_true", help="write searched rows' results into their schemes")
+    return ap
+
+
+def offline(args: argparse.Namespace, log: Path) -> int | None:
+    """The commands that train nothing (the profile, the evidence, the report); None for a training run."""
+    if not (args.write_profile or args.record_evidence or args.report_only):
+        return None
+    p = json.loads((args.out / "protocol.json").read_text())
+    runs = read_runs(log)
+    if args.write_profile:
+        doc = profile_document(runs, p)
+        if doc is None:
+            sys.exit("the profile experiment has not finished: run --experiments profile first")
+        write_text(args.write_profile, json.dumps(doc, indent=1) + "\n")
+    elif args.record_evidence:
+        for path in record_evidence(runs, p):
+            print(f"evidence written to {path}")
+    else:
+        return write_report(args.out, report(runs, [e for e in args.experiments if e != "profile"], p))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     p = dict(PROTOCOL)
     for kv in args.set:
         k, v = kv.split("=", 1)
         p[k] = json.loads(v)
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "runs.jsonl"
-    if args.report_only:
-        p = json.loads((args.out / "protocol.json").read_text())
-        return write_report(args.out, report(read_runs(log), [e for e in args.experiments if e != "profile"], p))
+    done = offline(args, log)
+    if done is not None:
+        return done
     (args.out / "protocol.json").write_text(json.dumps(p, indent=1))
     t0 = time.time()
     ctx = mp.get_context("spawn" if args.device == "cuda" or os.environ.get("MCU_SPAWN") else "fork")

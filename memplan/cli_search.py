@@ -83,6 +83,18 @@ def print_searched(done: Any, out: Console) -> None:
         f"{result.mode} mode at batch {result.scheme.batch})",
         markup=False,
     )
+    print_fit_and_evidence(done, out)
+
+
+def print_fit_and_evidence(done: Any, out: Console) -> None:
+    """Whether training fits the device (``Searched.device_fit``) and the shipped training evidence
+    of the scheme found (``Searched.shipped``), one line each; how to get evidence where none ships."""
+    from .render.reports import device_fit_line, evidence_line
+
+    if done.device_fit is not None:
+        out.print(device_fit_line(done.device_fit), markup=False)
+    if done.shipped is not None:
+        out.print(evidence_line(done.shipped), markup=False)
 
 
 class _StageView:

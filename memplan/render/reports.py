@@ -234,3 +234,31 @@ def _print_methods(r: SearchResult, value: str, console: Console) -> None:
         runs.add_row(name, f"{run.value:.4g}", gap, *METHODS[name].cells(run))
     if runs.row_count:
         console.print(runs)
+
+
+def device_fit_line(fit: dict) -> str:
+    """One line: whether training fits the device (``accounting.devices.fit``), SRAM then flash, bytes."""
+    verdict = "fits" if fit["fits"] else "does NOT fit"
+    line = (
+        f"{fit['name']}: training peak {fit['peak_bytes']:,} B ({fmt_bytes(fit['peak_bytes'])}) in {fit['mode']} mode "
+        f"at batch 1 {verdict} its {fit['budget_bytes']:,} B budget ({fit['budget']}), margin "
+        f"{fit['margin_bytes']:,} B"
+    )
+    if fit.get("flash_fits") is not None:
+        flash = "fits" if fit["flash_fits"] else "does NOT fit"
+        line += f"; frozen model {fit['flash_needed_bytes']:,} B {flash} its {fit['flash_bytes']:,} B flash"
+    return line
+
+
+def evidence_line(scheme) -> str:
+    """One line: how a shipped scheme equal to the one found was validated by training (its
+    ``validation``: the choice on validation, then the test seeds)."""
+    v = scheme.validation
+    line = f"validated by training: {v.name}, {v.accuracy:.2f}% on {v.data} (seeds {', '.join(map(str, v.seeds))})"
+    if v.test is not None:
+        t = v.test
+        line += (
+            f"; test {t.accuracy:.2f} ± {t.ci95:.2f}% (95% CI, seeds {', '.join(map(str, t.seeds))}) on {t.data}, "
+            f"{t.where}"
+        )
+    return line

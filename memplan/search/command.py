@@ -20,11 +20,13 @@ from typing import Any
 
 import torch.nn as nn
 
+from ..accounting.devices import fit, load_device
 from ..api import capture, profile_captured
 from ..contrib.profile import ContribProfile, load_profile
 from ..errors import MemplanError
-from ..io import validated
-from ..plan import Scheme
+from ..io import shipped, validated
+from ..models.zoo import ZooEntry, get_entry
+from ..plan import Scheme, load_scheme
 from .options import SearchCommand, SearchOptions
 from .result import SearchResult
 from .run import run_search
@@ -56,6 +58,11 @@ class Searched:
     applied_error: str | None = None
     validated: Validated | None = None
     out: str | None = None
+    # the device the scheme's training is checked on (--target, else the one the zoo entry is built
+    # for): accounting.devices.fit of the scheme at batch 1 in the device's mode, SRAM and flash, bytes
+    device_fit: dict[str, Any] | None = None
+    # a shipped scheme equal to the one found whose training validated it (memplan/data/schemes)
+    shipped: Scheme | None = None
 
     @property
     def scheme(self) -> Scheme:
@@ -87,6 +94,8 @@ def search_and_validate(
         done.applied = applied_cost(result, profile, search.inputs.classes)
     except MemplanError as exc:  # the search itself is done: say why the cost is missing
         done.applied_error = str(exc)
+    done.device_fit = device_fit(result, model, search.inputs.classes or (profile and profile.dataset.get("classes")))
+    done.shipped = shipped_validation(result.scheme)
     if progress.searched is not None:
         progress.searched(done)
     if n is None:
@@ -139,3 +148,46 @@ def applied_cost(result: SearchResult, profile: ContribProfile | None, classes: 
     cap = capture(result.model, tuple(result.input_shape), batch=batch, classes=classes)
     totals = {m: profile_captured(cap, "sparse", mode=m, scheme=result.scheme).totals for m in APPLIED_MODES}
     return AppliedCost(batch, source, totals)
+
+
+def device_fit(result: SearchResult, model: str | nn.Module | None, classes: int | None) -> dict[str, Any] | None:
+    """Whether training the scheme fits a device (``accounting.devices.fit``: peak in the device's
+    mode at batch 1, SRAM and flash, bytes): ``--target``'s, else the device the zoo entry is built
+    for; None with neither."""
+    device = result.device
+    if device is None:
+        entry = zoo_entry(result.model if model is None else model)
+        if entry is None or entry.device is None:
+            return None
+        device = load_device(entry.device)
+    cap = capture(result.model, tuple(result.input_shape), batch=1, classes=classes)
+    prof = profile_captured(cap, "sparse", mode=device.mode, scheme=result.scheme.model_copy(update={"batch": 1}))
+    return fit(prof, device, cap.graph)
+
+
+def zoo_entry(model: str | nn.Module) -> ZooEntry | None:
+    """The zoo entry of a zoo name; None for anything else."""
+    if not isinstance(model, str):
+        return None
+    try:
+        return get_entry(model)
+    except KeyError:
+        return None
+
+
+def shipped_validation(scheme: Scheme) -> Scheme | None:
+    """A shipped scheme (package data) with validation evidence that trains what ``scheme`` trains:
+    same layer table, mode, optimizer, bias depth and weight updates."""
+
+    def key(s: Scheme) -> tuple:
+        weights = sorted((w.conv_index, w.ratio, w.select) for w in s.weight_updates)
+        return (s.fingerprint, s.mode, s.optimizer, s.bias_update, tuple(weights), tuple(s.input_shape))
+
+    for path in sorted(shipped("schemes").glob("*.json")):
+        try:
+            other = load_scheme(path)
+        except MemplanError:
+            continue
+        if other.validation is not None and key(other) == key(scheme):
+            return other
+    return None

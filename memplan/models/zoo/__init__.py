@@ -43,6 +43,8 @@ def image(resolution: int) -> tuple[int, ...]:
 MCU_INT8_INPUT = (0.5, 1 / 255)
 #: the same input for the dequantized fp32 form: ``(x - 0.5) / 0.5`` on images in [0, 1]
 MCU_FP32_INPUT = (0.5, 0.5)
+#: the microcontroller of the 256KB paper's measurements (320 KB SRAM, 1 MB flash)
+MCU_DEVICE = "stm32f746"
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class ZooEntry:
     # the input convention (mean, std) on images in [0, 1], the same for every channel: contribution
     # analysis feeds (x - mean) / std; None: standardise with the training images' moments
     normalize: tuple[float, float] | None = None
+    # the device the model is built for (a device profile name, memplan.accounting.devices): a
+    # search reports whether training fits it, SRAM and flash, without --target
+    device: str | None = None
 
 
 class UnknownModelError(ModelNotFound, KeyError):
@@ -97,10 +102,10 @@ _ENTRIES = [
         for entry in (
             ZooEntry(f"{name}-int8", partial(int8_model, name), 128, 1000,
                      f"{paper} as the 256KB paper's int8 training graph, with its ImageNet weights (shipped, MIT)",
-                     input_shape=image, normalize=MCU_INT8_INPUT),
+                     input_shape=image, normalize=MCU_INT8_INPUT, device=MCU_DEVICE),
             ZooEntry(f"{name}-fp32", partial(fp32_model, name), 128, 1000,
                      f"{paper} with the int8 ImageNet weights dequantized to fp32, no BatchNorm (shipped, MIT)",
-                     normalize=MCU_FP32_INPUT),
+                     normalize=MCU_FP32_INPUT, device=MCU_DEVICE),
         )
     ],
     ZooEntry("resnet18", resnet18, 224, 1000, "ResNet-18 (He et al., CVPR 2016): 11.69M params, 1.82G MACs"),
