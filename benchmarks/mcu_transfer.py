@@ -660,7 +660,66 @@ def markdown(rep: dict) -> str:
             lines.append(f"| {m} | {r['optimizer']} | {mem['tinytraining_bytes']:,} | {mem['mcu_peak_bytes']:,} | "
                          f"{fits} | {acc} | {len(r['test'])} | {r['lr']:.3g} | {r['device']} |")  # fmt: skip
         lines.append("")
+        if e == "fig9":
+            lines += claim_lines(claims(rows))
     return "\n".join(lines)
+
+
+def claim_lines(c: dict) -> list[str]:
+    lines = []
+    for m, b in c["budgets"].items():
+        lines.append(f"- {m}: best hand-made row within the budget: {b['best_baseline']}; beats it with CIs apart: "
+                     f"{b['beats_best']}; hand-made rows above it, CIs apart: {b['loses_to'] or 'none'}; against the "
+                     f"paper's 100 KB scheme: {b['vs_paper_scheme']}")  # fmt: skip
+    for s in c["smaller"].values():
+        ratio = "none" if s["row"] is None else f"{s['row']}, its memory / that row's = 1 / {s['ratio']:.2f}"
+        lines.append(f"- best last-k row {s['best_last_k']!r}: the least memory within 1 point of it: {ratio} "
+                     "(the paper: 1 / 4.5 to 1 / 7.5)")  # fmt: skip
+    return [*lines, ""]
+
+
+#: the hand-made sweeps (and the full update, their end)
+LAST_K = ("biases of the last", "weights+biases of the last", "full update")
+
+
+def apart(a: dict, b: dict) -> bool:
+    """Row ``a`` above row ``b`` with their 95% CIs apart."""
+    return a["mean"] - a["ci95"] > b["mean"] + b["ci95"]
+
+
+def claims(rows: dict) -> dict:
+    """Figure 9's acceptance claims from its rows: per memplan row, the best hand-made row within
+    its budget (the paper's scheme listed too) and whether memplan beats it / loses to one, CIs
+    apart; and the paper's "4.5-7.5x smaller": the best last-k row against the least memory of a
+    sparse row within 1 point of it. Bytes are ``tinytraining`` bytes."""
+    mem = {m: r["memory"]["tinytraining_bytes"] for m, r in rows.items()}
+    hand = {m: r for m, r in rows.items() if not m.startswith("memplan")}
+    out: dict = {"budgets": {}}
+    for m, r in rows.items():
+        if not m.startswith("memplan"):
+            continue
+        budget = float(m.split()[1]) * 1000
+        within = {b: h for b, h in hand.items() if mem[b] <= budget}
+        best = max(within, key=lambda b: within[b]["mean"]) if within else None
+        out["budgets"][m] = {
+            "best_baseline": best,
+            "beats_best": best is not None and apart(r, within[best]),
+            "loses_to": [b for b, h in within.items() if apart(h, r)],
+            "vs_paper_scheme": None if "paper's 100 KB scheme" not in rows else (
+                "above" if apart(r, rows["paper's 100 KB scheme"]) else
+                "below" if apart(rows["paper's 100 KB scheme"], r) else "within the CIs"),
+        }  # fmt: skip
+    out["smaller"] = {}
+    for family in ("weights+biases of the last", "biases of the last"):
+        last_k = {m: r for m, r in rows.items() if m.startswith(family)}
+        if not last_k:
+            continue
+        top = max(last_k, key=lambda m: last_k[m]["mean"])
+        near = [m for m, r in rows.items() if not m.startswith(LAST_K) and r["mean"] >= last_k[top]["mean"] - 1]
+        cheapest = min(near, key=lambda m: mem[m]) if near else None
+        out["smaller"][family] = {"best_last_k": top, "row": cheapest,
+                                  "ratio": None if cheapest is None else mem[top] / mem[cheapest]}  # fmt: skip
+    return out
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
