@@ -136,10 +136,12 @@ class QuantConv2d(nn.Conv2d):
         super().__init__(in_channels, out_channels, kernel_size, stride, kernel_size // 2, groups=groups, bias=True)
         self.x_scale, self.x_zero = float(quant["x_scale"]), float(quant["x_zero"])
         self.y_scale, self.y_zero = float(quant["y_scale"]), float(quant["y_zero"])
-        w_scales = torch.as_tensor(quant["w_scales"], dtype=torch.float64)
-        self.register_buffer("w_scales", w_scales.float())
-        # the format's effective scale: float64 product, kept as float32 (tiny-training's buffer)
-        self.register_buffer("effective_scale", (self.x_scale * w_scales / self.y_scale).float())
+        w_scales = np.asarray(quant["w_scales"], dtype=np.float64)
+        self.register_buffer("w_scales", torch.as_tensor(w_scales.astype(np.float32)))
+        # the format's effective scale: float64 product, kept as float32 (tiny-training's buffer);
+        # numpy arithmetic, so a model built on the meta device costs no torch decomposition
+        effective = (self.x_scale * w_scales / self.y_scale).astype(np.float32)
+        self.register_buffer("effective_scale", torch.as_tensor(effective))
         self.weight_channels: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
