@@ -31,7 +31,7 @@ import mcu_transfer as bench
 from memplan.io import write_text
 from memplan.models.int8.ops import fuse_kernels
 
-L2_GRID = (1e-5, 1e-4, 1e-3, 1e-2)
+L2_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
 def features(form: str, x: torch.Tensor, res: int) -> torch.Tensor:

@@ -309,10 +309,27 @@ def memory(update: Update, optimizer: str) -> dict:
 PROFILE_MODEL = f"{MODEL}-int8"
 
 
+def finished_entries(runs: dict[str, dict], p: dict) -> dict | None:
+    """The protocol's profile grid cut to what has run on every selection seed: its bias depths, and
+    the weight convs whose every ratio and reference ran; None before the classifier, one bias
+    depth and one weight conv."""
+    q = p["profile"]
+
+    def ran(name: str) -> bool:
+        return all(job_id("profile", name, q["lr"], s) in runs for s in p["selection_seeds"])
+
+    ks = [k for k in q["bias_ks"] if ran(f"bias {k}")]
+    convs = [i for i in q["weight_convs"]
+             if ran(f"bias {N_CONVS - i}") and all(ran(f"weight {i}@{r:g}") for r in q["ratios"])]  # fmt: skip
+    if not ran("classifier") or not ks or not convs:
+        return None
+    return {**q, "bias_ks": ks, "weight_convs": convs}
+
+
 def profile_document(runs: dict[str, dict], p: dict) -> dict | None:
     """The ``profile`` experiment's runs as a memplan contribution profile (the JSON ``memplan
-    search`` reads: Δacc in accuracy points on the validation split, one selection seed); None
-    until every entry has run."""
+    search`` reads: Δacc in accuracy points on the validation split, one selection seed), over the
+    entries finished so far (:func:`finished_entries`); None before any weight conv has finished."""
     from memplan.api import capture
     from memplan.contrib.options import Protocol
     from memplan.contrib.profile import ContribProfile, Resolution, from_runs
@@ -320,7 +337,9 @@ def profile_document(runs: dict[str, dict], p: dict) -> dict | None:
     from memplan.graph.conv import conv_table
     from memplan.plan import fingerprint
 
-    q, res = p["profile"], p["resolution"]
+    q, res = finished_entries(runs, p), p["resolution"]
+    if q is None:
+        return None
     graph = capture(PROFILE_MODEL, resolution=res, classes=10).graph
     layers = conv_table(graph)
     protocol = Protocol(
@@ -344,7 +363,7 @@ def profile_document(runs: dict[str, dict], p: dict) -> dict | None:
     entries = from_runs(specs, raw, layers)
     clf = raw["classifier"]["accuracy"][0]
     devices = sorted({runs[job_id("profile", n, q["lr"], s)]["device"] for n in methods()["profile"]
-                      for s in protocol.seeds})  # fmt: skip
+                      for s in protocol.seeds if job_id("profile", n, q["lr"], s) in runs})  # fmt: skip
     doc = ContribProfile(
         model=PROFILE_MODEL, fingerprint=fingerprint(graph), input_shape=[3, res, res],
         weights={"source": "the 256KB paper's int8 ImageNet backbone (tiny-training, MIT), memplan/data/int8",
@@ -361,8 +380,10 @@ def profile_document(runs: dict[str, dict], p: dict) -> dict | None:
             f"{protocol.seeds[0]}, accuracy on the validation split. No linear probe: every run trains the head "
             f"from its seeded initialisation (probe_epochs is not used; probe_accuracy holds the classifier-only "
             f"run's accuracy). A reduced grid: biases of the last k convs for k in {list(protocol.bias_ks)}, "
-            f"weights of convs {list(protocol.weight_convs)} at ratios {list(protocol.ratios)} (magnitude+). "
-            f"Device: {' + '.join(devices)}."
+            f"weights of convs {list(protocol.weight_convs)} at ratios {list(protocol.ratios)} (magnitude+)"
+            + (f", the finished part of the planned convs {p['profile']['weight_convs']}. "
+               if list(protocol.weight_convs) != p["profile"]["weight_convs"] else ". ")
+            + f"Device: {' + '.join(devices)}."
         ),
         probe_accuracy=clf, layers=layers, resolution=Resolution(runs=res, costing=res), evaluated_on="validation",
         timing={"run_seconds": round(sum(r["train_s"] for r in raw.values()), 1), "runs": len(raw),
