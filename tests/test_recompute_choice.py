@@ -8,12 +8,15 @@ model. On the zoo's EfficientNet-Lite0 (a real training step on the CPU):
   prediction, with and without the segments, plain PyTorch (``pytorch`` mode) and memplan-applied
   (``applied`` mode);
 * the recomputed FLOPs equal ``FlopCounterMode``'s count of a real step minus the step without;
+* a scheme records them (schema version 5; without them still version 4), ``apply_scheme``
+  realises them;
 * bad segments are refused in one line.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
 
 import pytest
@@ -23,11 +26,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from memplan.accounting.engine import compute
 from memplan.api import capture
-from memplan.apply import apply_plain, apply_plan
-from memplan.errors import MemplanError
+from memplan.apply import apply_plain, apply_plan, apply_scheme
+from memplan.errors import MemplanError, SchemeError
 from memplan.graph.execution import with_recompute
 from memplan.modes import get_mode
 from memplan.nn.recompute import recompute_segments, restore_segments
+from memplan.plan import Execution, Scheme, load_scheme, scheme_from_dict, scheme_to_plan
 from memplan.strategies import make_plan
 from memplan.verify.measure import saved_bytes
 
@@ -132,3 +136,35 @@ def test_refused(lite0):
         with_recompute(graph, [["_blocks.0"], ["_blocks.0", "_blocks.1"]])
     with pytest.raises(MemplanError, match="consecutive children"):
         recompute_segments(copy.deepcopy(model), [["_blocks.0", "_blocks.2"]])
+
+
+def test_scheme_records_execution(lite0, tmp_path):
+    model, graph = lite0
+    plan = replace(make_plan(graph, "mobiletl"), recompute=SEGMENTS)
+    scheme = Scheme.from_plan(graph, plan, mode="applied")
+    assert scheme.execution.recompute == [list(s) for s in SEGMENTS]
+    scheme.save(tmp_path / "s.json")
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["schema_version"] == 5 and data["execution"]["recompute"][0] == ["_blocks.0", "_blocks.1"]
+    loaded = load_scheme(tmp_path / "s.json")
+    assert scheme_to_plan(graph, loaded).recompute == SEGMENTS
+    # without execution choices: a version 4 document, as before
+    plain = Scheme.from_plan(graph, make_plan(graph, "mobiletl"), mode="applied")
+    plain.save(tmp_path / "p.json")
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["schema_version"] == 4 and "execution" not in data
+    assert scheme_to_plan(graph, load_scheme(tmp_path / "p.json")).recompute == ()
+    # an older version with the new field, and a segment that is no run of blocks, are refused
+    with pytest.raises(SchemeError, match="schema_version 5"):
+        scheme_from_dict({**data, "execution": {"recompute": [["_blocks.0"]]}})
+    bad = scheme.model_copy(update={"execution": Execution(recompute=[["_blocks.0", "_blocks.4"]])})
+    with pytest.raises(SchemeError, match="consecutive"):
+        scheme_to_plan(graph, bad)
+
+
+def test_apply_scheme_realises_execution(lite0):
+    model, graph = lite0
+    scheme = Scheme.from_plan(graph, replace(make_plan(graph, "bias"), recompute=SEGMENTS[:1]), mode="applied")
+    applied = apply_scheme(copy.deepcopy(model), scheme, None)
+    assert "forward" in applied.get_submodule("_blocks.0").__dict__
+    assert "forward" not in applied.get_submodule("_blocks.2").__dict__

@@ -19,6 +19,8 @@ LAZY = {
         (
             "SCHEMA_VERSION",
             "AddedModule",
+            "EXECUTION_VERSION",
+            "Execution",
             "Provenance",
             "Scheme",
             "WeightUpdate",
