@@ -135,7 +135,7 @@ class Execution(BaseModel):
     recompute: list[list[str]] = Field(
         default_factory=list,
         description="segments recomputed in the backward, each a list of consecutive block names, e.g. "
-        "[[\"_blocks.0\", \"_blocks.1\"], [\"_blocks.2\"]]",
+        '[["_blocks.0", "_blocks.1"], ["_blocks.2"]]',
     )
 
     @model_validator(mode="after")
