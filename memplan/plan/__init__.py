@@ -20,7 +20,6 @@ LAZY = {
             "SCHEMA_VERSION",
             "AddedModule",
             "EXECUTION_VERSION",
-            "Execution",
             "Provenance",
             "Scheme",
             "WeightUpdate",
@@ -35,6 +34,7 @@ LAZY = {
         "scheme",
     ),
     **dict.fromkeys(("BackwardFlags", "is_backward_config"), "tinytraining"),
+    "Execution": "execution",
 }
 
 

@@ -37,6 +37,7 @@ from ..io import read_json, shipped, validated, write_text
 from ..rates import FAMILIES
 from ..version import __version__
 from .convert import NORM_MODES, check_round_trip, fingerprint, plan_scheme_fields, scheme_to_plan
+from .execution import Execution
 from .plan import Plan
 from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
 
@@ -121,28 +122,6 @@ class AddedModule(BaseModel):
         description="16 hex digits of SHA-256 over [(name, kind, weight shape)] of the added layers "
         "(memplan.plan.convert.added_fingerprint)",
     )
-
-
-class Execution(BaseModel):
-    """How the step runs, where that changes neither what trains nor the gradients (schema
-    version 5): ``recompute``, segments each a run of consecutive blocks (module qualnames of the
-    model's blocks, ``LayerGraph.blocks``) whose forward the backward recomputes; ``apply_scheme``
-    runs each under non-reentrant ``torch.utils.checkpoint`` (``memplan.nn.recompute``) and the
-    accounting counts it so (``memplan.graph.execution``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    recompute: list[list[str]] = Field(
-        default_factory=list,
-        description="segments recomputed in the backward, each a list of consecutive block names, e.g. "
-        '[["_blocks.0", "_blocks.1"], ["_blocks.2"]]',
-    )
-
-    @model_validator(mode="after")
-    def _segments(self) -> Execution:
-        if any(not seg for seg in self.recompute):
-            raise ValueError("a recompute segment names no block")
-        return self
 
 
 class Provenance(BaseModel):
