@@ -9,7 +9,7 @@ model. On the zoo's EfficientNet-Lite0 (a real training step on the CPU):
   (``applied`` mode);
 * the recomputed FLOPs equal ``FlopCounterMode``'s count of a real step minus the step without;
 * a scheme records them (schema version 5; without them still version 4), ``apply_scheme``
-  realises them;
+  realises them; ``memplan verify`` confirms the saving on a real step;
 * bad segments are refused in one line.
 """
 
@@ -27,12 +27,14 @@ from torch.utils.flop_counter import FlopCounterMode
 from memplan.accounting.engine import compute
 from memplan.api import capture
 from memplan.apply import apply_plain, apply_plan, apply_scheme
+from memplan.cli import main
 from memplan.errors import MemplanError, SchemeError
 from memplan.graph.execution import with_recompute
 from memplan.modes import get_mode
 from memplan.nn.recompute import recompute_segments, restore_segments
 from memplan.plan import Execution, Scheme, load_scheme, scheme_from_dict, scheme_to_plan
 from memplan.strategies import make_plan
+from memplan.verify import verify
 from memplan.verify.measure import saved_bytes
 
 from .helpers import real_model
@@ -168,3 +170,21 @@ def test_apply_scheme_realises_execution(lite0):
     applied = apply_scheme(copy.deepcopy(model), scheme, None)
     assert "forward" in applied.get_submodule("_blocks.0").__dict__
     assert "forward" not in applied.get_submodule("_blocks.2").__dict__
+
+
+def test_verify_confirms_the_saving(lite0, tmp_path, capsys):
+    """``memplan verify`` of a scheme with recomputed segments: in both setups the measured saved
+    bytes, with and without the segments, are the predicted ones, so is the saving; the CLI says so."""
+    model, graph = lite0
+    path = tmp_path / "full.json"
+    Scheme.from_plan(graph, replace(make_plan(graph, "full"), recompute=SEGMENTS), mode="applied").save(path)
+    report = verify(model, "sparse", batch=SHAPE[0], scheme=str(path), steps=1)
+    assert report.ok
+    for r in (report.pytorch, report.applied):
+        predicted, measured = r.without_recompute
+        assert (predicted, measured - r.measured_saved) == (measured, predicted - r.predicted_saved)
+        assert measured > r.measured_saved
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "efficientnet-lite0", "--method", "sparse", "-o", f"scheme={path}", "-b", "2", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and "saved by recomputation" in out and "ok" in out
