@@ -216,6 +216,10 @@ def print_search(result: SearchResult, console: Console) -> None:
     )
     if used_line:
         console.print(used_line)
+    if s.execution is not None:
+        segments = " | ".join(" + ".join(seg) for seg in s.execution.recompute)
+        flops = int((s.predicted or {}).get("recompute_flops", 0))
+        console.print(f"recomputed in the backward ({flops:,} FLOPs): {segments}", markup=False)
     table = Table("component", "bytes", "size")
     for k, v in r.breakdown.items():
         table.add_row(k, str(v), fmt_bytes(v))
