@@ -107,6 +107,25 @@ def test_family(small):
     assert (("blocks.0", "blocks.1"), ("blocks.2",)) in family
 
 
+def test_family_only_what_apply_scheme_runs():
+    """Blocks in an nn.ModuleList run by the model's own loop: one block a segment, never several."""
+
+    class ListNet(BlockNet):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(list(self.blocks))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = F.relu(self.stem(x))
+            for block in self.blocks:
+                x = block(x)
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    cap = capture(ListNet(), batch=BATCH, input_shape=SHAPE)
+    family = execution_family(cap.graph, (1, 2), cap.model)
+    assert len(family) == 4 and all(len(seg) == 1 for segments in family for seg in segments)
+
+
 def test_joint_optimum_and_measured_saving(small, tmp_path):
     """At budgets between the floors, the joint search returns the brute-force joint optimum,
     never less than the update alone, and somewhere more; the written scheme's saved activations,

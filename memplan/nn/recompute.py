@@ -67,6 +67,19 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(_run, [False], blocks, *args, use_reentrant=False, **kwargs)
 
 
+def runs_together(model: nn.Module, names: Sequence[str]) -> bool:
+    """Whether the modules ``names`` can run as one segment: a single module, or consecutive
+    children of one ``nn.Sequential`` (module docstring)."""
+    if len(names) < 2:
+        return True
+    modules = dict(model.named_modules())
+    parents = {n.rpartition(".")[0] for n in names}
+    parent = modules.get(parents.pop()) if len(parents) == 1 else None
+    children = list(parent.children()) if isinstance(parent, nn.Sequential) else []
+    at = [next((i for i, c in enumerate(children) if c is modules.get(n)), -1) for n in names]
+    return -1 not in at and at == list(range(at[0], at[0] + len(at)))
+
+
 def _check_segment(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
     """The modules of one segment; BadOption where it cannot run as one (module docstring)."""
     modules = dict(model.named_modules())
@@ -76,16 +89,11 @@ def _check_segment(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
     blocks = [modules[n] for n in names]
     if any(SEGMENT_ATTR in b.__dict__ for b in blocks):
         raise BadOption(f"block {names[0]!r} is recomputed already", "realise a plan's recompute choices once")
-    if len(blocks) > 1:
-        parents = {n.rpartition(".")[0] for n in names}
-        parent = modules.get(parents.pop()) if len(parents) == 1 else None
-        children = list(parent.children()) if isinstance(parent, nn.Sequential) else []
-        at = [next((i for i, c in enumerate(children) if c is b), -1) for b in blocks]
-        if -1 in at or at != list(range(at[0], at[0] + len(at))):
-            raise BadOption(
-                f"recompute segment {list(names)} is not a run of consecutive children of one nn.Sequential",
-                "recompute each of these blocks on its own",
-            )
+    if not runs_together(model, names):
+        raise BadOption(
+            f"recompute segment {list(names)} is not a run of consecutive children of one nn.Sequential",
+            "recompute each of these blocks on its own",
+        )
     return blocks
 
 

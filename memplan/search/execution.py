@@ -14,16 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch.nn as nn
+
 from ..errors import BadOption
 from ..graph import LayerGraph
 from ..graph.execution import grouped
+from ..nn.recompute import runs_together
 
 Segments = tuple[tuple[str, ...], ...]
 
 
-def execution_family(graph: LayerGraph, sizes: Sequence[int]) -> list[Segments]:
+def execution_family(graph: LayerGraph, sizes: Sequence[int], model: nn.Module | None = None) -> list[Segments]:
     """The recompute sets a search tries (module docstring), none first; none but that one without
-    ``sizes``."""
+    ``sizes``. With the ``model`` the graph was captured from, a set with a segment that
+    ``apply_scheme`` cannot run as one (several blocks that are not consecutive children of one
+    ``nn.Sequential``: ``memplan.nn.recompute.runs_together``) is left out."""
     if sizes and graph.checkpoints:
         raise BadOption(
             "the model makes checkpoint calls of its own: --recompute would nest segments in them",
@@ -33,6 +38,7 @@ def execution_family(graph: LayerGraph, sizes: Sequence[int]) -> list[Segments]:
     for size in sizes:
         for start in range(len(graph.blocks)):
             segments = grouped(graph.blocks[start:], size)
-            if segments not in family:
+            runs = model is None or all(runs_together(model, seg) for seg in segments)
+            if runs and segments not in family:
                 family.append(segments)
     return family

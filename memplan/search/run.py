@@ -168,7 +168,7 @@ def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
     does."""
     best: tuple[tuple, Prepared, Additivity, _Found] | None = None
     refused: BudgetError | None = None
-    for segments in execution_family(read.cap.graph, search.opts.accounting.recompute):
+    for segments in execution_family(read.cap.graph, search.opts.accounting.recompute, read.cap.model):
         try:
             prepared, additivity = _prepare(search, read.cap, read.contributions, segments)
         except BudgetError as exc:
