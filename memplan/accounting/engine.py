@@ -115,7 +115,7 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
     :class:`Calibration`, or None for none; ``Profile.workspace`` says what was used.
     ``accumulated``: the peak of a later micro-batch of gradient accumulation (the parameter
     gradients held from the start; ``memplan.costs.peak.PeakOptions``). ``plan.recompute``: those
-    blocks run as checkpoint segments (``memplan.graph.execution.with_recompute``)."""
+    runs of blocks are checkpoint segments (``memplan.graph.execution.with_recompute``)."""
     schedule = check_schedule(schedule or mode.default_schedule)
     if accumulated and in_place_update(schedule):
         raise BadOption(

@@ -164,8 +164,8 @@ def _check_flash(search: _Search, cap: Captured) -> None:
 def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
     """The search of every recompute set of ``execution_family`` (only none without
     ``--recompute``), the best kept: largest gain, then least memory, FLOPs, segments. A set whose
-    classifier-only memory exceeds the budget is passed over; the budget is refused when every set's
-    does."""
+    classifier-only memory exceeds the budget is passed over (the budget is refused when every set's
+    does), and so is one under which the method asked for does not apply (a warning says so)."""
     best: tuple[tuple, Prepared, Additivity, _Found] | None = None
     refused: BudgetError | None = None
     for segments in execution_family(read.cap.graph, search.opts.accounting.recompute, read.cap.model):
@@ -174,7 +174,13 @@ def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
         except BudgetError as exc:
             refused = refused or exc
             continue
-        found = _run(search, prepared, additivity)
+        try:
+            found = _run(search, prepared, additivity)
+        except BadOption as exc:  # the method asked for does not apply under this set
+            if not segments:
+                raise
+            search.warnings.append(f"recompute set from {segments[0][0]} in {len(segments)} segments left out: {exc}")
+            continue
         cand = found.runs[found.method].candidate
         key = (prepared.space.value(cand), -found.measured, -prepared.memory.flops(cand), -len(segments))
         if best is None or key > best[0]:
