@@ -172,6 +172,12 @@ def test_off_by_default(small):
     assert r.scheme.execution is None and "recompute_flops" not in r.scheme.predicted
 
 
+def test_refused_in_a_mode_without_recomputation(small):
+    _, profile, _ = small
+    with pytest.raises(BadOption, match="does not model recomputed segments"):
+        run_search(BlockNet(), 10**9, profile=profile, input_shape=SHAPE, mode="mcu", recompute=(1,))
+
+
 def test_refused():
     class Own(BlockNet):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ import torch.nn as nn
 from ..accounting.devices import Device, deployed_bytes, flash_fit, load_device
 from ..api import Captured
 from ..errors import BadOption
+from ..modes import get_mode
 from ..options import with_keywords
 from ..plan import new_provenance
 from ..units import fmt_bytes, parse_flops
@@ -166,6 +167,11 @@ def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
     ``--recompute``), the best kept: largest gain, then least memory, FLOPs, segments. A set whose
     classifier-only memory exceeds the budget is passed over (the budget is refused when every set's
     does), and so is one under which the method asked for does not apply (a warning says so)."""
+    if search.opts.accounting.recompute and not get_mode(search.mode).recompute:
+        raise BadOption(
+            f"mode {search.mode} does not model recomputed segments (its peak is the engine's schedule)",
+            "search without --recompute, or in another mode",
+        )
     best: tuple[tuple, Prepared, Additivity, _Found] | None = None
     refused: BudgetError | None = None
     for segments in execution_family(read.cap.graph, search.opts.accounting.recompute, read.cap.model):
