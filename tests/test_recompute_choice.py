@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+import memplan
 from memplan.accounting.engine import compute
 from memplan.api import capture
 from memplan.apply import apply_plain, apply_plan, apply_scheme
@@ -164,12 +165,25 @@ def test_scheme_records_execution(lite0, tmp_path):
         scheme_to_plan(graph, bad)
 
 
-def test_apply_scheme_realises_execution(lite0):
+def test_apply_scheme_realises_execution(lite0, tmp_path):
+    """``apply_scheme`` runs the segments; ``memplan.profile`` of the scheme file predicts what the
+    applied model's real step saves."""
     model, graph = lite0
-    scheme = Scheme.from_plan(graph, replace(make_plan(graph, "bias"), recompute=SEGMENTS[:1]), mode="applied")
-    applied = apply_scheme(copy.deepcopy(model), scheme, None)
+    scheme = Scheme.from_plan(graph, replace(make_plan(graph, "bias"), recompute=SEGMENTS), mode="applied")
+    scheme.save(tmp_path / "s.json")
+    applied = apply_scheme(copy.deepcopy(model), load_scheme(tmp_path / "s.json"), None)
     assert "forward" in applied.get_submodule("_blocks.0").__dict__
     assert "forward" not in applied.get_submodule("_blocks.2").__dict__
+    prof = memplan.profile(
+        copy.deepcopy(model),
+        method="sparse",
+        scheme=str(tmp_path / "s.json"),
+        input_shape=SHAPE[1:],
+        batch=SHAPE[0],
+        mode="applied",
+    )
+    assert prof.totals.recompute_flops > 0
+    assert saved_bytes(applied, *_batch()).bytes == prof.totals.saved_activation_bytes
 
 
 def test_verify_confirms_the_saving(lite0, tmp_path, capsys):
