@@ -132,8 +132,9 @@ def test_joint_optimum_and_measured_saving(small, tmp_path):
     measured on a real step of the applied model, are those it predicts."""
     graph, profile, truth = small
     memories = sorted({v[1] for v in truth.values()})
+    gainful = [b for b in memories[::4] if _best(truth, b) > _best(truth, b, joint=False) + 1e-9]
     gained = False
-    for budget in memories[:: max(1, len(memories) // 4)][1:]:
+    for budget in [gainful[0], memories[len(memories) // 2]]:
         out = tmp_path / f"s{budget}.json"
         r = _search(profile, budget, recompute=(1, 2), out=out)
         assert r.objective_value == pytest.approx(_best(truth, budget))
