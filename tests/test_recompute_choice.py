@@ -32,7 +32,7 @@ from memplan.cli import main
 from memplan.errors import MemplanError, SchemeError
 from memplan.graph.execution import with_recompute
 from memplan.modes import get_mode
-from memplan.nn.recompute import recompute_segments, restore_segments
+from memplan.nn.recompute import SEGMENT_ATTR, recompute_segments, restore_segments
 from memplan.plan import Execution, Scheme, load_scheme, scheme_from_dict, scheme_to_plan
 from memplan.strategies import make_plan
 from memplan.verify import verify
@@ -125,6 +125,12 @@ def test_restore_and_names(lite0):
     model, graph = lite0
     m = recompute_segments(copy.deepcopy(model), SEGMENTS)
     assert m.state_dict().keys() == model.state_dict().keys()
+    twin = copy.deepcopy(m)  # its segments run its own blocks
+    first = twin.get_submodule("_blocks.0")
+    assert first.forward.__self__ is first and twin.get_submodule("_blocks.1") in first.__dict__[SEGMENT_ATTR][1]
+    m.eval(), twin.eval()
+    x, _ = _batch()
+    assert torch.equal(m(x), twin(x)) and torch.equal(m(x), copy.deepcopy(model).eval()(x))
     restore_segments(m)
     assert all("forward" not in b.__dict__ for b in m.modules())
 
