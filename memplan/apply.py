@@ -21,6 +21,9 @@ Conventions:
 * the graph passed in must be traced from ``model`` itself; after the swap it describes the
   model as it was (trace again to profile the applied model: the lean modules are leaves
   of the same kinds, declared by their ``memplan_kind``);
+* ``plan.recompute`` (a scheme's ``execution``): each segment of consecutive blocks runs under
+  non-reentrant ``torch.utils.checkpoint`` (``memplan.nn.recompute``), names and ``state_dict``
+  unchanged, outputs and gradients the same;
 * a scheme with ``added_modules`` (TinyTL's lite residual branches): :func:`apply_scheme` first
   builds them (:func:`add_modules`: the scheme's architecture transform, at its input shape, with
   torch's generator seeded 0 inside, so two builds hold the same branch weights), which leaves
@@ -50,6 +53,7 @@ from .graph.kinds import MASK_ACTIVATIONS, NORM_KINDS
 from .nn.choice import lean_class
 from .nn.lean import LEAN_MODULES, SubChannelConv, restore
 from .nn.lean.conv import select_channels
+from .nn.recompute import recompute_segments, restore_segments
 from .nn.transforms import replace_module
 from .plan import Plan, Train, grad_flow, scheme_to_plan
 from .strategies import add_architecture, make_plan
@@ -199,7 +203,7 @@ def apply_plan(
             raise BadOption(f"cannot apply {cls.__name__} to {op.node.name!r}: {exc}") from None
     for qual, lean in swaps.items():
         replace_module(model, qual, lean)
-    return model
+    return recompute_segments(model, plan.recompute)
 
 
 def plan_strategy(
@@ -304,7 +308,9 @@ def unapply(model: nn.Module) -> nn.Module:
     model, or the plain module when ``model`` itself is a lean one): the modules ``apply_plan``
     replaced, holding the trained values (a sub-channel update written back into its weight, which
     then trains whole, as :func:`apply_plain` trains it) and the same Parameter objects otherwise.
-    ``requires_grad`` and train / eval flags stay as the plan set them."""
+    ``requires_grad`` and train / eval flags stay as the plan set them; recomputed segments run
+    their blocks' own forward again."""
+    restore_segments(model)
     restored: dict[int, nn.Module] = {}
     for qual, m in list(model.named_modules(remove_duplicate=False)):
         if type(m) not in LEAN_MODULES:

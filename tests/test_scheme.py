@@ -144,7 +144,7 @@ def test_json_round_trip(tmp_path):
 def test_schema_copy_in_repo_is_current():
     assert SCHEMA_COPY.read_text() == schema_json()
     schema = json.loads(schema_json())
-    assert schema["properties"]["schema_version"]["enum"] == [1, 2, 3, 4]
+    assert schema["properties"]["schema_version"]["enum"] == [1, 2, 3, 4, 5]
     assert {"model", "fingerprint", "bias_update", "input_shape"} <= set(schema["required"])
 
 

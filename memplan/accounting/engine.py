@@ -18,6 +18,7 @@ from ..costs.records import CONVENTIONS, HIDDEN_KINDS, LayerCost, Profile, Saved
 from ..costs.workspace import Calibration, load_calibration, workspaces
 from ..errors import BadOption
 from ..graph import LayerGraph, role
+from ..graph.execution import with_recompute
 from ..graph.kinds import MAC_KINDS
 from ..modes import Mode
 from ..options import DEFAULT_OPTIMIZER
@@ -113,7 +114,8 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
     machine's calibration for a backend (``"cpu"`` / ``"cuda"``, :mod:`.workspace`), a file, a
     :class:`Calibration`, or None for none; ``Profile.workspace`` says what was used.
     ``accumulated``: the peak of a later micro-batch of gradient accumulation (the parameter
-    gradients held from the start; ``memplan.costs.peak.PeakOptions``)."""
+    gradients held from the start; ``memplan.costs.peak.PeakOptions``). ``plan.recompute``: those
+    runs of blocks are checkpoint segments (``memplan.graph.execution.with_recompute``)."""
     schedule = check_schedule(schedule or mode.default_schedule)
     if accumulated and in_place_update(schedule):
         raise BadOption(
@@ -121,6 +123,7 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
             "each update in place during backward",
             "give --schedule standard",
         )
+    graph = with_recompute(graph, plan.recompute)
     views = grad_flow(graph, plan)
     totals = Totals()
     layers: list[LayerCost] = []

@@ -67,6 +67,9 @@ class Mode:
     #: the mode costs a step under autocast (``--amp``, or an autocast in the model's forward: the
     #: graph's casts, ``memplan.graph.autocast``)
     autocast: bool = True
+    #: the mode's memory follows recomputed segments (activation checkpointing, ``Plan.recompute``):
+    #: their inputs kept, what their ops save held again only while the backward recomputes them
+    recompute: bool = True
 
     def __init__(self, parent: Mode | None = None):
         self.parent = parent

@@ -64,6 +64,7 @@ class McuMode(TinyTrainingMode):
     default_schedule = "tte"
     extra_only = False
     conv_update_table = False  # Figure 11a is tinytraining's own view, not the MCU peak's
+    recompute = False  # the engine's schedule runs no recomputation: its peak ignores segments
 
     def __init__(self, name: str, settings: McuSettings, description: str):
         self.name, self.settings, self.description = name, settings, description

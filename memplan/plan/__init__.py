@@ -19,6 +19,7 @@ LAZY = {
         (
             "SCHEMA_VERSION",
             "AddedModule",
+            "EXECUTION_VERSION",
             "Provenance",
             "Scheme",
             "WeightUpdate",
@@ -33,6 +34,7 @@ LAZY = {
         "scheme",
     ),
     **dict.fromkeys(("BackwardFlags", "is_backward_config"), "tinytraining"),
+    "Execution": "execution",
 }
 
 

@@ -29,8 +29,9 @@ import hashlib
 import json
 from typing import Any, NamedTuple
 
-from ..errors import SchemeError
+from ..errors import MemplanError, SchemeError
 from ..graph import LayerGraph, Node, bias_carrier, channel_index_problem, conv_layers, role
+from ..graph.execution import check_recompute
 from ..graph.kinds import ACTIVATIONS, NORM_KINDS
 from .plan import Plan, Train
 
@@ -122,6 +123,14 @@ def scheme_to_plan(graph: LayerGraph, scheme: Any, method: str = "sparse") -> Pl
             plan.reestimate.add(node.name)
     plan.approx = {_layer(names, name, ACTIVATIONS, "activation_approx").name for name in scheme.activation_approx}
     plan.train.update({n.name: _whole(n) for n in graph.classifier_layers})
+    execution = getattr(scheme, "execution", None)
+    if execution is not None:
+        segments = tuple(tuple(seg) for seg in execution.recompute)
+        try:
+            check_recompute(graph, segments)
+        except MemplanError as exc:
+            raise SchemeError(f"scheme execution: {exc.args[0]}") from None
+        plan.recompute = segments
     return plan
 
 
@@ -251,6 +260,8 @@ def plan_scheme_fields(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
     if other:
         raise SchemeError(f"plan {plan.method!r} trains layer {other[0]!r}, which a scheme cannot name")
     fields["activation_approx"] = sorted(graph.original_name(a) for a in plan.approx)
+    if plan.recompute:
+        fields["execution"] = {"recompute": [list(seg) for seg in plan.recompute]}
     return fields
 
 

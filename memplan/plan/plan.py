@@ -60,7 +60,11 @@ class Plan:
     fingerprint), filled in by ``memplan.strategies.make_plan``. ``reestimate``: norms (eval mode,
     not in ``norm_train``) whose running statistics are re-estimated on the target data before
     training (a forward-only pass: ``memplan.nn.train.reestimate_norm_stats``); they cost what
-    any eval-mode norm costs, since training itself never updates them."""
+    any eval-mode norm costs, since training itself never updates them. ``recompute``: segments,
+    each a run of consecutive blocks (names of ``LayerGraph.blocks``), whose forward the backward
+    recomputes, an execution choice that changes neither what trains nor the gradients
+    (``memplan.graph.execution``; ``apply_scheme`` realises it with non-reentrant
+    ``torch.utils.checkpoint``)."""
 
     method: str
     train: dict[str, Train] = field(default_factory=dict)
@@ -69,6 +73,7 @@ class Plan:
     options: dict[str, Any] = field(default_factory=dict)
     added: list[dict[str, Any]] = field(default_factory=list)  # architecture additions (docstring)
     reestimate: set[str] = field(default_factory=set)  # norms whose running statistics are re-estimated first
+    recompute: tuple[tuple[str, ...], ...] = ()  # segments recomputed in the backward (docstring)
 
     def of(self, node: Node) -> Train:
         """What trains at ``node``: the decision for its layer (every use of a module's or a

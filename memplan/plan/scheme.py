@@ -13,9 +13,12 @@ Versions: 2 adds the ``importance`` channel selection (a weight update that list
 learning rate the scheme was validated with) and ``validation`` (its validation accuracy and the
 runners-up); 4 gives ``added_modules`` their structure (:class:`AddedModule`: the architecture
 transform, its options, the tag and the fingerprint of the layers it adds; ``apply_scheme``
-builds them) and adds the norm mode ``reestimate``. Older documents are valid version 4 ones and
-mean the same (those that list free-form ``added_modules``, which no memplan ever built or
-costed, are refused); they load as they are and are written back as version 4.
+builds them) and adds the norm mode ``reestimate``; 5 adds ``execution`` (:class:`Execution`:
+segments of consecutive blocks recomputed in the backward, a choice that changes neither what
+trains nor the gradients). A scheme without ``execution`` is written as version 4, so memplans
+that read version 4 still read it; one with it as version 5. Older documents are valid version 4
+ones and mean the same (those that list free-form ``added_modules``, which no memplan ever built
+or costed, are refused); they load as they are and are written back as version 4.
 """
 
 from __future__ import annotations
@@ -34,14 +37,18 @@ from ..io import read_json, shipped, validated, write_text
 from ..rates import FAMILIES
 from ..version import __version__
 from .convert import NORM_MODES, check_round_trip, fingerprint, plan_scheme_fields, scheme_to_plan
+from .execution import Execution
 from .plan import Plan
 from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
 
 #: 2: the ``importance`` selection with explicit ``channels``; 3: ``training`` and ``validation``;
-#: 4: structured ``added_modules`` and the norm mode ``reestimate``
+#: 4: structured ``added_modules`` and the norm mode ``reestimate``; the version a scheme without
+#: ``execution`` is written as
 SCHEMA_VERSION = 4
+#: 5: ``execution`` (recomputed segments); the version a scheme with it is written as
+EXECUTION_VERSION = 5
 #: the schema versions this memplan reads
-SCHEMA_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 
 Select = Literal[SELECT_RULES]
 NormMode = Literal[tuple(NORM_MODES)]
@@ -221,7 +228,8 @@ class Validation(BaseModel):
 
 
 class Scheme(BaseModel):
-    """A sparse-update scheme (JSON schema version 4; versions 1 to 3 load and mean the same).
+    """A sparse-update scheme (JSON schema version 4, 5 with ``execution``; versions 1 to 3 load and
+    mean the same).
     Byte sizes are integers in bytes.
 
     ``norm_modes``: per-norm overrides (``memplan.plan.NORM_MODES``): ``frozen``, ``shift`` (eval
@@ -235,7 +243,7 @@ class Scheme(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3, 4, 5] = SCHEMA_VERSION
     model: str = Field(description="zoo name or import path (package.module:attr, file.py:attr)")
     fingerprint: str = Field(description="memplan.plan.fingerprint of the traced layer table")
     input_shape: list[int] = Field(description="per-sample input shape, e.g. [3, 128, 128]")
@@ -274,6 +282,24 @@ class Scheme(BaseModel):
     backward_flags: BackwardFlags = Field(default_factory=BackwardFlags)
     training: Training | None = Field(None, description="optimizer and learning rate it was validated with")
     validation: Validation | None = Field(None, description="validation accuracy and runners-up (search --validate)")
+    execution: Execution | None = Field(
+        None, description="execution choices (schema version 5): segments recomputed in the backward"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _execution_version(cls, data: Any) -> Any:
+        """A scheme made with ``execution`` and no version is version 5."""
+        if isinstance(data, dict) and data.get("execution") is not None and "schema_version" not in data:
+            data = {**data, "schema_version": EXECUTION_VERSION}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _omit_execution(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("execution") is None:  # documents without it stay version 4 documents
+            data.pop("execution", None)
+        return data
 
     @model_validator(mode="after")
     def _one_update_per_conv(self) -> Scheme:
@@ -282,6 +308,8 @@ class Scheme(BaseModel):
             if w.conv_index in seen:
                 raise ValueError(f"conv index {w.conv_index} has two weight updates")
             seen.add(w.conv_index)
+        if self.execution is not None and self.schema_version < EXECUTION_VERSION:
+            raise ValueError(f"execution needs schema_version {EXECUTION_VERSION}")
         if self.schema_version == 1 and any(w.select == EXPLICIT_SELECT for w in self.weight_updates):
             raise ValueError(f"schema_version 1 has no {EXPLICIT_SELECT!r} selection; it needs schema_version 2")
         tags = [a.tag for a in self.added_modules]
@@ -305,8 +333,9 @@ class Scheme(BaseModel):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the scheme as JSON (schema version :data:`SCHEMA_VERSION`, also for one read from
-        a version 1 file), atomically."""
-        current = self.model_copy(update={"schema_version": SCHEMA_VERSION})
+        a version 1 file; :data:`EXECUTION_VERSION` with ``execution``), atomically."""
+        version = SCHEMA_VERSION if self.execution is None else EXECUTION_VERSION
+        current = self.model_copy(update={"schema_version": version})
         write_text(path, current.model_dump_json(indent=2) + "\n")
 
     def to_backward_config(self) -> dict[str, Any]:

@@ -50,7 +50,8 @@ METRICS.add("peak", Metric(lambda p: p.totals.peak_bytes, "Totals.peak_bytes (th
 #: what a FLOPs budget bounds: the backward FLOPs of one training step, FLOPs = 2 x MACs
 FLOPS_FIGURE = (
     "Totals.backward_flops: backward of conv / linear / matmul (grad-input + grad-weight, 2 x MACs each, "
-    "grad-weight of the updated fraction as the mode counts it; grad-bias 1 per output element); "
+    "grad-weight of the updated fraction as the mode counts it; grad-bias 1 per output element), plus "
+    "Totals.recompute_flops, their forward recomputed in the backward (recomputed segments, 0 without); "
     "norm / activation / pooling / loss backward (Totals.backward_other_flops) is not counted"
 )
 
@@ -102,7 +103,7 @@ class MemoryModel:
     def measure(self, cand: Candidate) -> int:
         if cand in self._quick:
             return self._quick[cand]
-        if cand not in self._cache and METRICS[self.metric].quick:
+        if cand not in self._cache and METRICS[self.metric].quick and not self.space.recompute:
             quick = self.mode.quick_total(self.space.graph, self.space.to_plan(cand))
             if quick is not None:
                 self._quick[cand] = quick
@@ -110,8 +111,9 @@ class MemoryModel:
         return METRICS[self.metric].read(self.profile(cand))
 
     def flops(self, cand: Candidate) -> int:
-        """Backward FLOPs of one training step of ``cand`` (:data:`FLOPS_FIGURE`)."""
-        return self.profile(cand).totals.backward_flops
+        """Backward FLOPs of one training step of ``cand``, recomputation included (:data:`FLOPS_FIGURE`)."""
+        totals = self.profile(cand).totals
+        return totals.backward_flops + totals.recompute_flops
 
     def breakdown(self, cand: Candidate) -> dict[str, int]:
         totals = self.profile(cand).totals

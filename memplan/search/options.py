@@ -79,6 +79,21 @@ class Accounting(Options):
         "activation / pooling / loss backward is not counted (default: memory only)",
         parse="text",
     )
+    recompute: tuple[int, ...] = option(
+        (),
+        "also choose, jointly with the update, segments whose forward the backward recomputes (activation "
+        "checkpointing: the same gradients, less memory, more FLOPs): segment sizes in blocks, e.g. 1,2; each "
+        "candidate set (none, or every block from one on in segments of one size) is searched and the best kept; "
+        "the scheme records it (execution) and apply_scheme realises it (default: none)",
+        parse="ints",
+    )
+
+    @field_validator("recompute")
+    @classmethod
+    def _sizes(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(size < 1 for size in v):
+            raise ValueError(f"segment sizes must be positive, got {list(v)}")
+        return tuple(sorted(set(v)))
 
 
 class Space(Options):

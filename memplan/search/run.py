@@ -18,6 +18,10 @@ The returned scheme is re-profiled with ``compute()``: its memory must fit the b
 the table was used, equal the table's estimate (else the mode is declared non-additive for this
 run and the search is redone with ``compute()`` as the memory function).
 
+With ``recompute`` (segment sizes), the search also chooses which segments the backward
+recomputes (``memplan.search.execution``): every recompute set it tries is searched as above and
+the best candidate over them kept; the scheme records the set (``Scheme.execution``).
+
 An optional FLOPs budget (``flops_budget``) bounds the backward FLOPs of one training step
 (``memplan.search.memory.FLOPS_FIGURE``: conv / linear / matmul backward, FLOPs = 2 x MACs)
 besides the memory: a FLOPs table is built and checked the same way, every method keeps both
@@ -35,11 +39,13 @@ import torch.nn as nn
 from ..accounting.devices import Device, deployed_bytes, flash_fit, load_device
 from ..api import Captured
 from ..errors import BadOption
+from ..modes import get_mode
 from ..options import with_keywords
 from ..plan import new_provenance
 from ..units import fmt_bytes, parse_flops
 from .budgets import BudgetError, all_additive, flops_table, memory_budget
 from .exact import relative_gap
+from .execution import Segments, execution_family
 from .inputs import capture_inputs, profile_training, resolution_warnings
 from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
 from .methods import METHODS, Prepared, default_method, general_methods, run_methods, wanted_methods
@@ -120,8 +126,7 @@ def run_search(model: str | nn.Module | None = None, opts: SearchOptions | None 
     search.seconds["capture"] = time.perf_counter() - t0
     search.warnings += resolution_warnings(read.cap, read.contributions)
     _check_flash(search, read.cap)
-    prepared, additivity = _prepare(search, read.cap, read.contributions)
-    found = _run(search, prepared, additivity)
+    prepared, additivity, found = _joint(search, read)
     return _result(search, read, prepared, additivity, found)
 
 
@@ -157,10 +162,48 @@ def _check_flash(search: _Search, cap: Captured) -> None:
         )
 
 
-def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tuple[Prepared, Additivity]:
-    """The space, the memory model, the cost table (refusing a budget below the classifier-only
-    memory) and the additivity check on probe candidates; with a FLOPs budget the FLOPs table
-    and its check too (``Prepared.flops_table``, ``Additivity.flops``)."""
+def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
+    """The search of every recompute set of ``execution_family`` (only none without
+    ``--recompute``), the best kept: largest gain, then least memory, FLOPs, segments. A set whose
+    classifier-only memory exceeds the budget is passed over (the budget is refused when every set's
+    does), and so is one under which the method asked for does not apply (a warning says so)."""
+    if search.opts.accounting.recompute and not get_mode(search.mode).recompute:
+        raise BadOption(
+            f"mode {search.mode} does not model recomputed segments (its peak is the engine's schedule)",
+            "search without --recompute, or in another mode",
+        )
+    best: tuple[tuple, Prepared, Additivity, _Found] | None = None
+    refused: BudgetError | None = None
+    for segments in execution_family(read.cap.graph, search.opts.accounting.recompute, read.cap.model):
+        try:
+            prepared, additivity = _prepare(search, read.cap, read.contributions, segments)
+        except BudgetError as exc:
+            refused = refused or exc
+            continue
+        try:
+            found = _run(search, prepared, additivity)
+        except BadOption as exc:  # the method asked for does not apply under this set
+            if not segments:
+                raise
+            search.warnings.append(f"recompute set from {segments[0][0]} in {len(segments)} segments left out: {exc}")
+            continue
+        cand = found.runs[found.method].candidate
+        key = (prepared.space.value(cand), -found.measured, -prepared.memory.flops(cand), -len(segments))
+        if best is None or key > best[0]:
+            best = (key, prepared, additivity, found)
+    search.warnings[:] = list(dict.fromkeys(search.warnings))  # each set's search may warn alike
+    if best is None:
+        raise refused  # type: ignore[misc]  # the family holds at least the empty set
+    return best[1], best[2], best[3]
+
+
+def _prepare(
+    search: _Search, cap: Captured, contributions: Contributions, recompute: Segments = ()
+) -> tuple[Prepared, Additivity]:
+    """The space (every candidate recomputing the segments ``recompute``), the memory model, the
+    cost table (refusing a budget below the classifier-only memory) and the additivity check on
+    probe candidates; with a FLOPs budget the FLOPs table and its check too
+    (``Prepared.flops_table``, ``Additivity.flops``)."""
     sp, acc, seconds = search.opts.space, search.opts.accounting, search.seconds
     search.objective = sp.objective or default_objective(contributions.bias_se, contributions.weight_se)
     if sp.objective is None and not OBJECTIVES[search.objective].needs_se:  # the default ignores noise
@@ -178,6 +221,7 @@ def _prepare(search: _Search, cap: Captured, contributions: Contributions) -> tu
         objective=search.objective,
         select=sp.select,
     )
+    space.recompute = recompute
     search.optimizer = acc.optimizer or contributions.optimizer  # count the state of the optimizer that trains
     memory = MemoryModel(
         space,
@@ -267,11 +311,17 @@ def _result(search: _Search, read: _Read, prepared: Prepared, additivity: Additi
     breakdown = memory.breakdown(cand)
     flops = memory.flops(cand)  # compute() of the scheme, never the table
     bounded = {} if search.flops_budget is None else {"flops_budget": search.flops_budget}
+    recomputed = {"recompute_flops": memory.profile(cand).totals.recompute_flops} if space.recompute else {}
     scheme = space.to_scheme(
         cand,
         mode=search.mode,
         budget_bytes=search.budget_bytes,
-        predicted={**breakdown, "memory_bytes": measured, **({"backward_flops": flops} if bounded else {})},
+        predicted={
+            **breakdown,
+            "memory_bytes": measured,
+            **({"backward_flops": flops} if bounded else {}),
+            **recomputed,
+        },
         **bounded,
         summed_delta_acc=summed if delta_acc else None,
         summed_estimate=None if delta_acc else summed,

@@ -28,7 +28,7 @@ from ..errors import BadOption, MemplanError
 from ..graph import EXPLICIT_SELECT, SELECT_RULES, ConvLayer, LayerGraph, conv_layers, conv_table, is_pw1
 from ..nn.lean import top_channels
 from ..options import DEFAULT_OPTIMIZER
-from ..plan import BackwardFlags, Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
+from ..plan import BackwardFlags, Execution, Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..units import ratio_label
 from .objective import apply_objective
 from .options import DEFAULT_RATIOS
@@ -176,6 +176,7 @@ class SearchSpace:
     fingerprint: str = ""  # memplan.plan.fingerprint of the graph
     objective: str = "mean"  # what the gains are (memplan.search.objective)
     select: str = "magnitude+"  # channel selection rule of the weight updates (SELECT_RULES)
+    recompute: tuple[tuple[str, ...], ...] = ()  # segments every candidate recomputes (Scheme.execution)
 
     def __post_init__(self) -> None:
         self.fingerprint = self.fingerprint or fingerprint(self.graph)
@@ -235,6 +236,8 @@ class SearchSpace:
             batch=self.graph.batch,
             backward_flags=BackwardFlags(pw1_weight_only=self.pw1_only),
         )
+        if self.recompute:
+            base["execution"] = Execution(recompute=[list(seg) for seg in self.recompute])
         return Scheme(**{**base, **fields, "bias_update": cand.k, "weight_updates": updates})
 
     def weight_update(self, i: int, ratio: float) -> WeightUpdate:

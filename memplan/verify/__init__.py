@@ -6,6 +6,10 @@ For one model and strategy, two setups are built from the same random initialisa
   predicted by the ``pytorch`` accounting mode;
 * ``applied``: ``memplan.apply_plan`` (lean autograd ops), predicted by the ``applied`` mode.
 
+A plan with recomputed segments (a scheme's ``execution``) runs them in both setups (non-reentrant
+``torch.utils.checkpoint``, ``memplan.nn.recompute``), and each setup is measured without them
+too: the saving, predicted and measured (``SetupResult.without_recompute``).
+
 Each runs one forward + loss under ``saved_tensors_hooks`` (:func:`.measure.saved_bytes`:
 unique storages, parameters and buffers excluded) and ``steps`` training steps on one random
 batch. ``ok`` holds when both measured saved-activation byte counts are within ``tolerance``
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -41,6 +45,7 @@ from ..errors import BadOption
 from ..graph import LayerGraph
 from ..models import recorded_shape
 from ..modes import get_mode
+from ..nn.recompute import recompute_segments
 from ..nn.train import fit
 from ..optim import make_optimizer
 from ..options import DEFAULT_OPTIMIZER, with_keywords
@@ -53,7 +58,7 @@ from .meter import PeakMeter, resident_bytes
 EXIT_MISMATCH = 1
 #: the setups verify runs, each named by the accounting mode that predicts it -> how it readies the model
 SETUPS: dict[str, Callable[[nn.Module, LayerGraph, Plan], Any]] = {
-    "pytorch": apply_plain,
+    "pytorch": lambda model, graph, plan: recompute_segments(apply_plain(model, graph, plan), plan.recompute),
     "applied": lambda model, graph, plan: apply_plan(model, plan, graph),
 }
 
@@ -68,11 +73,17 @@ class SetupResult:
     predicted_peak: int
     measured_peak: int | None  # None where the platform offers no way to measure it
     losses: list[float] = field(default_factory=list)  # per step, before its update
+    #: a plan with recomputed segments (a scheme's ``execution``): (predicted, measured) saved bytes of
+    #: the same setup without them, whose difference from the above is the saving; None without
+    without_recompute: tuple[int, int] | None = None
 
     @property
     def saved_error(self) -> int:
-        """measured - predicted saved-activation bytes."""
-        return self.measured_saved - self.predicted_saved
+        """measured - predicted saved-activation bytes (without recomputation too, the larger miss)."""
+        errors = [self.measured_saved - self.predicted_saved]
+        if self.without_recompute is not None:
+            errors.append(self.without_recompute[1] - self.without_recompute[0])
+        return max(errors, key=abs)
 
 
 @dataclass
@@ -126,6 +137,18 @@ class _Run:
     optimizer: str
 
 
+def _without_recompute(built: Built, setup: str, run: _Run, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
+    """(predicted, measured) saved bytes of ``setup`` on ``built`` with its plan's recomputed
+    segments left out."""
+    model = copy.deepcopy(built.model).to(run.device)
+    model, graph, plan = plan_strategy(
+        model, run.opts.method, input_shape=run.shape, block_names=built.block_names, **run.options
+    )
+    plan = replace(plan, recompute=())
+    SETUPS[setup](model, graph, plan)
+    return compute(graph, plan, get_mode(setup)).totals.saved_activation_bytes, saved_bytes(model, x, y).bytes
+
+
 def _run_setup(built: Built, setup: str, run: _Run) -> SetupResult:
     """Predicted and measured saved bytes (and step peak) of ``setup`` (``SETUPS``) on ``built``."""
     method, options, shape, device, optimizer = run.opts.method, run.options, run.shape, run.device, run.optimizer
@@ -133,11 +156,11 @@ def _run_setup(built: Built, setup: str, run: _Run) -> SetupResult:
     model = copy.deepcopy(built.model).to(device)
     model, graph, plan = plan_strategy(model, method, input_shape=shape, block_names=built.block_names, **options)
     prof = compute(graph, plan, get_mode(setup), optimizer=optimizer)
-    SETUPS[setup](model, graph, plan)
-    classes = graph.classes
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(shape, generator=gen).to(device)
-    y = torch.randint(0, classes, (shape[0],), generator=gen).to(device)
+    y = torch.randint(0, graph.classes, (shape[0],), generator=gen).to(device)
+    without = _without_recompute(built, setup, run, x, y) if plan.recompute else None
+    SETUPS[setup](model, graph, plan)
     measured = saved_bytes(model, x, y).bytes
     opt = make_optimizer(model.parameters(), optimizer, lr)
     meter = PeakMeter(device)
@@ -151,7 +174,9 @@ def _run_setup(built: Built, setup: str, run: _Run) -> SetupResult:
         growth = meter.growth()
         if growth is not None:
             peak = max(peak or 0, resident + growth)
-    return SetupResult(setup, prof.totals.saved_activation_bytes, measured, prof.totals.peak_bytes, peak, losses)
+    return SetupResult(
+        setup, prof.totals.saved_activation_bytes, measured, prof.totals.peak_bytes, peak, losses, without
+    )
 
 
 @with_keywords(VerifyOptions, positional=("method",))
