@@ -175,17 +175,11 @@ class CalibrateOptions(Options):
 
     methods: tuple[str, ...] | None = option(
         None,
-        "strategy to calibrate (repeatable; default: the strategies memplan compare shows)",
-        flags=("--method", "-m"),
-        parse="repeated",
+        "comma-separated strategies to calibrate, e.g. full,bias (default: the strategies memplan compare shows)",
+        parse="texts",
     )
-    batches: tuple[int, ...] = option((1,), "batch size (repeatable)", flags=("--batch", "-b"), parse="repeated_ints")
-    resolutions: tuple[int | None, ...] = option(
-        (None,),
-        "input side in px (repeatable; default: the model's)",
-        flags=("--resolution", "-r"),
-        parse="repeated_ints",
-    )
+    batch: Batch = 1
+    resolution: Resolution = None
     classes: Classes = None
     strategy: StrategyOptions = StrategyOptions()
     backend: str = option("cpu", "cpu or cuda")

@@ -114,6 +114,30 @@ def test_the_options_several_workflows_take_are_declared_once():
     assert taking_mode == {"ProfileOptions", "CompareOptions", "SearchCommand", "ValidateOptions"}
 
 
+def test_a_flag_means_one_thing_on_every_command():
+    """A command-line spelling that several commands take is one option everywhere: the same field
+    name and the same kind of value (one value, a comma-separated list or a repeatable option), so
+    ``--batch 8`` is one batch size wherever it is written (``memplan calibrate`` included)."""
+    from memplan.cli_common import REPEATABLE, _cli_type
+
+    def kind(name: str, field) -> str:
+        parse = _cli_type(name, field)[1]
+        return "repeatable" if parse in REPEATABLE else "list" if parse in ("ints", "floats", "texts") else "one"
+
+    meaning: dict[str, set[tuple[str, str]]] = {}
+    for cls in COMMANDS.values():
+        for name, (_, field) in cls.leaves().items():
+            extra = cli_extra(field)
+            if extra.get("cli") is False:
+                continue
+            for flag in extra.get("flags") or (f"--{name.replace('_', '-')}",):
+                meaning.setdefault(flag, set()).add((name, kind(name, field)))
+    assert {flag: m for flag, m in meaning.items() if len(m) > 1} == {}
+    for name in ("batch", "resolution"):  # the shared annotated types of memplan.options, nothing else
+        (where,) = _declarations(name)
+        assert where.startswith("memplan/options.py:"), where
+
+
 def test_profile_keywords_and_the_object_are_one_thing():
     """``profile(m, "bias", mode=..., batch=...)`` is ``profile(m, ProfileOptions(...))``; a keyword
     that is no option is a strategy option (a wrong one is refused by the strategy)."""
