@@ -23,7 +23,7 @@ import torch.nn as nn
 from ..errors import MemplanError
 from .attrs import _call_args, _call_attrs, _functional_attrs, _module_attrs, _param_source
 from .checkpoint import SEGMENT_META, SEGMENTS_META
-from .kinds import FUNCTIONAL_LAYERS
+from .kinds import FUNCTIONAL_LAYERS, KINDS
 from .layout import _pad_mode, flatten
 from .meta_runner import _MetaRunner
 from .model import TAG_ATTR, WRAP_ATTR, CheckpointSegment, LayerGraph, Node, Param, TensorInfo, role
@@ -294,8 +294,9 @@ class GraphBuilder:
         attrs["operands"] = {
             k: ops.in_fx.index(v) for k, v in args.items() if isinstance(v, fx.Node) and v in ops.in_fx
         }
-        if lkind == "sdpa" and "query" in attrs["operands"]:  # its "input" (grad_input) is the query
-            attrs["operands"]["input"] = attrs["operands"]["query"]
+        first = KINDS[lkind].input_arg
+        if first != "input" and first in attrs["operands"]:  # its "input" (grad_input) is another argument
+            attrs["operands"]["input"] = attrs["operands"][first]
         for pname in ("weight", "bias"):
             qual = _param_source(args.get(pname), self.gm)
             if qual is not None:

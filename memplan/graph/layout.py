@@ -20,15 +20,15 @@ import torch.nn.functional as F
 
 from .attention import sdpa_output
 from .conv import conv_padding
-from .kinds import ACTIVATIONS, NORM_KINDS, PAD_MODES, module_kind
+from .kinds import ACTIVATIONS, NORM_KINDS, PAD_MODES, module_kind, with_trait
 
 # Layouts. Whether a later reshape (linear / matmul on >2-dim inputs) is a view or a copy
 # depends on strides, so the meta run must lay tensors out as eager CPU does. Some meta kernels
 # (and the shortcuts below) differ; these rules correct them, one per op kind, each checked
 # against eager strides by tests/test_fuzz.py.
 
-#: TensorIterator ops (their output layout follows _elementwise_output)
-ELEMENTWISE = ACTIVATIONS | {"add", "sub", "mul", "div", "dropout"}
+#: TensorIterator ops (their output layout follows _elementwise_output): the kinds of that trait
+ELEMENTWISE = with_trait("elementwise")
 #: exceptions: hardtanh / ReLU6 allocate ``empty_like(input)`` (the input's strides), feature
 #: dropout multiplies by a broadcast mask (its meta kernel lays the output out as CPU does)
 LIKE_INPUT_MODULES = (nn.Hardtanh,)  # ReLU6 too
