@@ -24,7 +24,7 @@ from ..errors import MemplanError
 from .attrs import _call_args, _call_attrs, _functional_attrs, _module_attrs, _param_source
 from .checkpoint import SEGMENT_META, SEGMENTS_META
 from .kinds import FUNCTIONAL_LAYERS, KINDS
-from .layout import _pad_mode, flatten
+from .layout import flatten
 from .meta_runner import _MetaRunner
 from .model import TAG_ATTR, WRAP_ATTR, CheckpointSegment, LayerGraph, Node, Param, TensorInfo, role
 from .saved import storage_key
@@ -190,8 +190,6 @@ class GraphBuilder:
         if kind == "cast" and outs and ops.in_tensors and outs[0].storage == ops.in_tensors[0].storage:
             kind = "identity"  # autocast leaves an operand already in its dtype as it is
         layer = self.layer_of(fxn, kind, mod, ops)
-        if kind == "pad":
-            layer.attrs["mode"] = _pad_mode(fxn, mod)
         layer_name = layer.name if layer.name and layer.name not in self.layer_names else fxn.name
         self.layer_names.add(layer_name)
         scopes = self.scopes(fxn)

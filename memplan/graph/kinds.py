@@ -29,18 +29,18 @@ import torch.nn.functional as F
 from ..registry import Registry
 from .attention import SDPA_ARGS
 from .autocast import autocast_cast
-from .readers import Attrs, arg, conv_layer, dropout_call, dropout_module, getitem_call, layernorm_layer
-
-#: padding modules and the ``F.pad`` mode each applies
-PAD_MODES: dict[type, str] = {
-    **{
-        cls: "constant"
-        for cls in (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d)
-    },
-    **{cls: "reflect" for cls in (nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d)},
-    **{cls: "replicate" for cls in (nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d)},
-    **{cls: "circular" for cls in (nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d)},
-}
+from .readers import (
+    PAD_MODES,
+    Attrs,
+    arg,
+    conv_layer,
+    dropout_call,
+    dropout_module,
+    getitem_call,
+    layernorm_layer,
+    pad_call,
+    pad_module,
+)
 
 #: the traits a kind may have (:attr:`Kind.traits`)
 TRAITS = frozenset({"mac", "norm", "param", "activation", "mask", "elementwise", "free"})
@@ -251,7 +251,7 @@ kind(
 kind("interpolate", modules=(nn.Upsample,), functions=(F.interpolate,))
 # F.unfold (im2col) / F.fold (col2im); Tensor.unfold is a strided view
 kind("fold", modules=(nn.Unfold, nn.Fold), functions=(F.unfold, F.fold))
-kind("pad", modules=tuple(PAD_MODES), functions=(F.pad,))
+kind("pad", modules=tuple(PAD_MODES), functions=(F.pad,), module_attrs=pad_module, call_attrs=pad_call)
 kind("cat", functions=(torch.cat, torch.concat, torch.stack))
 kind("cast", kernel=False, functions=(autocast_cast,))  # a cast autocast makes (memplan.graph.autocast)
 kind("cross_entropy")  # the loss capture appends (memplan.graph.build)

@@ -11,6 +11,17 @@ import torch.nn as nn
 
 Attrs = dict[str, Any]
 
+#: padding modules and the ``F.pad`` mode each applies
+PAD_MODES: dict[type, str] = {
+    **{
+        cls: "constant"
+        for cls in (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d)
+    },
+    **{cls: "reflect" for cls in (nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d)},
+    **{cls: "replicate" for cls in (nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d)},
+    **{cls: "circular" for cls in (nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d)},
+}
+
 
 def arg(node: fx.Node, at: int, name: str, default: Any) -> Any:
     """Argument ``name`` of a call, given at position ``at`` or by keyword."""
@@ -69,3 +80,18 @@ def dropout_module(mod: nn.Module) -> Attrs:
 
 def dropout_call(node: fx.Node) -> Attrs:
     return {"p": arg(node, 1, "p", 0.5), "training": arg(node, 2, "training", True), "feature": False}
+
+
+def pad_module(mod: nn.Module) -> Attrs:
+    """The ``F.pad`` mode of a padding module."""
+    return {"mode": next((PAD_MODES[c] for c in type(mod).__mro__ if c in PAD_MODES), None)}
+
+
+def pad_call(node: fx.Node) -> Attrs:
+    """The mode of an ``F.pad(x, pad, mode, value)`` call."""
+    return {"mode": arg(node, 2, "mode", "constant")}
+
+
+def pad_mode(node: fx.Node, mod: nn.Module | None) -> str | None:
+    """The ``F.pad`` mode of a padding module or of an ``F.pad`` call."""
+    return (pad_module(mod) if mod is not None else pad_call(node))["mode"]
