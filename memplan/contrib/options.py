@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..names import (
+    DATA_SOURCES,
+    DEFAULT_DATA,
     DEFAULT_ESTIMATOR,
     DEFAULT_EXECUTOR,
     DEFAULT_OPTIMIZER,
@@ -177,11 +179,7 @@ class Protocol(BaseModel):
 class DataOptions(Options):
     """The data, the backbone weights, the input of the runs and the splits."""
 
-    data: str = option(
-        "digits",
-        "digits (MNIST 5k), fashion-mnist (Debian's dataset-fashion-mnist), an image folder, an .npz with "
-        "x_train,y_train,x_test,y_test, or module:factory",
-    )
+    data: str = option(DEFAULT_DATA, f"the data, the first of these that reads it: {choices(DATA_SOURCES)}")
     weights: str | os.PathLike | None = option(
         None,
         "local state_dict (.pt, loaded with weights_only=True), or 'zoo' for the published weights of the zoo entry",
