@@ -2,12 +2,13 @@
 command line's help texts (answered without importing torch, which every one of these registries
 needs) and the options' defaults. Written once here:
 
-* each tuple is the registry's names in registration order; the registry is bound to it
-  (``Registry(what, names=...)``) and refuses a name not declared here, and
-  ``tests/test_options.py`` checks that it registers every one;
-* each ``DEFAULT_*`` is the one name used where nothing names one (a registered name; the same
-  test finds no signature, field default or ``or`` fallback in memplan/ that writes it again);
-* :func:`choices` writes a family in a help text.
+* each family is the registry's names in registration order (a tuple, or a mapping name -> what
+  help says of it); the registry is bound to it (``Registry(what, names=...)``) and refuses a
+  name not declared here, and ``tests/test_options.py`` checks that it registers every one;
+* each ``DEFAULT_*`` / ``*_MODE`` is the one name used where nothing names one (a registered
+  name; the same test finds no signature, field default or ``or`` fallback in memplan/ that
+  writes one of these families' names again);
+* :func:`choices` writes a family in a help text, :func:`listed` in a record's description.
 
 The objectives (``memplan.search.objective.OBJECTIVES``) import no torch: help reads that
 registry itself (each objective's summary); the plan layer's scheme records name them from here.
