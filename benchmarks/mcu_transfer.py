@@ -398,7 +398,7 @@ def record_evidence(runs: dict[str, dict], p: dict) -> list[str]:
     (``validation``: the rate chosen on the selection seed, the other rates as runners-up, the
     test seeds' accuracy), once its row has every test seed. Returns the files written."""
     from memplan.io import shipped
-    from memplan.plan.scheme import TestAccuracy, Training, Validation, load_scheme
+    from memplan.plan import TestAccuracy, Training, Validation, load_scheme
 
     rep = report(runs, ["fig9"], p)["experiments"]["fig9"]
     written = []

@@ -38,9 +38,10 @@ from .graph.capture import StepRun, capture_graph
 from .models import recorded_shape, resolve, sample_shape, zoo
 from .modes import get_mode
 from .modes.tinytraining import ConvUpdateCost, conv_update_costs
+from .names import DEFAULT_OPTIMIZER, PROFILE_MODE
 from .nn.transforms import replace_module, swap_norm
 from .optim import OPTIMIZERS
-from .options import DEFAULT_OPTIMIZER, with_keywords
+from .options import with_keywords
 from .plan.recorded import planned_for, scheme_input_shape, scheme_optimizer
 from .profile_options import Capture as CaptureOptions, CompareOptions, Costing, ProfileOptions
 from .strategies import as_prepared, changes_architecture, make_plan, transform_model
@@ -232,7 +233,7 @@ def profile_captured(
     if c.frozen_bits not in (8, 16, 32):
         raise BadOption(f"--frozen-bits must be 8, 16 or 32, got {c.frozen_bits}")
     device = load_device(c.target) if c.target is not None else None
-    mode = c.mode or (device.mode if device is not None else "pytorch")
+    mode = c.mode or (device.mode if device is not None else PROFILE_MODE)
     acc = get_mode(mode).configure(**(c.mode_options or {}))
     plan = make_plan(cap.graph, method, **options)
     meta = {"model": cap.name, "resolution": cap.resolution, "classes": cap.classes}

@@ -29,7 +29,7 @@ from .graph import LayerGraph, role, select_output, train_mode
 from .graph.kinds import NORM_KINDS
 from .graph.saved import SavedObserver
 from .modes import get_mode
-from .options import DEFAULT_OPTIMIZER
+from .names import DEFAULT_OPTIMIZER
 from .plan import Plan, grad_flow
 from .strategies import as_prepared
 

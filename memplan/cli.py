@@ -137,7 +137,7 @@ def compare(  # typer command: its own parameters (the strategies, the views), t
         None,
         "--methods",
         help="comma-separated strategies, method:K sets --blocks K, "
-        "e.g. full,bias,lastk:3,mobiletl:3 (default: full,last,norm,bias,lastk:3)",
+        "e.g. full,bias,lastk:3,mobiletl:3 (default: the strategies registered to be compared, Strategy.compare)",
     ),
     json_out: str | None = typer.Option(None, "--json", help="write all profiles as JSON to PATH ('-' = stdout)"),
     csv_out: str | None = typer.Option(None, "--csv", help="write one totals row per strategy as CSV to PATH"),

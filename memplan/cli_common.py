@@ -157,13 +157,12 @@ PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "validation": validation_arg,
     "key_values": lambda items, name: key_values(items, f"--{name}"),
     "repeated": lambda items, name: tuple(items),
-    "repeated_ints": lambda items, name: tuple(ints(",".join(items), name) or ()),
     "shape": lambda text, name: shape(text),
     "scheme": lambda text, name: scheme_arg(text),
     "none": lambda text, name: None if text.strip().lower() == "none" else text,
 }
 #: parsers of a repeatable option (``--leaf A --leaf B``): typer hands them the list of texts
-REPEATABLE = ("key_values", "repeated", "repeated_ints")
+REPEATABLE = ("key_values", "repeated")
 
 
 def _cli_type(name: str, field: Any) -> tuple[Any, str | None]:

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import names
 from .errors import BadOption
-from .options import DEFAULT_OPTIMIZER
 from .rates import FAMILIES, Rates, param_groups
 from .registry import Registry
 
@@ -42,7 +42,7 @@ class OptimizerSpec:
 
 
 #: optimizer name -> how it is built and the state it keeps
-OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer")
+OPTIMIZERS: Registry[OptimizerSpec] = Registry("optimizer", names=names.OPTIMIZERS)
 
 
 def register(name: str, states: int, description: str):
@@ -119,7 +119,8 @@ def make_optimizer(
     too (:func:`param_groups`: the scheme's ``training.rates``, the head ``training.classifier``).
     Without a scheme: ``sgd`` at 0.01."""
     training = getattr(scheme, "training", None)
-    name = name or (training.optimizer if training else None) or getattr(scheme, "optimizer", None) or DEFAULT_OPTIMIZER
+    recorded = (training.optimizer if training else None) or getattr(scheme, "optimizer", None)
+    name = name or recorded or names.DEFAULT_OPTIMIZER
     spec = OPTIMIZERS.choose(name)
     if isinstance(params, torch.nn.Module):
         if lr is None and training is not None and training.rates:

@@ -27,14 +27,10 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import BadOption
+from .names import DEFAULT_OPTIMIZER, MODES, OPTIMIZERS, PROFILE_MODE, SEARCH_MODE, choices
 
 OptionsT = TypeVar("OptionsT", bound="Options")
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: the accounting modes of ``memplan.modes.MODES``, named here so that help never imports torch
-#: (tests/test_cold_start.py checks that the two agree)
-MODE_NAMES = ("pytorch", "applied", "ideal", "tinytraining", "mcu", "mcu-nopatch", "mcu-accum", "tinytl")
-MODES_HELP = " | ".join(MODE_NAMES)
 
 
 def option(default: Any = None, description: str = "", *, flags: tuple[str, ...] = (), **cli: Any) -> Any:
@@ -196,8 +192,8 @@ Mode = Annotated[
     str | None,
     option(
         None,
-        f"accounting convention: {MODES_HELP} (README: Accounting modes; not given: the --target's mode, else "
-        "pytorch for profile / compare, tinytraining for search)",
+        f"accounting convention: {choices(MODES)} (README: Accounting modes; not given: the --target's mode, else "
+        f"{PROFILE_MODE} for profile / compare, {SEARCH_MODE} for search)",
     ),
 ]
 ModeOptions = Annotated[
@@ -210,18 +206,11 @@ ModeOptions = Annotated[
         parse="key_values",
     ),
 ]
-#: the optimizer trained and counted where neither the options, a scheme nor a profile names one
-#: (a name of ``memplan.optim.OPTIMIZERS``; tests/test_options.py checks it is one and that no
-#: signature, field or fallback writes it again)
-DEFAULT_OPTIMIZER = "sgd"
-#: where runs train unless told: a local process pool (a name of
-#: ``memplan.contrib.executors.EXECUTORS``, checked likewise)
-DEFAULT_EXECUTOR = "process"
 Optimizer = Annotated[
     str | None,
     option(
         None,
-        "sgd | sgd-momentum | adam, whose state is counted per trainable weight (not given: the one the scheme or "
+        f"{choices(OPTIMIZERS)}, whose state is counted per trainable weight (not given: the one the scheme or "
         f"the contribution profile records, else {DEFAULT_OPTIMIZER})",
     ),
 ]

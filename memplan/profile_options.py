@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, ClassVar
 
+from .names import DEFAULT_OPTIMIZER, SCHEDULES, choices
 from .options import (
-    DEFAULT_OPTIMIZER,
     Batch,
     Classes,
     FrozenBits,
@@ -65,9 +65,13 @@ class StrategyOptions(Options):
     as flags, any other as ``-o key=value`` (:meth:`given`)."""
 
     blocks: int | None = option(
-        None, "number of last blocks that train (lastk, mobiletl, cache-reuse)", flags=("--blocks", "-k")
+        None,
+        "number of last blocks that train (the strategies that take it: memplan methods)",
+        flags=("--blocks", "-k"),
     )
-    layers: int | None = option(None, "number of last conv/linear layers that train (lastk)")
+    layers: int | None = option(
+        None, "number of last conv/linear layers that train (the strategies that take it: memplan methods)"
+    )
     scheme: Any = option(  # a path, a shipped scheme's name, a dict or a memplan.plan.Scheme
         None,
         "sparse-update scheme: memplan scheme JSON, tiny-training backward_config, or the name of a shipped scheme "
@@ -75,9 +79,9 @@ class StrategyOptions(Options):
         "when given) unless --input-shape says otherwise",
         parse="scheme",
     )
-    bits: int | None = option(None, "bits per cached feature (cache-reuse, minilearn)")
-    samples: int | None = option(None, "number of training samples (cache-reuse, minilearn)")
-    epochs: int | None = option(None, "training epochs (cache-reuse)")
+    bits: int | None = option(None, "bits per cached feature (the strategies that take it: memplan methods)")
+    samples: int | None = option(None, "number of training samples (the strategies that take it: memplan methods)")
+    epochs: int | None = option(None, "training epochs (the strategies that take it: memplan methods)")
     strategy_options: dict[str, Any] | None = option(
         None,
         "other strategy option as key=value (repeatable), e.g. -o lite_kernel=3",
@@ -106,8 +110,7 @@ class Costing(Options):
     mode_options: ModeOptions = None
     schedule: str | None = option(
         None,
-        "training step of the simulated peak: standard (gradients kept until the optimizer step) or tte (the "
-        "Tiny Training Engine: each update applied in place during backward); default: the mode's",
+        f"training step of the simulated peak: {choices(SCHEDULES)}; default: the mode's",
     )
     calibration: str | os.PathLike | None = option(
         "cpu",
@@ -175,17 +178,11 @@ class CalibrateOptions(Options):
 
     methods: tuple[str, ...] | None = option(
         None,
-        "strategy to calibrate (repeatable; default: the strategies memplan compare shows)",
-        flags=("--method", "-m"),
-        parse="repeated",
+        "comma-separated strategies to calibrate, e.g. full,bias (default: the strategies memplan compare shows)",
+        parse="texts",
     )
-    batches: tuple[int, ...] = option((1,), "batch size (repeatable)", flags=("--batch", "-b"), parse="repeated_ints")
-    resolutions: tuple[int | None, ...] = option(
-        (None,),
-        "input side in px (repeatable; default: the model's)",
-        flags=("--resolution", "-r"),
-        parse="repeated_ints",
-    )
+    batch: Batch = 1
+    resolution: Resolution = None
     classes: Classes = None
     strategy: StrategyOptions = StrategyOptions()
     backend: str = option("cpu", "cpu or cuda")

@@ -2,12 +2,14 @@
 
 A :class:`Registry` is a read-only mapping that refuses a second entry under a name it holds
 (a programming error, raised at import) and turns an unknown name into the one-line user error
-``unknown <what> 'x'; choose one of: a, b, c``.
+``unknown <what> 'x'; choose one of: a, b, c``. A registry whose names must be known before it is
+imported (help texts, defaults) is bound to their tuple in :mod:`memplan.names` and refuses any
+other name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from importlib import import_module
 from typing import Any, Generic, TypeVar
 
@@ -17,11 +19,13 @@ T = TypeVar("T")
 
 
 class Registry(Mapping[str, T], Generic[T]):
-    """Names -> items, in registration order. ``what`` names an item in error messages."""
+    """Names -> items, in registration order. ``what`` names an item in error messages;
+    ``names``: the only names it takes (declared in :mod:`memplan.names`), None for any."""
 
-    def __init__(self, what: str, error: type[MemplanError] = BadOption):
+    def __init__(self, what: str, error: type[MemplanError] = BadOption, names: Collection[str] | None = None):
         self.what = what
         self.error = error
+        self.names = names
         self._items: dict[str, T] = {}
 
     def __getitem__(self, name: str) -> T:
@@ -46,6 +50,8 @@ class Registry(Mapping[str, T], Generic[T]):
         """Register ``item`` under ``name``; returns it. A name registered twice is a ValueError."""
         if name in self._items:
             raise ValueError(f"{self.what} {name!r} is registered twice")
+        if self.names is not None and name not in self.names:
+            raise ValueError(f"{self.what} {name!r} is not declared in memplan.names")
         self._items[name] = item
         return item
 

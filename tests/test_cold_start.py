@@ -62,8 +62,11 @@ def test_a_command_that_runs_does_import_torch():
 
 
 def test_mode_help_lists_the_mode_registry():
-    """--mode's help names the modes without importing them; the names are the registry's."""
+    """--mode's help names the modes without importing them; the names are the registry's
+    (tests/test_options.py checks every family of memplan.names likewise)."""
     from memplan.modes import MODES
-    from memplan.options import MODE_NAMES
+    from memplan.names import MODES as MODE_NAMES
+    from memplan.profile_options import Costing
 
     assert MODE_NAMES == tuple(MODES)
+    assert " | ".join(MODES) in Costing.model_fields["mode"].description

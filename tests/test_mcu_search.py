@@ -13,8 +13,7 @@ from memplan.cli import main
 from memplan.contrib.profile import load_profile
 from memplan.io import shipped
 from memplan.models.int8 import int8_model
-from memplan.plan import load_scheme
-from memplan.plan.scheme import TestAccuracy, Validation
+from memplan.plan import TestAccuracy, Validation, load_scheme
 from memplan.search import command
 from memplan.search.inputs import DEFAULT_MODEL, find_profile
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,30 @@ def test_the_options_several_workflows_take_are_declared_once():
     assert taking_mode == {"ProfileOptions", "CompareOptions", "SearchCommand", "ValidateOptions"}
 
 
+def test_a_flag_means_one_thing_on_every_command():
+    """A command-line spelling that several commands take is one option everywhere: the same field
+    name and the same kind of value (one value, a comma-separated list or a repeatable option), so
+    ``--batch 8`` is one batch size wherever it is written (``memplan calibrate`` included)."""
+    from memplan.cli_common import REPEATABLE, _cli_type
+
+    def kind(name: str, field) -> str:
+        parse = _cli_type(name, field)[1]
+        return "repeatable" if parse in REPEATABLE else "list" if parse in ("ints", "floats", "texts") else "one"
+
+    meaning: dict[str, set[tuple[str, str]]] = {}
+    for cls in COMMANDS.values():
+        for name, (_, field) in cls.leaves().items():
+            extra = cli_extra(field)
+            if extra.get("cli") is False:
+                continue
+            for flag in extra.get("flags") or (f"--{name.replace('_', '-')}",):
+                meaning.setdefault(flag, set()).add((name, kind(name, field)))
+    assert {flag: m for flag, m in meaning.items() if len(m) > 1} == {}
+    for name in ("batch", "resolution"):  # the shared annotated types of memplan.options, nothing else
+        (where,) = _declarations(name)
+        assert where.startswith("memplan/options.py:"), where
+
+
 def test_profile_keywords_and_the_object_are_one_thing():
     """``profile(m, "bias", mode=..., batch=...)`` is ``profile(m, ProfileOptions(...))``; a keyword
     that is no option is a strategy option (a wrong one is refused by the strategy)."""
@@ -158,33 +183,136 @@ def test_options_objects_are_never_changed():
         opts.capture.batch = 3  # frozen
 
 
-def test_the_fallback_optimizer_and_executor_are_written_once():
-    """The optimizer and the executor used where nothing names one are one constant each
-    (``memplan.options``), a registered name; no signature default, field default or ``or``
-    fallback in memplan/ writes a registered optimizer or executor name again (the registries'
-    own registrations and the legacy-momentum table are where the names are defined)."""
+#: every family memplan.names declares -> its registry (a Registry bound to the names, or a table)
+def _families() -> dict[str, tuple[tuple[str, ...], object]]:
+    from memplan import names
+    from memplan.contrib.data import SOURCES
+    from memplan.contrib.estimators import ESTIMATORS
     from memplan.contrib.executors import EXECUTORS
+    from memplan.costs.peak import SCHEDULES
+    from memplan.graph.conv import COMPUTED_SELECT_RULES
+    from memplan.modes import MODES
     from memplan.optim import OPTIMIZERS
-    from memplan.options import DEFAULT_EXECUTOR, DEFAULT_OPTIMIZER
+    from memplan.search.memory import METRICS
+    from memplan.search.methods import METHODS
+    from memplan.search.objective import OBJECTIVES
 
-    assert DEFAULT_OPTIMIZER in OPTIMIZERS and DEFAULT_EXECUTOR in EXECUTORS
-    names = set(OPTIMIZERS) | set(EXECUTORS)
+    return {
+        "MODES": (tuple(names.MODES), MODES),
+        "OPTIMIZERS": (tuple(names.OPTIMIZERS), OPTIMIZERS),
+        "EXECUTORS": (tuple(names.EXECUTORS), EXECUTORS),
+        "ESTIMATORS": (tuple(names.ESTIMATORS), ESTIMATORS),
+        "SEARCH_METHODS": (tuple(names.SEARCH_METHODS), METHODS),
+        "OBJECTIVES": (tuple(names.OBJECTIVES), OBJECTIVES),
+        "METRICS": (tuple(names.METRICS), METRICS),
+        "SCHEDULES": (tuple(names.SCHEDULES), SCHEDULES),
+        "SELECT_RULES": (tuple(names.SELECT_RULES), COMPUTED_SELECT_RULES),
+        "DATA_SOURCES": (tuple(names.DATA_SOURCES), SOURCES),
+    }
+
+
+def test_the_names_help_shows_are_the_registries():
+    """Help texts name each family from memplan.names (no torch import); each registry holds exactly
+    those names, in order, and every registry bound to memplan.names is one of them (a registry
+    bound to them refuses any other name at import)."""
+    import sys
+
+    from memplan.registry import Registry
+
+    families = _families()
+    for family, (declared, registry) in families.items():
+        assert declared == tuple(registry), family
+    bound = {
+        id(v)
+        for m in list(sys.modules.values())
+        if getattr(m, "__name__", "").startswith("memplan")
+        for v in vars(m).values()
+        if isinstance(v, Registry) and v.names is not None
+    }
+    assert bound <= {id(r) for _, r in families.values()}
+    with pytest.raises(ValueError, match="not declared"):
+        Registry("optimizer", names=("sgd",)).add("sgd-typo", object())
+
+
+def _option_texts(tree: ast.AST):
+    """The string constants of every option's description and every typer help in ``tree`` (a part
+    of an f-string that is computed is no constant: a list derived from memplan.names is not one)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        fn = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+        if fn in ("option", "Field"):
+            texts = [kw.value for kw in node.keywords if kw.arg == "description"] + node.args[1:2]
+        elif fn in ("Option", "Argument"):
+            texts = [kw.value for kw in node.keywords if kw.arg == "help"]
+        else:
+            continue
+        yield from (c for t in texts for c in ast.walk(t) if isinstance(c, ast.Constant) and isinstance(c.value, str))
+
+
+def _listed_by_hand(text: str, families: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The families of which ``text`` lists two or more names (``a | b``, ``a, b``, each name
+    the first or last word of its piece); examples (``e.g. ...``) are no list of choices."""
+    text = re.sub(r"e\.g\.[^);]*", "", text)
+    pieces = [re.findall(r"[\w+\-]+", p) for p in re.split(r"\s*[|,]\s*", text)]
+    ends = [{p[0], p[-1]} for p in pieces if p]
+    found = {f: [e for e in ends if e & fam] for f, fam in families.items()}
+    return {f: [sorted(e)[0] for e in hit] for f, hit in found.items() if len(hit) >= 2}
+
+
+def test_help_texts_take_registered_names_from_their_registry():
+    """No option description or command help in memplan/ lists registered names by hand (it writes
+    ``choices(OPTIMIZERS)`` from memplan.names, so a new optimizer shows up in every help); the
+    rule catches the lists written before (`"sgd | sgd-momentum | adam"`)."""
+    from memplan.strategies.base import STRATEGIES
+
+    families = {f: set(declared) for f, (declared, _) in _families().items()}
+    families["STRATEGIES"] = set(STRATEGIES)
+    assert _listed_by_hand("sgd | sgd-momentum | adam, whose state is counted", families) == {
+        "OPTIMIZERS": ["sgd", "sgd-momentum", "adam"]
+    }
+    assert _listed_by_hand("number of last blocks (lastk, mobiletl); e.g. full,bias", families) == {
+        "STRATEGIES": ["lastk", "mobiletl"]
+    }
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for const in _option_texts(ast.parse(path.read_text(encoding="utf-8"))):
+            if hit := _listed_by_hand(const.value, families):
+                found.append(f"{path.relative_to(ROOT)}:{const.lineno} {hit}")
+    assert not found, f"registered names listed by hand (use memplan.names' choices / listed): {found}"
+
+
+def test_defaults_of_registered_families_are_written_once():
+    """The optimizer, executor, estimator, selection rule, schedule, metric and modes used where
+    nothing names one are constants of memplan.names (each a registered name); no signature
+    default, field default or ``or`` fallback in memplan/ writes a registered name of these
+    families again (the registries' own registrations and the legacy-momentum table are where the
+    names are defined)."""
+    from memplan import names
+    from memplan.search.objective import DEFAULT_OBJECTIVE, PLAIN_OBJECTIVE
+
+    families = _families()
+    registered = {n for declared, _ in families.values() for n in declared}
+    defaults = {k: getattr(names, k) for k in dir(names) if k.startswith("DEFAULT_") or k.endswith("_MODE")}
+    defaults |= {"DEFAULT_OBJECTIVE": DEFAULT_OBJECTIVE, "PLAIN_OBJECTIVE": PLAIN_OBJECTIVE}
+    assert {k for k, v in defaults.items() if v not in registered} == set()
+    assert names.DEFAULT_OPTIMIZER in families["OPTIMIZERS"][1] and names.DEFAULT_EXECUTOR in families["EXECUTORS"][1]
 
     def named(node: ast.AST | None) -> bool:
-        return isinstance(node, ast.Constant) and node.value in names
+        return isinstance(node, ast.Constant) and node.value in registered
 
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                defaults = [*node.args.defaults, *node.args.kw_defaults]
+                written = [*node.args.defaults, *node.args.kw_defaults]
             elif isinstance(node, ast.AnnAssign):
-                defaults = [node.value]
+                written = [node.value]
             elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
-                defaults = node.values
+                written = node.values
             elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("option", "Field"):
-                defaults = node.args[:1]
+                written = node.args[:1]
             else:
                 continue
-            found += [f"{path.relative_to(ROOT)}:{d.lineno}" for d in defaults if named(d)]
-    assert not found, f"a default optimizer / executor written by hand (use memplan.options' constant): {found}"
+            found += [f"{path.relative_to(ROOT)}:{d.lineno} {d.value!r}" for d in written if named(d)]
+    assert not found, f"a default of a registered family written by hand (use memplan.names' constant): {found}"

@@ -26,9 +26,13 @@ def test_calibrate_then_profile_counts_the_workspaces(tmp_path, monkeypatch, cap
     args = ["profile", "mcunet-5fps", "-m", "bias", "-r", "32", "-b", "2"]
     code, out, _ = run(args, capsys)
     assert code == 0 and "kernel workspaces: missing" in out and "memplan calibrate mcunet-5fps" in out
-    code, out, _ = run(["calibrate", "mcunet-5fps", "-m", "bias", "-r", "32", "-b", "2", "--threads", "1"], capsys)
+    code, out, _ = run(
+        ["calibrate", "mcunet-5fps", "--methods", "bias", "-r", "32", "-b", "2", "--threads", "1"], capsys
+    )
     assert code == 0 and "kernel configurations" in out and str(tmp_path) in out.replace("\n", "")
-    code, out, _ = run(["calibrate", "mcunet-5fps", "-m", "bias", "-r", "32", "-b", "2", "--threads", "1"], capsys)
+    code, out, _ = run(
+        ["calibrate", "mcunet-5fps", "--methods", "bias", "-r", "32", "-b", "2", "--threads", "1"], capsys
+    )
     assert code == 0 and " 0 measured now" in out
     code, out, _ = run(args + ["--json", "-"], capsys)
     data = json.loads(out)
@@ -96,7 +100,19 @@ def test_calibrate_keeps_stderr_free_of_profiler_lines(tmp_path):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "memplan", "calibrate", "mcunet-5fps", "-m", "bias", "-r", "32", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "memplan",
+        "calibrate",
+        "mcunet-5fps",
+        "--methods",
+        "bias",
+        "-r",
+        "32",
+        "--threads",
+        "1",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
     err = {}
     for level in (None, "5"):

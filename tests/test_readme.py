@@ -3,12 +3,13 @@
 
 The collector reads each block's info string: the language (``bash`` / ``sh`` run as one shell
 script with ``set -e``, ``memplan`` and ``python`` on PATH; ``python`` runs in a subprocess;
-``text`` is output shown, never run), then flags: ``slow`` puts the block behind the slow marker;
-``no-run`` skips it, and its first line must be a comment saying why (visible in the rendered
-page). A block in any other language, or with an unknown flag, fails. Blocks run in one scratch
-copy of the repository's tracked files, file by file and in order within a file (the tutorial's
-later blocks use what its earlier ones wrote), so a command writing ``search/...`` or
-``layers.csv`` changes nothing here.
+``text`` is output shown, never run: tests/test_readme_outputs.py compares the README's with the
+real output), then flags: ``slow`` puts the block behind the slow marker; ``no-run`` skips it,
+and its first line must be a comment saying why (visible in the rendered page). A block in any
+other language, or with an unknown flag, fails. Blocks run in one scratch copy of the
+repository's tracked files, file by file and in order within a file (the tutorial's later blocks
+use what its earlier ones wrote), so a command writing ``search/...`` or ``layers.csv`` changes
+nothing here.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the same checks per model x full / bias / norm / last, batch 2 (``tests/corpus.c
    no_grad, where the encoder's fast path runs, and with autograd on), the train-mode loss identical
    and gradients close, and the ``applied`` prediction == saved_tensors_hooks on the applied model.
 
-These modules are captured through their parts (``graph.kinds.is_composite_module``): no part of
+These modules are captured through their parts (``graph.composite.is_composite_module``): no part of
 them is observed whole, so the kernel a part runs (the fused SDPA kernel of ``need_weights=False``)
 comes from the rule that asks torch, and their parameters (LayerNorms, in-projection biases) are the
 strategies' to train. By default a fast selection runs; the whole corpus with ``pytest -m slow``.

@@ -31,6 +31,7 @@ from ..errors import BadOption
 from ..graph import LayerGraph, role
 from ..io import read_json, shipped, validated
 from ..modes import MODES, get_mode
+from ..names import DEVICE_MODE
 
 #: the shipped device profiles (package data)
 DEVICES_DIR = shipped("profiles") / "devices"
@@ -44,7 +45,7 @@ class Device(BaseModel):
     sram_bytes: int = Field(gt=0)
     flash_bytes: int | None = Field(None, gt=0)
     reserve_bytes: int = Field(ge=0)
-    mode: str = "mcu"
+    mode: str = DEVICE_MODE
     runtime_bytes: int = Field(0, ge=0)
     notes: list[str] = Field(default_factory=list)
 

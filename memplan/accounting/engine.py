@@ -21,7 +21,7 @@ from ..graph import LayerGraph, role
 from ..graph.execution import with_recompute
 from ..graph.kinds import MAC_KINDS
 from ..modes import Mode
-from ..options import DEFAULT_OPTIMIZER
+from ..names import DEFAULT_OPTIMIZER
 from ..plan import OpView, Plan, grad_flow, updated_weight_numel
 from .recompute import Recomputation, recompute
 

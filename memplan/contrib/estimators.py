@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .. import names
 from ..graph import ConvLayer
 from ..nn.lean.conv import select_channels
 from ..registry import Registry
@@ -102,7 +103,7 @@ class Estimator:
 
 
 #: estimator name -> how a profile's entries are measured
-ESTIMATORS: Registry[Estimator] = Registry("contribution estimator")
+ESTIMATORS: Registry[Estimator] = Registry("contribution estimator", names=names.ESTIMATORS)
 
 
 def estimator(name: str, *, units: str, description: str, runs: str = "protocol"):

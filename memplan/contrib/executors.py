@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import names
 from ..errors import BadOption, MemplanError
 from ..models.loading import portable
-from ..options import DEFAULT_EXECUTOR
 from ..registry import Registry
 from .protocol import RunSpec
 from .runner import Context, SchemeRun, Worker
@@ -50,7 +50,7 @@ class Executor:
 
 
 #: executor name -> where and how the runs execute
-EXECUTORS: Registry[Executor] = Registry("executor")
+EXECUTORS: Registry[Executor] = Registry("executor", names=names.EXECUTORS)
 
 
 def available_cores() -> int:
@@ -201,7 +201,7 @@ def execute(
     specs: Sequence[Job],
     *,
     workers: int = 1,
-    executor: str = DEFAULT_EXECUTOR,
+    executor: str = names.DEFAULT_EXECUTOR,
     address: str | None = None,
     key: str = "",
 ) -> Iterator[dict]:

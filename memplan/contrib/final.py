@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import BadOption
-from ..options import DEFAULT_EXECUTOR
+from ..names import DEFAULT_EXECUTOR
 from ..plan import Scheme, scheme_to_plan
 from .data import Data
 from .executors import execute, num_threads

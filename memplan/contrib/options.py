@@ -18,7 +18,20 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..options import DEFAULT_EXECUTOR, DEFAULT_OPTIMIZER, Options, Resolution, option
+from ..names import (
+    DATA_SOURCES,
+    DEFAULT_DATA,
+    DEFAULT_ESTIMATOR,
+    DEFAULT_EXECUTOR,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_SELECT,
+    ESTIMATORS,
+    EXECUTORS,
+    OPTIMIZERS,
+    SELECT_RULES,
+    choices,
+)
+from ..options import Options, Resolution, option
 from ..rates import Rates
 
 #: protocol fields added after checkpoints were written, with the value those checkpoints imply
@@ -54,7 +67,7 @@ class Protocol(BaseModel):
     lr_norm: float | None = Field(None, gt=0, description="learning rate of norm scales; None: lr_bias")
     optimizer: str = Field(
         DEFAULT_OPTIMIZER,
-        description="sgd | sgd-momentum | adam (memplan.optim): the one optimizer of the linear probe and every run "
+        description=f"{choices(OPTIMIZERS)} (memplan.optim): the one optimizer of the linear probe and every run "
         "(its state is what memplan search counts for schemes searched from this profile)",
     )
     probe_epochs: int = Field(20, ge=1, description="epochs of the linear probe that every run starts from")
@@ -72,7 +85,7 @@ class Protocol(BaseModel):
         "decides",
     )
     select: str = Field(
-        "magnitude+", description="channel selection rule of sub-channel updates: magnitude+ | magnitude- | random"
+        DEFAULT_SELECT, description=f"channel selection rule of sub-channel updates: {choices(SELECT_RULES)}"
     )
     lr_grid: tuple[float, ...] | None = Field(
         None,
@@ -130,19 +143,15 @@ class Protocol(BaseModel):
     @field_validator("optimizer")
     @classmethod
     def _optimizer(cls, v: str) -> str:
-        from ..optim import OPTIMIZERS
-
-        if v not in OPTIMIZERS:
+        if v not in OPTIMIZERS:  # the registry's names (memplan.names)
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
         return v
 
     @field_validator("select")
     @classmethod
     def _select(cls, v: str) -> str:
-        from ..graph.conv import COMPUTED_SELECT_RULES
-
-        if v not in COMPUTED_SELECT_RULES:  # importance names channels per layer, which a protocol cannot
-            raise ValueError(f"select must be one of {', '.join(COMPUTED_SELECT_RULES)}")
+        if v not in SELECT_RULES:  # importance names channels per layer, which a protocol cannot
+            raise ValueError(f"select must be one of {', '.join(SELECT_RULES)}")
         return v
 
     def identity(self, exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -170,11 +179,7 @@ class Protocol(BaseModel):
 class DataOptions(Options):
     """The data, the backbone weights, the input of the runs and the splits."""
 
-    data: str = option(
-        "digits",
-        "digits (MNIST 5k), fashion-mnist (Debian's dataset-fashion-mnist), an image folder, an .npz with "
-        "x_train,y_train,x_test,y_test, or module:factory",
-    )
+    data: str = option(DEFAULT_DATA, f"the data, the first of these that reads it: {choices(DATA_SOURCES)}")
     weights: str | os.PathLike | None = option(
         None,
         "local state_dict (.pt, loaded with weights_only=True), or 'zoo' for the published weights of the zoo entry",
@@ -211,7 +216,7 @@ class Execution(Options):
         "resume); none: nothing kept on disk",
     )
     workers: int = option(1, "parallel runs (a local process pool, or Ray tasks)", flags=("--workers", "-j"))
-    executor: str = option(DEFAULT_EXECUTOR, "process | ray (memplan.contrib.executors)")
+    executor: str = option(DEFAULT_EXECUTOR, f"where the runs train: {choices(EXECUTORS)}")
     address: str | None = option(None, "Ray cluster address (with --executor ray)")
     cache: bool = option(
         True,
@@ -232,11 +237,10 @@ class Estimate(Options):
     """What fills the profile's entries (``memplan.contrib.estimators``)."""
 
     estimator: str = option(
-        "grid",
-        "grid (fine-tuning runs, Δacc) | probe (one short epoch per entry) | fisher (empirical Fisher) | "
-        "rgn (relative gradient norm); the profile records which, with its units",
+        DEFAULT_ESTIMATOR,
+        f"{choices(ESTIMATORS)}; the profile records which, with its units",
     )
-    batches: int = option(8, "mini-batches of the fisher / rgn gradients (and of the probe's one epoch)")
+    batches: int = option(8, "mini-batches of an estimator's gradients (and of the probe's one epoch)")
     rank_by: str | os.PathLike | None = option(
         None,
         "a profile of the same model (an estimator's, in seconds): with --weight-layers N the weight runs are for "

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..errors import MemplanError
 from ..graph import ConvLayer
 from ..io import write_text
+from ..names import DEFAULT_ESTIMATOR, ESTIMATORS
 from .adaptive import paired_deltas, standard_error
 from .protocol import Protocol, RunSpec
 
@@ -118,7 +119,8 @@ class ContribProfile(BaseModel):
     noise: Noise | None = Field(None, description="seed noise of the runs (None: no runs, a gradient estimator)")
     runs: list[RunRecord] = Field(default_factory=list)
     estimator: str = Field(
-        "grid", description="memplan.contrib.estimators name that measured the entries (grid, probe, fisher, rgn)"
+        DEFAULT_ESTIMATOR,
+        description=f"memplan.contrib.estimators name that measured the entries ({', '.join(ESTIMATORS)})",
     )
     units: str = Field(DELTA_ACC_UNITS, description="what one entry measures, in words with its unit")
     channel_importance: dict[str, list[float]] = Field(

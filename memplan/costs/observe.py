@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..graph import LayerGraph, TensorInfo, flatten, role
 from ..graph.attention import MATH, SDPA_ARGS, cpu_backend, sdpa_call
-from ..graph.kinds import COMPOSITE_FUNCTIONS, composite_body
+from ..graph.composite import COMPOSITE_FUNCTIONS, composite_body
 from ..graph.saved import SavedObserver, storage_key
 from ..plan import OpView
 from .records import Saved

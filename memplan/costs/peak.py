@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from ..errors import BadOption
 from ..graph import LayerGraph
+from ..names import DEFAULT_SCHEDULE
 from ..plan import OpView
 from .records import Saved
 
@@ -55,7 +56,7 @@ class PeakOptions:
     """How the step runs: ``schedule`` (:data:`SCHEDULES`), per-node kernel workspaces (forward,
     backward bytes; None = not modelled) and what recomputation saves again in the backward."""
 
-    schedule: str = "standard"
+    schedule: str = DEFAULT_SCHEDULE
     workspace_forward: Sequence[int] | None = None
     workspace_backward: Sequence[int] | None = None
     #: tensors saved again by a recomputation (activation checkpointing): (node at whose backward it is

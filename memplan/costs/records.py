@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..names import DEFAULT_SCHEDULE
+
 #: node kinds left out of ``Profile.layers`` (shape queries, the graph's input and output)
 HIDDEN_KINDS = frozenset({"meta", "input", "output"})
 
@@ -103,7 +105,7 @@ class Profile:
     observed_ops: dict[str, int] = field(default_factory=dict)  # ops costed by observation, by target
     capture: str = "symbolic"  # how the model was captured: "symbolic" (torch.fx) or "recorded" (eager on meta)
     check: dict[str, Any] | None = None  # memplan.check result when asked: predicted / observed bytes, differing
-    schedule: str = "standard"  # training step of the simulated peak: standard | tte (in-place update in backward)
+    schedule: str = DEFAULT_SCHEDULE  # training step of the simulated peak (memplan.costs.peak.SCHEDULES)
     # kernel workspaces in the peak: status calibrated | partial | missing | not modelled, source (machine),
     # configs (distinct kernel configurations), missing (those without a calibration entry)
     workspace: dict[str, Any] = field(default_factory=dict)

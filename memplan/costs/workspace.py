@@ -36,14 +36,12 @@ import torch.fx as fx
 
 from ..errors import BadOption
 from ..graph import TensorInfo, role
-from ..graph.kinds import NORM_KINDS
+from ..graph.kinds import NO_KERNEL, NORM_KINDS
 from ..io import read_json, write_text
 from ..plan import OpView
 
 #: calibration file format version
 CALIBRATION_VERSION = 1
-#: kinds that never run a kernel (views, shape queries, graph boundaries)
-NO_KERNEL = frozenset({"input", "output", "param", "meta", "getitem", "view", "identity", "cast"})
 BACKENDS = ("cpu", "cuda")
 
 

@@ -23,8 +23,8 @@ import torch.nn as nn
 from ..errors import MemplanError
 from .attrs import _call_args, _call_attrs, _functional_attrs, _module_attrs, _param_source
 from .checkpoint import SEGMENT_META, SEGMENTS_META
-from .kinds import FUNCTIONAL_LAYERS
-from .layout import _pad_mode, flatten
+from .kinds import FUNCTIONAL_LAYERS, KINDS
+from .layout import flatten
 from .meta_runner import _MetaRunner
 from .model import TAG_ATTR, WRAP_ATTR, CheckpointSegment, LayerGraph, Node, Param, TensorInfo, role
 from .saved import storage_key
@@ -190,8 +190,6 @@ class GraphBuilder:
         if kind == "cast" and outs and ops.in_tensors and outs[0].storage == ops.in_tensors[0].storage:
             kind = "identity"  # autocast leaves an operand already in its dtype as it is
         layer = self.layer_of(fxn, kind, mod, ops)
-        if kind == "pad":
-            layer.attrs["mode"] = _pad_mode(fxn, mod)
         layer_name = layer.name if layer.name and layer.name not in self.layer_names else fxn.name
         self.layer_names.add(layer_name)
         scopes = self.scopes(fxn)
@@ -294,8 +292,9 @@ class GraphBuilder:
         attrs["operands"] = {
             k: ops.in_fx.index(v) for k, v in args.items() if isinstance(v, fx.Node) and v in ops.in_fx
         }
-        if lkind == "sdpa" and "query" in attrs["operands"]:  # its "input" (grad_input) is the query
-            attrs["operands"]["input"] = attrs["operands"]["query"]
+        first = KINDS[lkind].input_arg
+        if first != "input" and first in attrs["operands"]:  # its "input" (grad_input) is another argument
+            attrs["operands"]["input"] = attrs["operands"][first]
         for pname in ("weight", "bias"):
             qual = _param_source(args.get(pname), self.gm)
             if qual is not None:

@@ -17,16 +17,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import names
 from .kinds import NORM_KINDS
 from .model import LayerGraph, Node
 
 #: channel selections computed from the weight when a sub-channel update is applied
 #: (tiny-training's ``weight_select_criteria``): largest / smallest weight norm first, or a
 #: seeded random subset
-COMPUTED_SELECT_RULES = ("magnitude+", "magnitude-", "random")
+COMPUTED_SELECT_RULES = names.SELECT_RULES
 #: the selection that names its channels explicitly: the indices ranked highest by an
 #: estimator's per-channel importance on the target data (``memplan.nn.lean.top_channels``)
-EXPLICIT_SELECT = "importance"
+EXPLICIT_SELECT = names.EXPLICIT_SELECT
 #: every channel selection rule of a sub-channel update
 SELECT_RULES = (*COMPUTED_SELECT_RULES, EXPLICIT_SELECT)
 

@@ -1,8 +1,14 @@
 """Canonical op kinds: every traced node (module, function or method call) maps to one kind.
 
-Cost rules (FLOPs in ``memplan.costs.flops``, saved tensors in ``memplan.modes``) are
-registered per kind, so a model is never special-cased: supporting a new op means adding its
-kind here and one rule per registry. Anything that maps to no kind is reported as unknown,
+Each kind is one entry of :data:`KINDS` (:func:`kind`): how capture recognises it (module
+classes, functions, Tensor methods, a functional form's arguments), its traits (MAC work, norm,
+trainable parameters, activation, 0/1-mask gradient, elementwise layout, free), its "other"
+FLOPs per element and the attributes capture records of a call; the tables the graph layer reads
+(:data:`MODULE_KINDS`, :data:`NORM_KINDS`, ...) are derived from the entries. Cost rules (FLOPs in
+``memplan.costs.flops``, saved tensors in ``memplan.modes``) are registered per kind name, so a
+model is never special-cased: supporting a new op means one ``kind(...)`` here and one rule per
+registry (``tests/test_kinds.py`` checks that the FLOP rules and the ``pytorch`` mode cover every
+kind, and that no rule names an unknown one). Anything that maps to no kind is reported as unknown,
 with counts. A module class may declare its own kind with a ``memplan_kind`` class attribute
 (memplan's lean modules do); :func:`module_kind` reads it first, so the kind of a module never
 depends on what has been imported.
@@ -11,7 +17,8 @@ depends on what has been imported.
 from __future__ import annotations
 
 import operator
-import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,228 +26,281 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..registry import Registry
 from .attention import SDPA_ARGS
 from .autocast import autocast_cast
+from .readers import (
+    PAD_MODES,
+    Attrs,
+    arg,
+    conv_layer,
+    dropout_call,
+    dropout_module,
+    getitem_call,
+    layernorm_layer,
+    pad_call,
+    pad_module,
+)
+
+#: the traits a kind may have (:attr:`Kind.traits`)
+TRAITS = frozenset({"mac", "norm", "param", "activation", "mask", "elementwise", "free"})
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Everything the graph layer knows about one op kind, in one entry (the costs and the modes
+    register their rules per kind name: ``@flop_rule("kind")``, ``@<mode>.rule("kind")``;
+    ``tests/test_kinds.py`` checks that the FLOP rules and the ``pytorch`` mode cover every kind
+    and that no rule names a kind that is not registered).
+
+    * how capture recognises it: ``modules`` (``torch.nn`` classes whose forward it is; a subclass
+      too, see :func:`stock_kind`), ``functions`` (callables: ``torch``, ``F``, ``operator``),
+      ``methods`` (``Tensor`` method names), ``layer`` (a functional form's argument names in call
+      order, for the functions that take parameters: ``F.conv2d``, ``F.linear``, ...;
+      ``layer_functions`` overrides them per function, ``addmm(bias, x, w.t())``; ``input_arg``:
+      the argument that is its input, whose gradient is grad_input: the query of attention);
+    * ``traits``: ``mac`` (forward FLOPs = 2 x MACs), ``norm`` (scale = ``weight``, shift =
+      ``bias``), ``param`` (parameters the strategies train), ``activation``, ``mask`` (its
+      gradient is a 0/1 mask of the input: 1 bit suffices), ``elementwise`` (a TensorIterator op:
+      its output layout follows its inputs'), ``free`` (no computation, no saved tensors);
+    * ``flops``: "other" FLOPs per output element of an elementwise or reduction op (None: its
+      own FLOP rule); ``kernel``: whether it runs a kernel with a workspace (calibration);
+    * what capture records of a call: ``module_attrs(module)``, ``call_attrs(fx node)``,
+      ``layer_attrs(bound argument values)`` of a functional form (``memplan.graph.attrs``).
+    """
+
+    name: str
+    modules: tuple[type, ...] = ()
+    functions: tuple[object, ...] = ()
+    methods: tuple[str, ...] = ()
+    traits: frozenset[str] = frozenset()
+    flops: int | None = None
+    kernel: bool = True
+    layer: tuple[str, ...] = ()
+    layer_functions: dict[object, tuple[str, ...]] = field(default_factory=dict)
+    input_arg: str = "input"
+    module_attrs: Callable[[nn.Module], Attrs] | None = None
+    call_attrs: Callable[[fx.Node], Attrs] | None = None
+    layer_attrs: Callable[[dict[str, Any]], Attrs] | None = None
+
+
+#: op kind name -> its entry (:class:`Kind`)
+KINDS: Registry[Kind] = Registry("op kind")
+
+
+def kind(name: str, *traits: str, **fields: Any) -> Kind:
+    """Register the op kind ``name`` with ``traits`` and the other fields of :class:`Kind`; a
+    module class, function or method another kind claims is refused (ValueError at import)."""
+    if not set(traits) <= TRAITS:
+        raise ValueError(f"op kind {name!r}: unknown traits {sorted(set(traits) - TRAITS)}")
+    entry = Kind(name, traits=frozenset(traits), **fields)
+    for other in KINDS.values():
+        for what in ("modules", "functions", "methods"):
+            both = [x for x in getattr(entry, what) if x in getattr(other, what)]
+            if both:
+                raise ValueError(f"op kind {name!r}: {what} {both} already belong to {other.name!r}")
+    return KINDS.add(name, entry)
+
+
+def with_trait(trait: str) -> frozenset[str]:
+    """The kinds that have ``trait``."""
+    return frozenset(n for n, k in KINDS.items() if trait in k.traits)
+
+
+kind(
+    "conv",
+    "mac",
+    "param",
+    modules=(nn.Conv1d, nn.Conv2d, nn.Conv3d),
+    functions=(F.conv1d, F.conv2d, F.conv3d),
+    layer=("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+    module_attrs=lambda m: {"weight_shape": tuple(m.weight.shape)},
+    layer_attrs=conv_layer,
+)
+kind(
+    "linear",
+    "mac",
+    "param",
+    modules=(nn.Linear,),
+    functions=(F.linear, torch.addmm),
+    layer=("input", "weight", "bias"),
+    layer_functions={torch.addmm: ("bias", "input", "weight")},  # addmm(bias, x, w.t()): the weight transposed
+)
+kind("matmul", "mac", functions=(operator.matmul, torch.matmul, torch.mm, torch.bmm), methods=("matmul",))
+kind(
+    "sdpa",
+    "mac",
+    functions=(F.scaled_dot_product_attention,),
+    layer=SDPA_ARGS,
+    input_arg="query",
+    layer_attrs=lambda args: {
+        k: args.get(k, d) for k, d in (("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False))
+    },
+)
+kind(
+    "batchnorm",
+    "norm",
+    "param",
+    modules=(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d),
+    functions=(F.batch_norm,),
+    layer=("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
+    module_attrs=lambda m: {"running_stats": getattr(m, "running_mean", None) is not None},
+    layer_attrs=lambda args: {"running_stats": args.get("running_mean") is not None},
+)
+kind(
+    "groupnorm",
+    "norm",
+    "param",
+    modules=(nn.GroupNorm,),
+    functions=(F.group_norm,),
+    layer=("input", "num_groups", "weight", "bias", "eps"),
+    layer_attrs=lambda args: {"num_groups": args["num_groups"]},
+)
+kind(
+    "layernorm",
+    "norm",
+    "param",
+    modules=(nn.LayerNorm,),
+    functions=(F.layer_norm,),
+    layer=("input", "normalized_shape", "weight", "bias", "eps"),
+    layer_attrs=layernorm_layer,
+)
+# activations: FLOPs per output element ("other" FLOPs); mask: the gradient is a 0/1 mask of the input
+kind(
+    "relu",
+    "activation",
+    "mask",
+    "elementwise",
+    flops=1,
+    modules=(nn.ReLU,),
+    functions=(F.relu, torch.relu, torch.relu_, F.relu_),
+    methods=("relu", "relu_"),
+)
+kind(
+    "hardtanh",
+    "activation",
+    "mask",
+    "elementwise",
+    flops=2,
+    modules=(nn.ReLU6, nn.Hardtanh),
+    functions=(F.relu6, F.hardtanh, F.hardtanh_, torch.clamp),
+    methods=("clamp", "clamp_"),
+)
+kind(
+    "leaky_relu",
+    "activation",
+    "mask",
+    "elementwise",
+    flops=2,
+    modules=(nn.LeakyReLU,),
+    functions=(F.leaky_relu, F.leaky_relu_),
+)
+kind("hardswish", "activation", "elementwise", flops=4, modules=(nn.Hardswish,), functions=(F.hardswish,))
+kind("hardsigmoid", "activation", "elementwise", flops=3, modules=(nn.Hardsigmoid,), functions=(F.hardsigmoid,))
+kind("silu", "activation", "elementwise", flops=4, modules=(nn.SiLU,), functions=(F.silu,))
+kind("gelu", "activation", "elementwise", flops=8, modules=(nn.GELU,), functions=(F.gelu,))
+kind(
+    "sigmoid",
+    "activation",
+    "elementwise",
+    flops=4,
+    modules=(nn.Sigmoid,),
+    functions=(torch.sigmoid, torch.sigmoid_, F.sigmoid),
+    methods=("sigmoid", "sigmoid_"),
+)
+kind(
+    "tanh",
+    "activation",
+    "elementwise",
+    flops=4,
+    modules=(nn.Tanh,),
+    functions=(torch.tanh, torch.tanh_, F.tanh),
+    methods=("tanh", "tanh_"),
+)
+kind("elu", "activation", "elementwise", flops=4, modules=(nn.ELU,), functions=(F.elu, F.elu_))
+kind("add", "elementwise", flops=1, functions=(operator.add, operator.iadd, torch.add), methods=("add", "add_"))
+kind("sub", "elementwise", flops=1, functions=(operator.sub, operator.isub, torch.sub), methods=("sub", "sub_"))
+kind("mul", "elementwise", flops=1, functions=(operator.mul, operator.imul, torch.mul), methods=("mul", "mul_"))
+kind("div", "elementwise", flops=1, functions=(operator.truediv, operator.itruediv, torch.div), methods=("div", "div_"))
+kind(
+    "dropout",
+    "elementwise",
+    flops=1,
+    modules=(nn.Dropout, nn.Dropout1d, nn.Dropout2d),
+    functions=(F.dropout,),
+    module_attrs=dropout_module,
+    call_attrs=dropout_call,
+)
+kind("softmax", flops=3, modules=(nn.Softmax,), functions=(F.softmax, torch.softmax), methods=("softmax",))
+kind("log_softmax", flops=3, modules=(nn.LogSoftmax,), functions=(F.log_softmax,))
+kind("maxpool", modules=(nn.MaxPool1d, nn.MaxPool2d), functions=(F.max_pool1d, F.max_pool2d))
+kind("avgpool", modules=(nn.AvgPool1d, nn.AvgPool2d), functions=(F.avg_pool1d, F.avg_pool2d))
+kind(
+    "adaptive_avgpool",
+    modules=(nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d),
+    functions=(F.adaptive_avg_pool1d, F.adaptive_avg_pool2d),
+    call_attrs=lambda node: {"output_size": arg(node, 1, "output_size", None)},
+)
+kind("adaptive_maxpool", modules=(nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d), functions=(F.adaptive_max_pool2d,))
+kind(
+    "mean",
+    functions=(torch.mean,),
+    methods=("mean",),
+    call_attrs=lambda node: {"keepdim": node.kwargs.get("keepdim", False)},
+)
+kind("interpolate", modules=(nn.Upsample,), functions=(F.interpolate,))
+# F.unfold (im2col) / F.fold (col2im); Tensor.unfold is a strided view
+kind("fold", modules=(nn.Unfold, nn.Fold), functions=(F.unfold, F.fold))
+kind("pad", modules=tuple(PAD_MODES), functions=(F.pad,), module_attrs=pad_module, call_attrs=pad_call)
+kind("cat", functions=(torch.cat, torch.concat, torch.stack))
+kind("cast", kernel=False, functions=(autocast_cast,))  # a cast autocast makes (memplan.graph.autocast)
+kind("cross_entropy")  # the loss capture appends (memplan.graph.build)
+kind(
+    "view",
+    "free",
+    kernel=False,
+    modules=(nn.Flatten,),
+    functions=(
+        *(torch.unbind, torch.flatten, torch.unflatten, torch.reshape, torch.squeeze, torch.unsqueeze),
+        *(torch.transpose, torch.permute, torch.chunk, torch.split),
+    ),
+    methods=(
+        *("view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose"),
+        *("contiguous", "expand", "chunk", "split", "unbind", "unfold"),
+    ),
+)
+kind("identity", "free", kernel=False, modules=(nn.Identity,))
+kind("getitem", "free", kernel=False, functions=(operator.getitem,), call_attrs=getitem_call)
+kind("meta", "free", kernel=False, functions=(getattr,), methods=("size", "dim"))
+kind("param", "free", kernel=False)  # the graph's boundaries and its parameters (memplan.graph.build)
+kind("input", "free", kernel=False)
+kind("output", "free", kernel=False)
 
 #: kinds whose forward is multiply-accumulate work: FLOPs = 2 x MACs
-MAC_KINDS = frozenset({"conv", "linear", "matmul", "sdpa"})
+MAC_KINDS = with_trait("mac")
 #: norm kinds (scale = ``weight``, shift = ``bias``)
-NORM_KINDS = frozenset({"batchnorm", "groupnorm", "layernorm"})
+NORM_KINDS = with_trait("norm")
 #: activations whose gradient is a 0/1 mask of the input (1 bit suffices)
-MASK_ACTIVATIONS = frozenset({"relu", "hardtanh", "leaky_relu"})
-ACTIVATIONS = MASK_ACTIVATIONS | {"hardswish", "hardsigmoid", "silu", "gelu", "sigmoid", "tanh", "elu"}
+MASK_ACTIVATIONS = with_trait("mask")
+ACTIVATIONS = with_trait("activation")
 #: kinds that carry parameters the strategies can train
-PARAM_KINDS = frozenset({"conv", "linear"}) | NORM_KINDS
+PARAM_KINDS = with_trait("param")
 #: no computation, no saved tensors (views, shape queries, constants)
-FREE_KINDS = frozenset({"view", "identity", "getitem", "meta", "param", "input", "output"})
-
-#: padding modules and the ``F.pad`` mode each applies
-PAD_MODES: dict[type, str] = {
-    **{
-        cls: "constant"
-        for cls in (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d)
-    },
-    **{cls: "reflect" for cls in (nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d)},
-    **{cls: "replicate" for cls in (nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d)},
-    **{cls: "circular" for cls in (nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d)},
-}
-
-MODULE_KINDS: dict[type, str] = {
-    nn.Conv1d: "conv",
-    nn.Conv2d: "conv",
-    nn.Conv3d: "conv",
-    nn.Linear: "linear",
-    nn.BatchNorm1d: "batchnorm",
-    nn.BatchNorm2d: "batchnorm",
-    nn.BatchNorm3d: "batchnorm",
-    nn.GroupNorm: "groupnorm",
-    nn.LayerNorm: "layernorm",
-    nn.ReLU: "relu",
-    nn.ReLU6: "hardtanh",
-    nn.Hardtanh: "hardtanh",
-    nn.LeakyReLU: "leaky_relu",
-    nn.Hardswish: "hardswish",
-    nn.Hardsigmoid: "hardsigmoid",
-    nn.SiLU: "silu",
-    nn.GELU: "gelu",
-    nn.Sigmoid: "sigmoid",
-    nn.Tanh: "tanh",
-    nn.ELU: "elu",
-    nn.MaxPool1d: "maxpool",
-    nn.MaxPool2d: "maxpool",
-    nn.AvgPool1d: "avgpool",
-    nn.AvgPool2d: "avgpool",
-    nn.AdaptiveAvgPool1d: "adaptive_avgpool",
-    nn.AdaptiveAvgPool2d: "adaptive_avgpool",
-    nn.AdaptiveMaxPool1d: "adaptive_maxpool",
-    nn.AdaptiveMaxPool2d: "adaptive_maxpool",
-    nn.Dropout: "dropout",
-    nn.Dropout1d: "dropout",
-    nn.Dropout2d: "dropout",
-    nn.Flatten: "view",
-    nn.Unfold: "fold",
-    nn.Fold: "fold",
-    nn.Identity: "identity",
-    nn.Upsample: "interpolate",
-    nn.Softmax: "softmax",
-    nn.LogSoftmax: "log_softmax",
-    **{cls: "pad" for cls in PAD_MODES},
-}
-
-FUNCTION_KINDS: dict[object, str] = {
-    F.relu: "relu",
-    torch.relu: "relu",
-    torch.relu_: "relu",
-    F.relu_: "relu",
-    F.relu6: "hardtanh",
-    F.hardtanh: "hardtanh",
-    F.hardtanh_: "hardtanh",
-    torch.clamp: "hardtanh",
-    F.leaky_relu: "leaky_relu",
-    F.leaky_relu_: "leaky_relu",
-    F.hardswish: "hardswish",
-    F.hardsigmoid: "hardsigmoid",
-    F.silu: "silu",
-    F.gelu: "gelu",
-    torch.sigmoid: "sigmoid",
-    torch.sigmoid_: "sigmoid",
-    F.sigmoid: "sigmoid",
-    torch.tanh: "tanh",
-    torch.tanh_: "tanh",
-    F.tanh: "tanh",
-    F.elu: "elu",
-    F.elu_: "elu",
-    operator.add: "add",
-    operator.iadd: "add",
-    torch.add: "add",
-    operator.sub: "sub",
-    operator.isub: "sub",
-    torch.sub: "sub",
-    operator.mul: "mul",
-    operator.imul: "mul",
-    torch.mul: "mul",
-    operator.truediv: "div",
-    operator.itruediv: "div",
-    torch.div: "div",
-    operator.matmul: "matmul",
-    torch.matmul: "matmul",
-    torch.mm: "matmul",
-    torch.bmm: "matmul",
-    torch.cat: "cat",
-    torch.concat: "cat",
-    torch.stack: "cat",
-    torch.unbind: "view",
-    torch.flatten: "view",
-    torch.unflatten: "view",
-    torch.reshape: "view",
-    torch.squeeze: "view",
-    torch.unsqueeze: "view",
-    torch.transpose: "view",
-    torch.permute: "view",
-    torch.chunk: "view",
-    torch.split: "view",
-    operator.getitem: "getitem",
-    F.adaptive_avg_pool1d: "adaptive_avgpool",
-    F.adaptive_avg_pool2d: "adaptive_avgpool",
-    F.adaptive_max_pool2d: "adaptive_maxpool",
-    F.avg_pool1d: "avgpool",
-    F.avg_pool2d: "avgpool",
-    F.max_pool1d: "maxpool",
-    F.max_pool2d: "maxpool",
-    F.interpolate: "interpolate",
-    F.unfold: "fold",
-    F.fold: "fold",
-    F.pad: "pad",
-    F.dropout: "dropout",
-    torch.mean: "mean",
-    F.softmax: "softmax",
-    torch.softmax: "softmax",
-    F.log_softmax: "log_softmax",
-    getattr: "meta",
-    autocast_cast: "cast",  # a cast autocast makes (memplan.graph.autocast)
-}
-
-METHOD_KINDS: dict[str, str] = {
-    "relu": "relu",
-    "relu_": "relu",
-    "sigmoid": "sigmoid",
-    "sigmoid_": "sigmoid",
-    "tanh": "tanh",
-    "tanh_": "tanh",
-    "clamp": "hardtanh",
-    "clamp_": "hardtanh",
-    "add": "add",
-    "add_": "add",
-    "sub": "sub",
-    "sub_": "sub",
-    "mul": "mul",
-    "mul_": "mul",
-    "div": "div",
-    "div_": "div",
-    "matmul": "matmul",
-    "mean": "mean",
-    "view": "view",
-    "reshape": "view",
-    "flatten": "view",
-    "unflatten": "view",
-    "squeeze": "view",
-    "unsqueeze": "view",
-    "permute": "view",
-    "transpose": "view",
-    "contiguous": "view",
-    "expand": "view",
-    "chunk": "view",
-    "split": "view",
-    "unbind": "view",
-    "unfold": "view",  # Tensor.unfold(dim, size, step): a strided view (F.unfold is im2col: "fold")
-    "softmax": "softmax",
-    "size": "meta",
-    "dim": "meta",
-}
-
+FREE_KINDS = with_trait("free")
+#: kinds that run no kernel of their own (no workspace to calibrate)
+NO_KERNEL = frozenset(n for n, k in KINDS.items() if not k.kernel)
 #: elementwise / reduction cost in FLOPs per output element (the "other FLOPs" convention)
-ELEMENTWISE_FLOPS: dict[str, int] = {
-    "relu": 1,
-    "hardtanh": 2,
-    "leaky_relu": 2,
-    "hardswish": 4,
-    "hardsigmoid": 3,
-    "silu": 4,
-    "gelu": 8,
-    "sigmoid": 4,
-    "tanh": 4,
-    "elu": 4,
-    "add": 1,
-    "sub": 1,
-    "mul": 1,
-    "div": 1,
-    "softmax": 3,
-    "log_softmax": 3,
-    "dropout": 1,
+ELEMENTWISE_FLOPS: dict[str, int] = {n: k.flops for n, k in KINDS.items() if k.flops is not None}
+#: how capture recognises a kind (derived from :data:`KINDS`): module class / function / Tensor method -> kind
+MODULE_KINDS: dict[type, str] = {cls: n for n, k in KINDS.items() for cls in k.modules}
+FUNCTION_KINDS: dict[object, str] = {f: n for n, k in KINDS.items() for f in k.functions}
+METHOD_KINDS: dict[str, str] = {m: n for n, k in KINDS.items() for m in k.methods}
+#: functional forms of parametrised ops: target -> (kind, argument names in call order). Their
+#: parameters are the ``get_attr`` arguments named ``weight`` / ``bias``; ``addmm(bias, x, w.t())``
+#: is a linear layer whose weight is reached through the transpose.
+FUNCTIONAL_LAYERS: dict[object, tuple[str, tuple[str, ...]]] = {
+    f: (n, k.layer_functions.get(f, k.layer)) for n, k in KINDS.items() if k.layer for f in k.functions
 }
-
-
-#: Python functions of torch that compose ops with rules, recorded op by op (``memplan.graph.record``)
-#: rather than observed whole: observed on meta, the attention inside would run the math kernel
-#: where eager CPU runs the flash one, and the parameters it reads would be no layer's
-COMPOSITE_FUNCTIONS: frozenset[object] = frozenset({F.multi_head_attention_forward})
-
-
-def composite_body(func: Any) -> Any:
-    """A function of ``COMPOSITE_FUNCTIONS`` without its ``__torch_function__`` dispatch: a copy
-    whose ``has_torch_function`` is false, so that under a ``TorchFunctionMode`` (entered again
-    by its handler) its body runs and the mode sees the calls it makes one by one."""
-    glob = {**func.__globals__, "has_torch_function": lambda *_: False}
-    body = types.FunctionType(func.__code__, glob, func.__name__, func.__defaults__, func.__closure__)
-    body.__kwdefaults__ = func.__kwdefaults__
-    return body
-
-
-def is_composite_module(m: nn.Module) -> bool:
-    """A stock ``torch.nn`` module built of other modules (``nn.MultiheadAttention``, the
-    ``nn.Transformer`` layers): captured through its parts, which have rules and whose
-    parameters the strategies train, never as one opaque node."""
-    return type(m).__module__.startswith("torch.nn.modules.") and any(True for _ in m.children())
 
 
 def function_name(target: object) -> str:
@@ -250,26 +310,6 @@ def function_name(target: object) -> str:
         return target.name
     return getattr(target, "__name__", None) or str(target)
 
-
-#: functional forms of parametrised ops: target -> (kind, argument names in call order). Their
-#: parameters are the ``get_attr`` arguments named ``weight`` / ``bias``; ``addmm(bias, x, w.t())``
-#: is a linear layer whose weight is reached through the transpose.
-FUNCTIONAL_LAYERS: dict[object, tuple[str, tuple[str, ...]]] = {
-    **{
-        f: ("conv", ("input", "weight", "bias", "stride", "padding", "dilation", "groups"))
-        for f in (F.conv1d, F.conv2d, F.conv3d)
-    },
-    F.linear: ("linear", ("input", "weight", "bias")),
-    torch.addmm: ("linear", ("bias", "input", "weight")),
-    F.batch_norm: (
-        "batchnorm",
-        ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
-    ),
-    F.layer_norm: ("layernorm", ("input", "normalized_shape", "weight", "bias", "eps")),
-    F.group_norm: ("groupnorm", ("input", "num_groups", "weight", "bias", "eps")),
-    F.scaled_dot_product_attention: ("sdpa", SDPA_ARGS),
-}
-FUNCTION_KINDS.update({f: kind for f, (kind, _) in FUNCTIONAL_LAYERS.items()})
 
 #: methods a stock module's subclass may override without changing what it computes
 SAFE_OVERRIDES = frozenset(

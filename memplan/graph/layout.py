@@ -14,21 +14,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import sdpa_output
 from .conv import conv_padding
-from .kinds import ACTIVATIONS, NORM_KINDS, PAD_MODES, module_kind
+from .kinds import ACTIVATIONS, NORM_KINDS, module_kind, with_trait
 
 # Layouts. Whether a later reshape (linear / matmul on >2-dim inputs) is a view or a copy
 # depends on strides, so the meta run must lay tensors out as eager CPU does. Some meta kernels
 # (and the shortcuts below) differ; these rules correct them, one per op kind, each checked
 # against eager strides by tests/test_fuzz.py.
 
-#: TensorIterator ops (their output layout follows _elementwise_output)
-ELEMENTWISE = ACTIVATIONS | {"add", "sub", "mul", "div", "dropout"}
+#: TensorIterator ops (their output layout follows _elementwise_output): the kinds of that trait
+ELEMENTWISE = with_trait("elementwise")
 #: exceptions: hardtanh / ReLU6 allocate ``empty_like(input)`` (the input's strides), feature
 #: dropout multiplies by a broadcast mask (its meta kernel lays the output out as CPU does)
 LIKE_INPUT_MODULES = (nn.Hardtanh,)  # ReLU6 too
@@ -265,13 +264,6 @@ def _suggested_output(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Ops whose CPU kernels allocate the output in the input's suggested memory format
     (interpolation, reflect / replicate padding; their meta kernels do not always)."""
     return _empty(out.shape, out, True) if _channels_last(x) else out
-
-
-def _pad_mode(node: fx.Node, mod: nn.Module | None) -> str | None:
-    """The ``F.pad`` mode of a padding module or of an ``F.pad(x, pad, mode, value)`` call."""
-    if mod is not None:
-        return next((PAD_MODES[c] for c in type(mod).__mro__ if c in PAD_MODES), None)
-    return node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
 
 
 def _conv_shape(conv: nn.Module, x: torch.Size) -> tuple[int, ...] | None:

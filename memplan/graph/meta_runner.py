@@ -17,11 +17,11 @@ from .layout import (
     _elementwise_output,
     _like_input,
     _module_output,
-    _pad_mode,
     _suggested_output,
     flatten,
     function_output,
 )
+from .readers import pad_mode
 
 #: largest input (bytes) with which a node that fails on meta is run on CPU during capture
 CPU_FALLBACK_BYTES = 256 * 2**20
@@ -73,7 +73,7 @@ class _MetaRunner(fx.Interpreter):
                 in_place = out.untyped_storage()._cdata == inputs[0].untyped_storage()._cdata
                 return out if in_place else _like_input(inputs[0])
             return out if isinstance(mod, META_LAYOUT_MODULES) else _elementwise_output(out, inputs)
-        if kind == "interpolate" or kind == "pad" and _pad_mode(n, mod) in ("reflect", "replicate"):
+        if kind == "interpolate" or kind == "pad" and pad_mode(n, mod) in ("reflect", "replicate"):
             return _suggested_output(out, inputs[0])
         return out
 

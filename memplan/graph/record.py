@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import TraceFailure
 from .autocast import Regions, cast_operands
 from .checkpoint import SEGMENTS_META, Segments, checkpoint_calls
-from .kinds import COMPOSITE_FUNCTIONS, composite_body
+from .composite import COMPOSITE_FUNCTIONS, composite_body
 from .layout import flatten, function_output
 from .leafcalls import opaque_calls
 from .saved import storage_key

@@ -26,7 +26,8 @@ except ImportError:  # pragma: no cover - older / newer torch without it
 from ..errors import MemplanError, TraceFailure
 from .autocast import Regions
 from .checkpoint import SEGMENTS_META, Segments, checkpoint_calls
-from .kinds import is_composite_module, module_kind
+from .composite import is_composite_module
+from .kinds import module_kind
 from .layout import flatten
 from .leafcalls import opaque_calls
 
@@ -60,7 +61,7 @@ class LeafTracer(fx.Tracer):
     nodes, and custom autograd Functions / script functions as single call nodes.
 
     It records which module was being traced so that a failure can name it. With
-    ``into_composites``, stock modules built of other modules (``kinds.is_composite_module``:
+    ``into_composites``, stock modules built of other modules (``composite.is_composite_module``:
     ``nn.MultiheadAttention``, the ``nn.Transformer`` layers) are traced into, not kept whole;
     their forwards branch on tensor properties, so symbolic tracing then fails and capture
     records them (``memplan.graph.record``).

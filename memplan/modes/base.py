@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+from .. import names
 from ..costs.peak import PeakOptions, simulate_peak
 from ..costs.records import LayerCost, Saved, Summary, Totals
 from ..graph import LayerGraph, TensorInfo
@@ -54,7 +55,7 @@ class Mode:
     #: rule (replayed on meta, ``memplan.costs.observe``) are this mode's own convention, not a borrowing
     eager_saved: bool = False
     #: the training step the mode's peak assumes unless told (``memplan.costs.peak.SCHEDULES``)
-    default_schedule: str = "standard"
+    default_schedule: str = names.DEFAULT_SCHEDULE
     #: the mode counts only the *extra* memory of training (not the forward working memory), so a
     #: device budget for it leaves a reserve for the forward (``memplan.accounting.devices``)
     extra_only: bool = False
@@ -131,7 +132,7 @@ class Mode:
         return fraction if self.partial_weight_grads else 1.0
 
 
-MODES: Registry[Mode] = Registry("accounting mode")
+MODES: Registry[Mode] = Registry("accounting mode", names=names.MODES)
 
 
 def register_mode(mode: Mode) -> Mode:

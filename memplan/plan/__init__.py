@@ -29,10 +29,10 @@ LAZY = {
             "scheme_from_dict",
             "shipped_scheme",
             "Training",
-            "Validation",
         ),
         "scheme",
     ),
+    **dict.fromkeys(("TestAccuracy", "Validation"), "evidence"),
     **dict.fromkeys(("BackwardFlags", "is_backward_config"), "tinytraining"),
     "Execution": "execution",
 }

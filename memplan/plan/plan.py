@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import BadOption
 from ..graph import EXPLICIT_SELECT, LayerGraph, Node, TensorInfo, channel_index_problem, role, sub_channels
 from ..graph.kinds import NORM_KINDS
+from ..names import DEFAULT_SELECT
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Train:
 
     weight: float = 0.0
     bias: bool = False
-    select: str = "magnitude+"
+    select: str = DEFAULT_SELECT
     channels: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

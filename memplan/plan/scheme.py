@@ -34,9 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from ..errors import SchemeError
 from ..graph import EXPLICIT_SELECT, SELECT_RULES, LayerGraph, channel_index_problem
 from ..io import read_json, shipped, validated, write_text
+from ..names import DEFAULT_ESTIMATOR, DEFAULT_SELECT, ESTIMATORS, OBJECTIVES, OPTIMIZERS, SEARCH_MODE, listed
 from ..rates import FAMILIES
 from ..version import __version__
 from .convert import NORM_MODES, check_round_trip, fingerprint, plan_scheme_fields, scheme_to_plan
+from .evidence import Validation
 from .execution import Execution
 from .plan import Plan
 from .tinytraining import BackwardFlags, backward_config_fields, to_backward_config
@@ -66,7 +68,7 @@ class WeightUpdate(BaseModel):
     conv_index: int = Field(ge=0, description="forward-order index among convs, stem = 0, classifier not counted")
     ratio: float = Field(gt=0, le=1, description="fraction of input channels updated, in (0, 1]")
     select: Select = Field(
-        "magnitude+",
+        DEFAULT_SELECT,
         description="channel selection: largest / smallest weight norm, random, or importance (explicit channels)",
     )
     channels: list[int] | None = Field(
@@ -132,12 +134,13 @@ class Provenance(BaseModel):
     date: str = Field(description="ISO 8601, UTC")
     profile_hash: str | None = Field(None, description="hash of the contribution profile the search used")
     objective: str | None = Field(
-        None, description="what the search maximised (memplan.search.objective: mean, lcb, shrink); None: not recorded"
+        None,
+        description=f"what the search maximised (memplan.search.objective: {listed(OBJECTIVES)}); None: not recorded",
     )
     estimator: str | None = Field(
         None,
-        description="estimator of the profile's entries (memplan.contrib.estimators: grid, probe, fisher, rgn); "
-        "None: not recorded (grid)",
+        description=f"estimator of the profile's entries (memplan.contrib.estimators: {listed(ESTIMATORS)}); "
+        f"None: not recorded ({DEFAULT_ESTIMATOR})",
     )
 
 
@@ -165,13 +168,13 @@ class Training(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    optimizer: str = Field(description="memplan.optim name (sgd, sgd-momentum, adam)")
+    optimizer: str = Field(description=f"memplan.optim name ({listed(OPTIMIZERS)})")
     lr: float = Field(gt=0, description="learning rate of every trained tensor whose family rates leaves out")
     epochs: int = Field(ge=1, description="epochs it was validated with (cosine decay to 0 over them)")
     batch_size: int = Field(ge=1, description="training batch it was validated with")
     rates: dict[str, float] = Field(
         default_factory=dict,
-        description="parameter family (memplan.optim.FAMILIES: classifier, bias, norm, weight) -> its learning rate",
+        description=f"parameter family (memplan.rates.FAMILIES: {listed(FAMILIES)}) -> its learning rate",
     )
     classifier: str | None = Field(
         None, description="the head's module name (its parameters are the classifier family); None: no head family"
@@ -192,39 +195,6 @@ class Training(BaseModel):
         if data.get("classifier") is None:  # documents written before it stay as they were
             data.pop("classifier", None)
         return data
-
-
-class TestAccuracy(BaseModel):
-    """Accuracy on a test split after every choice was made on validation: %, per seed, mean and
-    95% confidence half-width (Student t over seeds)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    accuracy: float = Field(description="mean test accuracy over seeds, %")
-    ci95: float = Field(ge=0, description="95% confidence half-width of the mean, points")
-    seeds: list[int]
-    per_seed: list[float] = Field(description="test accuracy of each seed, %")
-    data: str = Field(description="the data and split")
-    where: str = Field(description="what trained and measured it (a benchmark and its rows)")
-
-
-class Validation(BaseModel):
-    """The validation stage's evidence (``memplan search --validate``): accuracy on the held-aside
-    validation split, in % (0..100), mean and standard error over seeds; the candidates it beat."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(description="the candidate chosen: a baseline's name or 'searched ...'")
-    accuracy: float = Field(description="mean validation accuracy over seeds, %")
-    se: float = Field(ge=0, description="standard error of the mean over seeds, points (0 with one seed)")
-    seeds: list[int]
-    data: str = Field(description="the data and split it was measured on")
-    runners_up: list[dict[str, Any]] = Field(
-        default_factory=list, description="the other candidates: name, lr, accuracy (%), se, seeds, memory bytes"
-    )
-    test: TestAccuracy | None = Field(
-        None, description="the chosen scheme's accuracy on a test split over seeds no choice saw (None: not tested)"
-    )
 
 
 class Scheme(BaseModel):
@@ -248,11 +218,11 @@ class Scheme(BaseModel):
     fingerprint: str = Field(description="memplan.plan.fingerprint of the traced layer table")
     input_shape: list[int] = Field(description="per-sample input shape, e.g. [3, 128, 128]")
     batch: int = Field(1, ge=1)
-    mode: str = Field("tinytraining", description="accounting mode the scheme was planned under")
+    mode: str = Field(SEARCH_MODE, description="accounting mode the scheme was planned under")
     optimizer: str | None = Field(
         None,
-        description="optimizer whose state `predicted` counts and that training should use (memplan.optim: sgd, "
-        "sgd-momentum, adam); None: not recorded (schemes written before it)",
+        description="optimizer whose state `predicted` counts and that training should use (memplan.optim: "
+        f"{listed(OPTIMIZERS)}); None: not recorded (schemes written before it)",
     )
     budget_bytes: int | None = Field(None, ge=0, description="memory budget of the search, bytes")
     flops_budget: int | None = Field(None, ge=0, description="backward-FLOPs budget of the search (2 x MACs)")
@@ -275,8 +245,8 @@ class Scheme(BaseModel):
     )
     summed_estimate: float | None = Field(
         None,
-        description="sum of the profile's entries in the units of its estimator (provenance.estimator; fisher, rgn, "
-        "probe), when they are not the grid's Δacc",
+        description="sum of the profile's entries in the units of its estimator (provenance.estimator), when they "
+        f"are not the {DEFAULT_ESTIMATOR} estimator's Δacc",
     )
     provenance: Provenance = Field(default_factory=new_provenance)
     backward_flags: BackwardFlags = Field(default_factory=BackwardFlags)

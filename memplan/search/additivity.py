@@ -41,6 +41,7 @@ from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, is_delta_acc, loa
 from ..errors import BadOption
 from ..io import write_text
 from ..models import recorded_shape
+from ..names import SEARCH_MODE
 from ..options import with_keywords
 from ..units import parse_bytes
 from .agreement import CONFIDENCE, correlations, noise_readings
@@ -342,7 +343,7 @@ def costing_shape(profile: ContribProfile) -> tuple[int, ...]:
     return recorded_shape(profile.input_shape, profile.costing_resolution)
 
 
-def default_budgets(profile: ContribProfile, mode: str = "tinytraining", n: int = 4) -> list[int]:
+def default_budgets(profile: ContribProfile, mode: str = SEARCH_MODE, n: int = 4) -> list[int]:
     """``n`` budgets spaced geometrically between twice the cheapest bias-only memory and half the
     memory of the deepest bias depth with every weight at ratio 1 (bytes)."""
     contributions = contributions_of(profile)

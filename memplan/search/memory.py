@@ -18,10 +18,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .. import names
 from ..accounting.engine import compute
 from ..costs.records import Profile
 from ..modes import get_mode
-from ..options import DEFAULT_OPTIMIZER
 from ..registry import Registry
 from .space import Candidate, SearchSpace
 
@@ -36,7 +36,7 @@ class Metric:
     quick: bool = True
 
 
-METRICS: Registry[Metric] = Registry("memory metric")
+METRICS: Registry[Metric] = Registry("memory metric", names=names.METRICS)
 METRICS.add(
     "total",
     Metric(
@@ -65,10 +65,10 @@ class MemoryModel:
     def __init__(
         self,
         space: SearchSpace,
-        mode: str = "tinytraining",
-        metric: str = "total",
+        mode: str = names.SEARCH_MODE,
+        metric: str = names.DEFAULT_METRIC,
         *,
-        optimizer: str = DEFAULT_OPTIMIZER,
+        optimizer: str = names.DEFAULT_OPTIMIZER,
         frozen_bits: int = 32,
         mode_options: dict | None = None,
     ):

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from deap import base
 
+from .. import names
 from ..registry import Registry
 from .evolution import evolve
 from .exact import solve_exact
@@ -103,7 +104,7 @@ class Method:
         return additive or not self.additive_only
 
 
-METHODS: Registry[Method] = Registry("search method")
+METHODS: Registry[Method] = Registry("search method", names=names.SEARCH_METHODS)
 
 
 def method(name: str, **fields: Any) -> Callable:

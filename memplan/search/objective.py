@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import names
 from ..errors import BadOption
 from ..registry import Registry
 
@@ -32,35 +33,43 @@ LCB_Z = 1.0
 class Objective:
     """``gains(means, ses)`` of one family of entries; ``needs_se``: whether it reads the SEs (one
     that reads none gains the means themselves); ``nothing_gains``: why a search under it keeps the
-    classifier only although an update fits the budget (``memplan search``'s scheme line)."""
+    classifier only although an update fits the budget (``memplan search``'s scheme line);
+    ``summary``: what the gains are, in a few words (``--objective``'s help)."""
 
     name: str
     gains: Callable[[list[float], list[float]], list[float]]
     needs_se: bool
     nothing_gains: str = ""
+    summary: str = ""
 
 
 #: objective name -> how a family's (means, standard errors) become the gains the search adds
-OBJECTIVES: Registry[Objective] = Registry("search objective")
+OBJECTIVES: Registry[Objective] = Registry("search objective", names=names.OBJECTIVES)
 
 
-def objective(name: str, *, needs_se: bool = True, nothing_gains: str = ""):
+def objective(name: str, *, summary: str, needs_se: bool = True, nothing_gains: str = ""):
     """Decorator registering ``gains(means, ses)`` as objective ``name``."""
 
     def decorate(fn: Callable[[list[float], list[float]], list[float]]):
-        OBJECTIVES.add(name, Objective(name, fn, needs_se, nothing_gains))
+        OBJECTIVES.add(name, Objective(name, fn, needs_se, nothing_gains, summary))
         return fn
 
     return decorate
 
 
-@objective("mean", needs_se=False, nothing_gains="nothing that fits has a positive measured gain")
+@objective(
+    "mean",
+    summary="the Δacc entries as measured",
+    needs_se=False,
+    nothing_gains="nothing that fits has a positive measured gain",
+)
 def mean(means: list[float], ses: list[float]) -> list[float]:
     return list(means)
 
 
 @objective(
     "lcb",
+    summary="minus one standard error",
     nothing_gains="nothing measured above noise fits (lcb counts an entry only as far as it lies above one "
     "standard error)",
 )
@@ -68,7 +77,11 @@ def lower_bound(means: list[float], ses: list[float]) -> list[float]:
     return [m - LCB_Z * s for m, s in zip(means, ses, strict=True)]
 
 
-@objective("shrink", nothing_gains="nothing that fits keeps a gain once shrunk toward 0 by its standard error")
+@objective(
+    "shrink",
+    summary="shrunk toward 0 by their standard errors",
+    nothing_gains="nothing that fits keeps a gain once shrunk toward 0 by its standard error",
+)
 def shrink(means: list[float], ses: list[float]) -> list[float]:
     if len(means) < 2:
         return list(means)
@@ -95,10 +108,18 @@ def apply_objective(name: str, means: list[float], ses: list[float | None]) -> l
 #: per entry, so one strongly measured gain survives among many noisy ones (``shrink`` pools a
 #: family and, where most entries are noise, shrinks every one to 0)
 DEFAULT_OBJECTIVE = "lcb"
+#: the objective of a profile without standard errors (the search warns that it chases noise)
+PLAIN_OBJECTIVE = "mean"
+
+
+def objectives_help() -> str:
+    """The objectives as ``--objective``'s help names them: ``name (summary) | ...``."""
+    return " | ".join(f"{n} ({o.summary})" for n, o in OBJECTIVES.items())
 
 
 def default_objective(bias_se: dict[int, float | None], weight_se: dict[str, dict[float, float | None]]) -> str:
-    """:data:`DEFAULT_OBJECTIVE` when the profile has standard errors, else ``mean`` (the caller warns)."""
+    """:data:`DEFAULT_OBJECTIVE` when the profile has standard errors, else :data:`PLAIN_OBJECTIVE` (the
+    caller warns)."""
     known = [s for s in bias_se.values() if s is not None]
     known += [s for row in weight_se.values() for s in row.values() if s is not None]
-    return DEFAULT_OBJECTIVE if known else "mean"
+    return DEFAULT_OBJECTIVE if known else PLAIN_OBJECTIVE

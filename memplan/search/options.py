@@ -20,8 +20,20 @@ from typing import Any, ClassVar
 
 from pydantic import field_validator
 
-from ..options import (
+from ..names import (
     DEFAULT_EXECUTOR,
+    DEFAULT_METRIC,
+    DEFAULT_SELECT,
+    EXECUTORS,
+    EXPLICIT_SELECT,
+    METRICS,
+    SEARCH_METHODS,
+    SEARCH_MODE,
+    SELECT_RULES,
+    choices,
+    listed,
+)
+from ..options import (
     Batch,
     Classes,
     FrozenBits,
@@ -34,7 +46,8 @@ from ..options import (
     Target,
     option,
 )
-from ..rates import Rates
+from ..rates import FAMILIES, Rates
+from .objective import DEFAULT_OBJECTIVE, PLAIN_OBJECTIVE, objectives_help
 
 #: the fewest seeds of the additivity check: with fewer, seed-to-seed agreement (its ceiling) is too loose
 MIN_CHECK_SEEDS = 4
@@ -66,7 +79,7 @@ class Accounting(Options):
     target: Target = None  # the budget: its memory left to training in the mode (mcu: the modelled peak)
     mode: Mode = None
     metric: str = option(
-        "total", "which figure the budget bounds: total | peak (memplan.search.memory.METRICS)", cli=False
+        DEFAULT_METRIC, f"which figure the budget bounds: {choices(METRICS)} (memplan.search.memory.METRICS)", cli=False
     )
     optimizer: Optimizer = None
     frozen_bits: FrozenBits = 32
@@ -104,13 +117,13 @@ class Space(Options):
     max_weight_layers: int | None = option(None, "cap on weight-updated layers")
     objective: str | None = option(
         None,
-        "mean | lcb | shrink: the profile's Δacc entries as measured, minus one standard error, or shrunk toward 0 "
-        "by their standard errors (default: lcb; mean for a profile without standard errors)",
+        f"how the profile's Δacc entries become gains: {objectives_help()} (default: {DEFAULT_OBJECTIVE}; "
+        f"{PLAIN_OBJECTIVE} for a profile without standard errors)",
     )
     select: str = option(
-        "magnitude+",
-        "channels of a weight update: magnitude+ | magnitude- | random, or importance (the top channels of a "
-        "fisher / rgn profile's per-channel importance, listed in the scheme)",
+        DEFAULT_SELECT,
+        f"channels of a weight update: {choices(SELECT_RULES)}, or {EXPLICIT_SELECT} (the top channels of a "
+        "gradient estimator's per-channel importance, listed in the scheme)",
     )
 
 
@@ -118,7 +131,9 @@ class Solver(Options):
     """The search method (``memplan.search.methods``) and its settings."""
 
     method: str | None = option(
-        None, "exact | evolution | random (default: exact when memory is additive in the mode, else evolution)"
+        None,
+        f"{choices(SEARCH_METHODS)} (default: the exact solver where memory is additive in the mode, else the "
+        "evolutionary search)",
     )
     generations: int = option(100, "generations of the evolutionary search")
     population: int = option(100, "population of the evolutionary search")
@@ -167,7 +182,7 @@ class Stage(Options):
     validate_lrs: tuple[str, ...] = option(
         DEFAULT_GRID,
         "learning-rate grid of --validate, comma-separated points: one rate for every tensor (2.5e-3) or rates per "
-        "family, a bare rate for the rest (1.25e-2/weight=5e-4; families: classifier, bias, norm, weight)",
+        f"family, a bare rate for the rest (1.25e-2/weight=5e-4; families: {listed(FAMILIES)})",
         parse="texts",
     )
     validate_seeds: tuple[int, ...] = option(
@@ -186,7 +201,7 @@ class Stage(Options):
     validate_workers: int = option(
         1, "runs of --validate trained at once (each rung's runs on contribution analysis's executors)"
     )
-    validate_executor: str = option(DEFAULT_EXECUTOR, "where --validate's runs train: process (a local pool) | ray")
+    validate_executor: str = option(DEFAULT_EXECUTOR, f"where --validate's runs train: {choices(EXECUTORS)}")
     validate_address: str | None = option(None, "Ray cluster address (with --validate-executor ray)")
     validate_threads: int | None = option(
         None, "torch threads per worker (default: the cores this process may use, shared by the workers)", cli=False
@@ -260,7 +275,7 @@ class ValidateOptions(Options):
         flags=("--no-searched",),
         negate=True,
     )
-    mode: Mode = "tinytraining"
+    mode: Mode = SEARCH_MODE
     seeds: tuple[int, ...] = option(
         (100, 101, 102, 103),
         "training seeds, at least 4 (seed-to-seed agreement bounds the check: ceiling); the default ones are "
@@ -281,7 +296,7 @@ class ValidateOptions(Options):
         "depend on it",
         flags=("--workers", "-j"),
     )
-    executor: str = option(DEFAULT_EXECUTOR, "process (a local pool) | ray (memplan.contrib.executors)")
+    executor: str = option(DEFAULT_EXECUTOR, f"where the runs train: {choices(EXECUTORS)}")
     address: str | None = option(None, "Ray cluster address (with --executor ray)")
     device: str = option("cpu", "cpu | cuda | auto")
     checkpoint: str | os.PathLike | None = option(

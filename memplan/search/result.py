@@ -11,6 +11,7 @@ from ..contrib.profile import is_delta_acc
 from ..plan import Scheme
 from .memory import Additivity, CostTable
 from .methods import METHODS, reference_method
+from .objective import DEFAULT_OBJECTIVE
 from .space import SearchSpace
 
 
@@ -48,7 +49,7 @@ class SearchResult:
     seconds: dict[str, float] = field(default_factory=dict)
     out: str | None = None
     warnings: list[str] = field(default_factory=list)
-    objective: str = "lcb"  # what the search maximised (memplan.search.objective)
+    objective: str = DEFAULT_OBJECTIVE  # what the search maximised (memplan.search.objective)
     objective_value: float | None = None  # the scheme's summed gains under that objective (points)
     # backward FLOPs of one training step of the scheme, compute() (memplan.search.memory.FLOPS_FIGURE)
     backward_flops: int | None = None

@@ -26,11 +26,11 @@ from ..contrib.profile import DELTA_ACC_UNITS, ContribProfile, is_delta_acc, loa
 from ..contrib.protocol import LATER_FIELDS, LEGACY_MOMENTUM
 from ..errors import BadOption, MemplanError
 from ..graph import EXPLICIT_SELECT, SELECT_RULES, ConvLayer, LayerGraph, conv_layers, conv_table, is_pw1
+from ..names import DEFAULT_ESTIMATOR, DEFAULT_OPTIMIZER, DEFAULT_SELECT
 from ..nn.lean import top_channels
-from ..options import DEFAULT_OPTIMIZER
 from ..plan import BackwardFlags, Execution, Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..units import ratio_label
-from .objective import apply_objective
+from .objective import PLAIN_OBJECTIVE, apply_objective
 from .options import DEFAULT_RATIOS
 
 
@@ -57,7 +57,7 @@ class Contributions:
     optimizer: str = DEFAULT_OPTIMIZER  # the optimizer the profile's runs trained with (memplan.optim)
     bias_se: dict[int, float | None] = field(default_factory=dict)  # standard errors, points (None: one seed)
     weight_se: dict[str, dict[float, float | None]] = field(default_factory=dict)
-    estimator: str = "grid"  # what measured the entries (memplan.contrib.estimators)
+    estimator: str = DEFAULT_ESTIMATOR  # what measured the entries (memplan.contrib.estimators)
     units: str = DELTA_ACC_UNITS  # what an entry is, with its unit
     channel_importance: dict[str, list[float]] = field(default_factory=dict)  # conv -> per input channel
     rates: dict[str, float] = field(default_factory=dict)  # family -> the rate the profile chose (lr_selection)
@@ -174,8 +174,8 @@ class SearchSpace:
     max_weight_layers: int | None = None
     contributions: Contributions | None = field(default=None, repr=False)
     fingerprint: str = ""  # memplan.plan.fingerprint of the graph
-    objective: str = "mean"  # what the gains are (memplan.search.objective)
-    select: str = "magnitude+"  # channel selection rule of the weight updates (SELECT_RULES)
+    objective: str = PLAIN_OBJECTIVE  # what the gains are (memplan.search.objective)
+    select: str = DEFAULT_SELECT  # channel selection rule of the weight updates (SELECT_RULES)
     recompute: tuple[tuple[str, ...], ...] = ()  # segments every candidate recomputes (Scheme.execution)
 
     def __post_init__(self) -> None:
@@ -303,8 +303,8 @@ def build_space(  # one pass: bias depths, then weight options per conv
     ratios: Iterable[float] = DEFAULT_RATIOS,
     pw1_only: bool = False,
     max_weight_layers: int | None = None,
-    objective: str = "mean",
-    select: str = "magnitude+",
+    objective: str = PLAIN_OBJECTIVE,
+    select: str = DEFAULT_SELECT,
 ) -> SearchSpace:
     """The space of ``graph`` under ``contributions``: every bias depth the profile measured (and
     0), and every (conv, ratio) in ``ratios`` that it measured, restricted to first-pointwise convs

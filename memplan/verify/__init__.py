@@ -45,10 +45,11 @@ from ..errors import BadOption
 from ..graph import LayerGraph
 from ..models import recorded_shape
 from ..modes import get_mode
+from ..names import DEFAULT_OPTIMIZER
 from ..nn.recompute import recompute_segments
 from ..nn.train import fit
 from ..optim import make_optimizer
-from ..options import DEFAULT_OPTIMIZER, with_keywords
+from ..options import with_keywords
 from ..plan import Plan
 from ..profile_options import VerifyOptions
 from .measure import saved_bytes

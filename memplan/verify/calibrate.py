@@ -216,15 +216,16 @@ def calibrate_views(
 
 @with_keywords(CalibrateOptions, positional=("methods",))
 def calibrate(models: Sequence[str], opts: CalibrateOptions | None = None, **options: Any) -> CalibrationRun:
-    """``memplan calibrate``: the kernel workspaces of every model x batch x resolution x strategy
-    (default: the strategies ``memplan compare`` shows for the model), into this machine's
-    calibration file. ``opts``: :class:`~memplan.profile_options.CalibrateOptions`, or its options
-    by name (``methods`` also by position); ``options``: the strategies' other options."""
+    """``memplan calibrate``: the kernel workspaces of every model x strategy (default: the
+    strategies ``memplan compare`` shows for the model) at one batch and resolution, into this
+    machine's calibration file (another batch or resolution: call again; what is calibrated already
+    is kept and not measured again). ``opts``: :class:`~memplan.profile_options.CalibrateOptions`,
+    or its options by name (``methods`` also by position); ``options``: the strategies' other options."""
     o = opts or CalibrateOptions()
-    methods, batches, resolutions, classes = o.methods, o.batches, o.resolutions, o.classes
+    methods, batch, res, classes = o.methods, o.batch, o.resolution, o.classes
     options = o.strategy.given(**options)
-    for name, values in (("batch", batches), ("resolution", resolutions), ("threads", (o.threads,))):
-        if any(v is not None and v < 1 for v in values):
+    for name, value in (("batch", batch), ("resolution", res), ("threads", o.threads)):
+        if value is not None and value < 1:
             raise BadOption(f"--{name} must be a positive integer")
     skipped: dict[str, str] = {}
     for name in methods or ():
@@ -232,31 +233,29 @@ def calibrate(models: Sequence[str], opts: CalibrateOptions | None = None, **opt
 
     def items() -> Iterable[tuple[LayerGraph, Plan]]:
         for model in models:
-            for res in resolutions:
-                for batch in batches:
-                    try:
-                        cap = capture(model, batch=batch, resolution=res, classes=classes)
-                    except ModelNotFound:
-                        raise  # a model that does not exist is an error, not a skip
-                    except MemplanError as exc:  # e.g. a resolution a fixed-input model cannot take
-                        skipped[f"{model} batch {batch} resolution {res}"] = str(exc)
-                        continue
-                    names = [(m, {}) for m in methods] if methods else default_methods(cap)
-                    for name, own in names:
-                        this, st = cap, get_strategy(name)
-                        if st.transform is not None:
-                            topts = {k: v for k, v in {**own, **options}.items() if k in st.transform_options}
-                            this = capture(
-                                model, batch=batch, resolution=res, classes=classes, method=name, method_options=topts
-                            )
-                        accepted = st.options
-                        kw = {**own, **{k: v for k, v in options.items() if k in accepted and v is not None}}
-                        try:
-                            plan = make_plan(this.graph, name, **kw)
-                        except MemplanError as exc:  # e.g. a block strategy on a model without blocks
-                            skipped[f"{cap.name} {name}"] = str(exc)
-                            continue
-                        yield this.graph, plan
+            try:
+                cap = capture(model, batch=batch, resolution=res, classes=classes)
+            except ModelNotFound:
+                raise  # a model that does not exist is an error, not a skip
+            except MemplanError as exc:  # e.g. a resolution a fixed-input model cannot take
+                skipped[f"{model} batch {batch} resolution {res}"] = str(exc)
+                continue
+            names = [(m, {}) for m in methods] if methods else default_methods(cap)
+            for name, own in names:
+                this, st = cap, get_strategy(name)
+                if st.transform is not None:
+                    topts = {k: v for k, v in {**own, **options}.items() if k in st.transform_options}
+                    this = capture(
+                        model, batch=batch, resolution=res, classes=classes, method=name, method_options=topts
+                    )
+                accepted = st.options
+                kw = {**own, **{k: v for k, v in options.items() if k in accepted and v is not None}}
+                try:
+                    plan = make_plan(this.graph, name, **kw)
+                except MemplanError as exc:  # e.g. a block strategy on a model without blocks
+                    skipped[f"{cap.name} {name}"] = str(exc)
+                    continue
+                yield this.graph, plan
 
     run = calibrate_graphs(items(), o.backend, o.threads)
     run.skipped = skipped

@@ -108,9 +108,7 @@ def _accepts(spec: str) -> bool:
     return spec.lower() in ("cifar10", "cifar-10") or _split_files(Path(spec)) is not None
 
 
-@source(
-    "cifar10", "cifar10 (CIFAR-10 as JPEG npz) or a folder with one *train*.npz and *test*.npz of that layout", _accepts
-)
+@source("cifar10", _accepts)
 def cifar10(spec: str, sample_shape: Sequence[int] | None) -> RawTask:
     d = cifar10_dir() if spec.lower() in ("cifar10", "cifar-10") else Path(spec)
     train, test = _split_files(d)

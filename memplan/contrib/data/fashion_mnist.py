@@ -79,7 +79,6 @@ def _idx_file(d: Path, stem: str) -> Path | None:
 
 @source(
     "fashion-mnist",
-    "Fashion-MNIST idx files (apt-get install dataset-fashion-mnist)",
     lambda spec: spec == "fashion-mnist",
 )
 def fashion_mnist(spec: str, sample_shape: Sequence[int] | None) -> RawTask:

@@ -25,7 +25,7 @@ def _is_npz(spec: str) -> bool:
     return spec.endswith(".npz") or Path(spec).is_file()
 
 
-@source("npz", "an .npz with x_train, y_train, x_test, y_test", _is_npz)
+@source("npz", _is_npz)
 def _npz(spec: str, sample_shape: Sequence[int] | None) -> RawTask:
     path = Path(spec)
     if not path.is_file():
@@ -77,9 +77,7 @@ def _class_folders(root: Path) -> dict[str, list[Path]]:
     return classes
 
 
-@source(
-    "folder", "an image folder (DIR/train/<class>, DIR/test/<class>, or DIR/<class>)", lambda spec: Path(spec).is_dir()
-)
+@source("folder", lambda spec: Path(spec).is_dir())
 def _folder(spec: str, sample_shape: Sequence[int] | None) -> RawTask:
     root = Path(spec)
     mode = "L" if sample_shape is not None and sample_shape[0] == 1 else "RGB"
@@ -137,7 +135,6 @@ def _split_arrays(split: Any, what: str) -> tuple[Any, Any]:
 
 @source(
     "factory",
-    "module:factory or file.py:factory returning (train, test)",
     lambda spec: ":" in spec and not os.path.exists(spec),
 )
 def _factory(spec: str, sample_shape: Sequence[int] | None) -> RawTask:

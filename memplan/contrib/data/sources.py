@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ... import names
 from ...registry import Registry
 from .core import BadData, Data, RawTask, Validation, prepare
 
@@ -55,15 +56,16 @@ class Source:
 
 
 #: the sources, tried in registration order
-SOURCES: Registry[Source] = Registry("data source", BadData)
+SOURCES: Registry[Source] = Registry("data source", BadData, names=names.DATA_SOURCES)
 
 
-def source(name: str, help: str, accepts: Callable[[str], bool], **defaults: Any) -> Callable:
-    """Decorator registering a ``read(spec, sample_shape) -> RawTask`` function as a source;
-    ``defaults``: its ``train_per_class`` / ``resolution`` / ``pretrain`` (:class:`Source`)."""
+def source(name: str, accepts: Callable[[str], bool], **defaults: Any) -> Callable:
+    """Decorator registering a ``read(spec, sample_shape) -> RawTask`` function as a source (its
+    help: ``memplan.names.DATA_SOURCES``); ``defaults``: its ``train_per_class`` / ``resolution`` /
+    ``pretrain`` (:class:`Source`)."""
 
     def decorate(read: Callable) -> Callable:
-        SOURCES.add(name, Source(name, help, accepts, read, **defaults))
+        SOURCES.add(name, Source(name, names.DATA_SOURCES[name], accepts, read, **defaults))
         return read
 
     return decorate

@@ -16,6 +16,7 @@ from torch.autograd.function import once_differentiable
 
 from ...errors import BadOption
 from ...graph import EXPLICIT_SELECT, SELECT_RULES, channel_index_problem, conv_padding, sub_channels
+from ...names import DEFAULT_SELECT
 from .checks import check_frozen, check_versions, share_frozen, versions
 from .restore import remember
 
@@ -199,7 +200,7 @@ def top_channels(importance: Tensor, ratio: float) -> list[int]:
     return sorted(int(c) for c in chosen)
 
 
-def select_channels(weight: Tensor, groups: int, ratio: float, rule: str = "magnitude+", seed: int = 0) -> Tensor:
+def select_channels(weight: Tensor, groups: int, ratio: float, rule: str = DEFAULT_SELECT, seed: int = 0) -> Tensor:
     """Sorted int64 indices of the ``n = max(1, int(C_in * ratio))`` channels to update.
 
     For a plain conv (groups == 1) these are input channels, ranked by the L2 norm of
@@ -298,7 +299,12 @@ class SubChannelConv(_ConvGeometry):
     memplan_kind = "conv"
 
     def __init__(
-        self, m: nn.Module, ratio: float, rule: str = "magnitude+", seed: int = 0, channels: Sequence[int] | None = None
+        self,
+        m: nn.Module,
+        ratio: float,
+        rule: str = DEFAULT_SELECT,
+        seed: int = 0,
+        channels: Sequence[int] | None = None,
     ):
         super().__init__()
         self._init_geometry(m)
@@ -324,7 +330,12 @@ class SubChannelConv(_ConvGeometry):
 
     @classmethod
     def from_module(
-        cls, m: nn.Module, ratio: float, rule: str = "magnitude+", seed: int = 0, channels: Sequence[int] | None = None
+        cls,
+        m: nn.Module,
+        ratio: float,
+        rule: str = DEFAULT_SELECT,
+        seed: int = 0,
+        channels: Sequence[int] | None = None,
     ) -> SubChannelConv:
         """Wrap ``m``: shares its weight (frozen) and bias; ``weight_sel`` is a new Parameter."""
         return remember(cls(m, ratio, rule, seed, channels), m)

@@ -1,0 +1,42 @@
+"""What training showed about a scheme: its validation-stage evidence (``memplan search
+--validate``, or a benchmark that trained it) and, where measured, its test accuracy. Accuracies
+in % (0..100)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TestAccuracy(BaseModel):
+    """Accuracy on a test split after every choice was made on validation: %, per seed, mean and
+    95% confidence half-width (Student t over seeds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accuracy: float = Field(description="mean test accuracy over seeds, %")
+    ci95: float = Field(ge=0, description="95% confidence half-width of the mean, points")
+    seeds: list[int]
+    per_seed: list[float] = Field(description="test accuracy of each seed, %")
+    data: str = Field(description="the data and split")
+    where: str = Field(description="what trained and measured it (a benchmark and its rows)")
+
+
+class Validation(BaseModel):
+    """The validation stage's evidence (``memplan search --validate``): accuracy on the held-aside
+    validation split, in % (0..100), mean and standard error over seeds; the candidates it beat."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="the candidate chosen: a baseline's name or 'searched ...'")
+    accuracy: float = Field(description="mean validation accuracy over seeds, %")
+    se: float = Field(ge=0, description="standard error of the mean over seeds, points (0 with one seed)")
+    seeds: list[int]
+    data: str = Field(description="the data and split it was measured on")
+    runners_up: list[dict[str, Any]] = Field(
+        default_factory=list, description="the other candidates: name, lr, accuracy (%), se, seeds, memory bytes"
+    )
+    test: TestAccuracy | None = Field(
+        None, description="the chosen scheme's accuracy on a test split over seeds no choice saw (None: not tested)"
+    )
