@@ -81,8 +81,9 @@ PROTOCOL = {
 }
 
 
-def methods() -> dict[str, dict[str, tuple[str, Update, str]]]:
-    """experiment -> method name -> (form, update, optimizer)."""
+def methods(p: dict | None = None) -> dict[str, dict[str, tuple[str, Update, str]]]:
+    """experiment -> method name -> (form, update, optimizer) under protocol ``p`` (its profile grid;
+    default :data:`PROTOCOL`)."""
     last2 = Update(blocks=2, description="last two blocks")
     fig9: dict[str, tuple[str, Update, str]] = {"classifier only": ("int8", Update(), "sgd-qas")}
     for k in (6, 12, 22, N_CONVS):
@@ -98,7 +99,7 @@ def methods() -> dict[str, dict[str, tuple[str, Update, str]]]:
     for name, (update, optimizer) in searched_schemes().items():
         fig9[name] = ("int8", update, optimizer)
     return {
-        "profile": {name: ("int8", update, "sgd-qas") for name, update in profile_entries(PROTOCOL["profile"]).items()},
+        "profile": {name: ("int8", u, "sgd-qas") for name, u in profile_entries((p or PROTOCOL)["profile"]).items()},
         "table1": {
             "fp32 SGD-M": ("fp32", last2, "sgd-momentum"),
             "int8 SGD-M": ("int8", last2, "sgd-momentum"),
@@ -143,10 +144,10 @@ def profile_entries(q: dict) -> dict[str, Update]:
     return out
 
 
-def reuse(runs: dict[str, dict], log: Path) -> None:
+def reuse(runs: dict[str, dict], log: Path, p: dict) -> None:
     """Profile runs that another experiment already made (the same form, update, optimizer, rate
     and seed) are copied into ``log`` under the profile's id, marked ``reused_from``."""
-    table = methods()
+    table = methods(p)
     for name, spec in table["profile"].items():
         for e, ms in table.items():
             for m, other in ms.items():
@@ -241,7 +242,7 @@ def run(job: dict, data: dict[str, torch.Tensor]) -> dict:
     if time.time() > job.get("deadline", float("inf")):
         return None
     torch.manual_seed(job["seed"])
-    form, update, optimizer = methods()[job["experiment"]][job["method"]]
+    form, update, optimizer = methods(job["protocol"])[job["experiment"]][job["method"]]
     dev, p = job["device"], job["protocol"]
     model = build(form, update, dev)
     opt = make_optimizer(trained(model), optimizer, job["lr"])
@@ -355,14 +356,14 @@ def profile_document(runs: dict[str, dict], p: dict) -> dict | None:
         rows = [runs.get(job_id("profile", name, q["lr"], s)) for s in protocol.seeds]
         if any(r is None for r in rows):
             return None
-        model = build("int8", methods()["profile"][name][1], "cpu")
+        model = build("int8", methods(p)["profile"][name][1], "cpu")
         raw[spec.id] = {**spec.to_dict(), "id": spec.id, "seeds": list(protocol.seeds),
                         "accuracy": [r["acc"] for r in rows], "trainable_params": trained_elements(model),
                         "train_s": sum(r["seconds"] for r in rows), "eval_s": 0.0, "cache_s": 0.0,
                         "cpu_s": sum(r["seconds"] for r in rows)}  # fmt: skip
     entries = from_runs(specs, raw, layers)
     clf = raw["classifier"]["accuracy"][0]
-    devices = sorted({runs[job_id("profile", n, q["lr"], s)]["device"] for n in methods()["profile"]
+    devices = sorted({runs[job_id("profile", n, q["lr"], s)]["device"] for n in methods(p)["profile"]
                       for s in protocol.seeds if job_id("profile", n, q["lr"], s) in runs})  # fmt: skip
     doc = ContribProfile(
         model=PROFILE_MODEL, fingerprint=fingerprint(graph), input_shape=[3, res, res],
@@ -447,11 +448,12 @@ def trained_elements(model: torch.nn.Module) -> int:
 _DATA: dict[str, torch.Tensor] = {}
 
 
-def _init_worker(data_dir: str, device: str, protocol: dict) -> None:
+def _init_worker(data_dir: str, device: str, protocol: dict, fuse: bool = True) -> None:
     torch.set_num_threads(1)
     torch.backends.cudnn.allow_tf32 = False  # the int8 graph's integer arithmetic needs exact fp32 sums
     torch.backends.cuda.matmul.allow_tf32 = False
-    fuse_kernels()  # the same bits, ~2x faster steps on a CPU (memplan.models.int8.ops)
+    if fuse:
+        fuse_kernels()  # the same bits, ~2x faster steps on a CPU (memplan.models.int8.ops)
     _DATA.update(load_data(Path(data_dir), device, protocol))
 
 
@@ -544,6 +546,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--report-only", action="store_true", help="rebuild the report from runs.jsonl, train nothing")
     ap.add_argument("--write-profile", type=Path, help="write the profile experiment's runs as a contribution profile")
     ap.add_argument("--record-evidence", action="store_true", help="write searched rows' results into their schemes")
+    ap.add_argument("--eager", action="store_true", help="do not compile the int8 kernels (same bits; no compile wait)")
     return ap
 
 
@@ -580,11 +583,11 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "protocol.json").write_text(json.dumps(p, indent=1))
     t0 = time.time()
     ctx = mp.get_context("spawn" if args.device == "cuda" or os.environ.get("MCU_SPAWN") else "fork")
-    init = (str(args.data), args.device, p)
+    init = (str(args.data), args.device, p, not args.eager)
     with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_init_worker, initargs=init) as ex:
         while time.time() - t0 < args.budget_s:
             runs = read_runs(log)
-            reuse(runs, log)
+            reuse(runs, log, p)
             jobs = [
                 {
                     "id": job_id(e, m, lr, s),
@@ -597,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
                     "deadline": t0 + args.budget_s,
                 }  # fmt: skip
                 for e in args.experiments
-                for m, (_, _, opt) in methods()[e].items()
+                for m, (_, _, opt) in methods(p)[e].items()
                 if args.methods is None or m in args.methods
                 for lr, s in pending(runs, e, m, opt, p)
             ]
@@ -761,7 +764,7 @@ def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
     out: dict = {"protocol": p, "experiments": {}}
     for e in experiments:
         rows = {}
-        for m, (_, _, opt) in methods()[e].items():
+        for m, (_, _, opt) in methods(p)[e].items():
             grid = expanded_grid(runs, e, m)
             best = choose(runs, e, m, grid, p) if grid else None
             tests = [
@@ -772,7 +775,7 @@ def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
             if not tests:
                 continue
             mean, ci = mean_ci([r["acc"] for r in tests])
-            _, update, _ = methods()[e][m]
+            _, update, _ = methods(p)[e][m]
             devices = sorted({r["device"] for r in tests})
             val = float(np.mean([runs[job_id(e, m, best, s)]["acc"] for s in p["selection_seeds"]]))
             rows[m] = {"optimizer": opt, "lr": best, "grid": grid, "val": val, "test": [r["acc"] for r in tests],

@@ -19,9 +19,11 @@ from PIL import Image
 
 import memplan
 from memplan.contrib.data import BadData, load_data
+from memplan.contrib.profile import load_profile
 from memplan.models.int8 import NAMES, QuantConv2d, fp32_model, int8_model, load, mcu_transform
 from memplan.models.int8.updates import PAPER_SCHEMES, Update, apply_update, backward_config, convs
 from memplan.optim import make_optimizer
+from memplan.search import run_search
 
 from . import int8_reference as ref
 
@@ -200,7 +202,8 @@ def test_paper_setting_benchmark_runs_a_cheap_form(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "mcu_transfer.py"), "--data", str(SAMPLE), "--out", str(tmp_path),
            "--experiments", "fig9", "--methods", "classifier only", "paper's 100 KB scheme",
            "--set", "train_per_class=6", "val_per_class=2", "epochs=1", "warmup_epochs=0", "resolution=32", "batch=16",
-           "test_seeds=[0, 1]", 'grids={"sgd": [0.01, 0.03, 0.1], "adam": [0.001]}', "max_widen=0"]  # fmt: skip
+           "test_seeds=[0, 1]", 'grids={"sgd": [0.01, 0.03, 0.1], "adam": [0.001]}', "max_widen=0",
+           "--eager"]  # fmt: skip
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -209,6 +212,33 @@ def test_paper_setting_benchmark_runs_a_cheap_form(tmp_path):
     assert len(rep["classifier only"]["test"]) == 2
     assert rep["paper's 100 KB scheme"]["memory"]["sram_fits"]
     assert "| paper's 100 KB scheme |" in done.stdout
+
+
+def test_paper_setting_profile_runs_a_cheap_form_and_the_search_reads_it(tmp_path):
+    """The benchmark's profile experiment (a tiny grid) written as a contribution profile, which
+    ``memplan search`` reads: the pipeline behind the shipped int8 profile."""
+    bench = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "mcu_transfer.py"),
+        "--data",
+        str(SAMPLE),
+        "--out",
+        str(tmp_path),
+    ]
+    tiny = ["--set", "train_per_class=4", "val_per_class=2", "epochs=1", "warmup_epochs=0", "resolution=32", "batch=16",
+            'profile={"lr": 0.03, "bias_ks": [1], "weight_convs": [40], "ratios": [1.0]}', "--eager"]  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([*bench, "--experiments", "profile", *tiny], capture_output=True, text=True, env=env,
+                          timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / "profile.json"
+    done = subprocess.run([*bench, "--write-profile", str(out)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    prof = load_profile(out)
+    assert set(prof.bias) == {1, 2} and set(prof.weight) == {"blocks.13.conv.dw.conv"}
+    assert prof.protocol.optimizer == "sgd-qas" and prof.evaluated_on == "validation"
+    result = run_search("mcunet-5fps-int8", budget="100KB", profile_path=out, objective="mean")
+    assert result.scheme.model == "mcunet-5fps-int8" and result.memory_bytes <= 100_000
 
 
 def test_apply_strategy_realises_the_papers_scheme_on_the_int8_graph():
