@@ -453,7 +453,7 @@ def _init_worker(data_dir: str, device: str, protocol: dict, fuse: bool = True) 
     torch.backends.cudnn.allow_tf32 = False  # the int8 graph's integer arithmetic needs exact fp32 sums
     torch.backends.cuda.matmul.allow_tf32 = False
     if fuse:
-        fuse_kernels()  # the same bits, ~2x faster steps on a CPU (memplan.models.int8.ops)
+        fuse_kernels()  # the same bits, 2-3x faster steps on a CPU (benchmarks/int8_kernels.py)
     _DATA.update(load_data(Path(data_dir), device, protocol))
 
 

@@ -56,7 +56,7 @@ _KERNELS: dict[str, Any] = {"shifted": _shifted, "requantize": _requantize}
 
 def fuse_kernels(enable: bool = True) -> bool:
     """Compile the forward's elementwise chains (``torch.compile``, one fused loop each instead of
-    six passes over float64 copies: ~4x faster training of the int8 graph on a CPU). Same
+    six passes over float64 copies: a training step 2-3x faster on a CPU, benchmarks/int8_kernels.py). Same
     formulas, so the same bits (``tests/test_int8.py`` checks). Returns False, changing nothing,
     where this torch cannot compile (no C++ compiler, ...). The first call of each kernel
     compiles (~30 s); later processes read torch's compile cache. ``enable=False`` restores the
