@@ -216,10 +216,16 @@ def print_search(result: SearchResult, console: Console) -> None:
     )
     if used_line:
         console.print(used_line)
-    if s.execution is not None:
+    if s.execution is not None and s.execution.recompute:
         segments = " | ".join(" + ".join(seg) for seg in s.execution.recompute)
         flops = int((s.predicted or {}).get("recompute_flops", 0))
         console.print(f"recomputed in the backward ({flops:,} FLOPs): {segments}", markup=False)
+    if s.execution is not None and s.execution.micro_batches > 1:
+        m = s.execution.micro_batches
+        console.print(
+            f"gradient accumulation: batch {s.batch} in {m} micro-batches of {s.batch // m} "
+            "(activations of one micro-batch)"
+        )
     table = Table("component", "bytes", "size")
     for k, v in r.breakdown.items():
         table.add_row(k, str(v), fmt_bytes(v))

@@ -20,7 +20,10 @@ run and the search is redone with ``compute()`` as the memory function).
 
 With ``recompute`` (segment sizes), the search also chooses which segments the backward
 recomputes (``memplan.search.execution``): every recompute set it tries is searched as above and
-the best candidate over them kept; the scheme records the set (``Scheme.execution``).
+the best candidate over them kept; the scheme records the set (``Scheme.execution``). With
+``micro_batches`` (counts), each count is searched too, on the model traced again at one
+micro-batch (its activations; the peak of a later micro-batch, FLOPs of all of them), and the
+scheme records the count the best candidate trains with.
 
 An optional FLOPs budget (``flops_budget``) bounds the backward FLOPs of one training step
 (``memplan.search.memory.FLOPS_FIGURE``: conv / linear / matmul backward, FLOPs = 2 x MACs)
@@ -37,8 +40,8 @@ from typing import Any
 import torch.nn as nn
 
 from ..accounting.devices import Device, deployed_bytes, flash_fit, load_device
-from ..api import Captured
-from ..errors import BadOption
+from ..api import Captured, capture
+from ..errors import BadOption, SchemeError
 from ..modes import get_mode
 from ..options import with_keywords
 from ..plan import new_provenance
@@ -163,44 +166,81 @@ def _check_flash(search: _Search, cap: Captured) -> None:
 
 
 def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
-    """The search of every recompute set of ``execution_family`` (only none without
-    ``--recompute``), the best kept: largest gain, then least memory, FLOPs, segments. A set whose
-    classifier-only memory exceeds the budget is passed over (the budget is refused when every set's
-    does), and so is one under which the method asked for does not apply (a warning says so)."""
-    if search.opts.accounting.recompute and not get_mode(search.mode).recompute:
+    """The search of every execution set, the best kept: each micro-batch count (the whole batch at
+    once, and those of ``micro_batches``) with each recompute set of ``execution_family`` (only
+    none without ``--recompute``); best is largest gain, then least memory, FLOPs, micro-batches,
+    segments. A set whose classifier-only memory exceeds the budget is passed over (the budget is
+    refused when every set's does), and so is one under which the method asked for does not apply
+    (a warning says so)."""
+    acc = search.opts.accounting
+    if acc.recompute and not get_mode(search.mode).recompute:
         raise BadOption(
             f"mode {search.mode} does not model recomputed segments (its peak is the engine's schedule)",
             "search without --recompute, or in another mode",
         )
     best: tuple[tuple, Prepared, Additivity, _Found] | None = None
-    refused: BudgetError | None = None
-    for segments in execution_family(read.cap.graph, search.opts.accounting.recompute, read.cap.model):
-        try:
-            prepared, additivity = _prepare(search, read.cap, read.contributions, segments)
-        except BudgetError as exc:
-            refused = refused or exc
-            continue
-        try:
-            found = _run(search, prepared, additivity)
-        except BadOption as exc:  # the method asked for does not apply under this set
-            if not segments:
-                raise
-            search.warnings.append(f"recompute set from {segments[0][0]} in {len(segments)} segments left out: {exc}")
-            continue
-        cand = found.runs[found.method].candidate
-        key = (prepared.space.value(cand), -found.measured, -prepared.memory.flops(cand), -len(segments))
-        if best is None or key > best[0]:
-            best = (key, prepared, additivity, found)
+    refused: list[BudgetError] = []
+    for micro, cap in _micro_captures(read.cap, acc.micro_batches):
+        for segments in execution_family(cap.graph, acc.recompute, cap.model):
+            searched = _search_set(search, cap, read.contributions, segments, micro, refused)
+            if searched is not None and (best is None or searched[0] > best[0]):
+                best = searched
     search.warnings[:] = list(dict.fromkeys(search.warnings))  # each set's search may warn alike
     if best is None:
-        raise refused  # type: ignore[misc]  # the family holds at least the empty set
+        raise refused[0]
     return best[1], best[2], best[3]
 
 
+def _micro_captures(cap: Captured, counts: tuple[int, ...]) -> list[tuple[int, Captured]]:
+    """(micro-batch count, the model captured at one micro-batch): 1 and ``cap`` first, then each of
+    ``counts``, the model traced again at ``batch / count`` (BadOption where it does not divide)."""
+    batch = cap.graph.batch
+    wrong = [m for m in counts if batch % m]
+    if wrong:
+        raise BadOption(
+            f"--micro-batches {wrong[0]} does not divide --batch {batch}",
+            "give counts that divide the batch (e.g. --batch 32 --micro-batches 2,4)",
+        )
+    again = [capture(cap.model, batch=batch // m, input_shape=cap.graph.input_shape[1:], name=cap.name) for m in counts]
+    return [(1, cap), *zip(counts, again, strict=True)]
+
+
+def _search_set(
+    search: _Search,
+    cap: Captured,
+    contributions: Contributions,
+    segments: Segments,
+    micro: int,
+    refused: list[BudgetError],
+) -> tuple[tuple, Prepared, Additivity, _Found] | None:
+    """The search under one execution set (``_joint``): (its ranking key, prepared, additivity,
+    found), or None where it is passed over (its BudgetError appended to ``refused``)."""
+    try:
+        prepared, additivity = _prepare(search, cap, contributions, segments, micro)
+    except BudgetError as exc:
+        refused.append(exc)
+        return None
+    except SchemeError as exc:  # micro-batches where a norm uses batch statistics
+        raise BadOption(exc.message.removeprefix("scheme execution: "), exc.hint) from None
+    try:
+        found = _run(search, prepared, additivity)
+    except BadOption as exc:  # the method asked for does not apply under this set
+        if not segments and micro == 1:
+            raise
+        what = f"recompute set from {segments[0][0]} in {len(segments)} segments" if segments else "set"
+        search.warnings.append(f"{what} with {micro} micro-batch(es) left out: {exc}")
+        return None
+    cand = found.runs[found.method].candidate
+    memory = prepared.memory
+    key = (prepared.space.value(cand), -found.measured, -memory.flops(cand), -micro, -len(segments))
+    return key, prepared, additivity, found
+
+
 def _prepare(
-    search: _Search, cap: Captured, contributions: Contributions, recompute: Segments = ()
+    search: _Search, cap: Captured, contributions: Contributions, recompute: Segments = (), micro_batches: int = 1
 ) -> tuple[Prepared, Additivity]:
-    """The space (every candidate recomputing the segments ``recompute``), the memory model, the
+    """The space (every candidate recomputing the segments ``recompute``, in ``micro_batches``
+    micro-batches of ``cap``'s batch), the memory model, the
     cost table (refusing a budget below the classifier-only memory) and the additivity check on
     probe candidates; with a FLOPs budget the FLOPs table and its check too
     (``Prepared.flops_table``, ``Additivity.flops``)."""
@@ -222,6 +262,7 @@ def _prepare(
         select=sp.select,
     )
     space.recompute = recompute
+    space.micro_batches = micro_batches
     search.optimizer = acc.optimizer or contributions.optimizer  # count the state of the optimizer that trains
     memory = MemoryModel(
         space,
@@ -311,7 +352,11 @@ def _result(search: _Search, read: _Read, prepared: Prepared, additivity: Additi
     breakdown = memory.breakdown(cand)
     flops = memory.flops(cand)  # compute() of the scheme, never the table
     bounded = {} if search.flops_budget is None else {"flops_budget": search.flops_budget}
-    recomputed = {"recompute_flops": memory.profile(cand).totals.recompute_flops} if space.recompute else {}
+    recomputed = (
+        {"recompute_flops": memory.profile(cand).totals.recompute_flops * space.micro_batches}
+        if space.recompute
+        else {}
+    )
     scheme = space.to_scheme(
         cand,
         mode=search.mode,
