@@ -102,11 +102,10 @@ def test_fit_scheme_steps_as_the_whole_batch(lite0):
     after, calls = [], []
     for s in (whole, scheme):
         m = _applied(model, s)
-        forwards = []
-        m.register_forward_pre_hook(lambda _, args: forwards.append(args[0].shape[0]))
+        calls.append([])
+        m.register_forward_pre_hook(lambda _, args, seen=calls[-1]: seen.append(args[0].shape[0]))
         fit_scheme(m, s, x, y)
         after.append(dict(m.named_parameters()))
-        calls.append(forwards)
     assert calls == [[BATCH], [BATCH // MICRO] * MICRO]  # one step, as MICRO micro-batches
     moved = 0
     for name, p in after[0].items():
