@@ -7,6 +7,8 @@ step in float64:
   differs, so to a tight tolerance), and so do the parameters after ``fit_scheme``'s step;
 * the saved activations of one micro-batch, measured with ``saved_tensors_hooks`` (unique
   storages), equal ``compute()``'s prediction for the scheme;
+* ``memplan verify`` confirms the saving on a real step (one micro-batch and the whole batch at
+  once, each measured);
 * a scheme records the count (schema version 5); a count that does not divide the batch, or one
   where a norm normalises with its batch's statistics, is refused in one line.
 
@@ -26,11 +28,13 @@ import torch
 from memplan.accounting.engine import compute
 from memplan.api import capture
 from memplan.apply import apply_scheme
+from memplan.cli import main
 from memplan.errors import BadOption, SchemeError
 from memplan.modes import get_mode
 from memplan.plan import Scheme, Training, load_scheme, scheme_from_dict, scheme_to_plan
 from memplan.strategies import make_plan
 from memplan.train import fit, fit_scheme, make_optimizer
+from memplan.verify import verify
 from memplan.verify.measure import saved_bytes
 
 from .helpers import real_model
@@ -122,3 +126,24 @@ def test_one_micro_batch_of_activations_measured(lite0):
     predicted = compute(graph, scheme_to_plan(graph, scheme), get_mode("applied")).totals
     x, y = _data(BATCH // MICRO)
     assert saved_bytes(m, x.float(), y).bytes == predicted.saved_activation_bytes
+
+
+def test_verify_confirms_the_saving(lite0, tmp_path, capsys):
+    """``memplan verify`` of a scheme in micro-batches: in both setups the measured saved bytes of one
+    micro-batch and of the whole batch at once are the predicted ones, so is the saving; the CLI
+    says so, and refuses a batch the micro-batches do not divide in one line."""
+    model, _, scheme = lite0
+    path = tmp_path / "micro.json"
+    scheme.save(path)
+    report = verify(model, "sparse", batch=BATCH, scheme=str(path), steps=1)
+    assert report.ok
+    for r in (report.pytorch, report.applied):
+        predicted, measured = r.whole_batch
+        assert (predicted, measured - r.measured_saved) == (measured, predicted - r.predicted_saved)
+        assert measured > 2 * r.measured_saved
+    with pytest.raises(BadOption, match="do not divide --batch 6"):
+        verify(model, "sparse", batch=6, scheme=str(path), steps=1)
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "efficientnet-lite0", "--method", "sparse", "-o", f"scheme={path}", "-b", "8", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and "saved by micro-batching" in out and "ok" in out

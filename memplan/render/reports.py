@@ -101,6 +101,10 @@ def print_verify(report: VerifyReport, console: Console) -> None:
         table.add_row("  without recomputation", *cells([r.without_recompute for r in runs]))
         saving = [(w[0] - r.predicted_saved, w[1] - r.measured_saved) for r in runs if (w := r.without_recompute)]
         table.add_row("  saved by recomputation", *cells(saving))
+    if all(r.whole_batch is not None for r in runs):
+        table.add_row("  whole batch at once", *cells([r.whole_batch for r in runs]))
+        saving = [(w[0] - r.predicted_saved, w[1] - r.measured_saved) for r in runs if (w := r.whole_batch)]
+        table.add_row("  saved by micro-batching", *cells(saving))
     table.add_row("step peak", *cells([(r.predicted_peak, r.measured_peak) for r in runs]))
     table.add_row("loss first -> last", *[x for r in runs for x in ("", f"{r.losses[0]:.4f} -> {r.losses[-1]:.4f}")])
     console.print(table)
