@@ -20,10 +20,8 @@ run and the search is redone with ``compute()`` as the memory function).
 
 With ``recompute`` (segment sizes), the search also chooses which segments the backward
 recomputes (``memplan.search.execution``): every recompute set it tries is searched as above and
-the best candidate over them kept; the scheme records the set (``Scheme.execution``). With
-``micro_batches`` (counts), each count is searched too, on the model traced again at one
-micro-batch (its activations; the peak of a later micro-batch, FLOPs of all of them), and the
-scheme records the count the best candidate trains with.
+the best candidate over them kept; the scheme records the set (``Scheme.execution``). So is each
+micro-batch count of ``micro_batches`` (gradient accumulation; ``memplan.search.execution``).
 
 An optional FLOPs budget (``flops_budget``) bounds the backward FLOPs of one training step
 (``memplan.search.memory.FLOPS_FIGURE``: conv / linear / matmul backward, FLOPs = 2 x MACs)
@@ -40,7 +38,7 @@ from typing import Any
 import torch.nn as nn
 
 from ..accounting.devices import Device, deployed_bytes, flash_fit, load_device
-from ..api import Captured, capture
+from ..api import Captured
 from ..errors import BadOption, SchemeError
 from ..modes import get_mode
 from ..options import with_keywords
@@ -48,7 +46,7 @@ from ..plan import new_provenance
 from ..units import fmt_bytes, parse_flops
 from .budgets import BudgetError, all_additive, flops_table, memory_budget
 from .exact import relative_gap
-from .execution import Segments, execution_family
+from .execution import Segments, execution_family, micro_captures
 from .inputs import capture_inputs, profile_training, resolution_warnings
 from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
 from .methods import METHODS, Prepared, default_method, general_methods, run_methods, wanted_methods
@@ -180,7 +178,7 @@ def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
         )
     best: tuple[tuple, Prepared, Additivity, _Found] | None = None
     refused: list[BudgetError] = []
-    for micro, cap in _micro_captures(read.cap, acc.micro_batches):
+    for micro, cap in micro_captures(read.cap, acc.micro_batches):
         for segments in execution_family(cap.graph, acc.recompute, cap.model):
             searched = _search_set(search, cap, read.contributions, segments, micro, refused)
             if searched is not None and (best is None or searched[0] > best[0]):
@@ -189,20 +187,6 @@ def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
     if best is None:
         raise refused[0]
     return best[1], best[2], best[3]
-
-
-def _micro_captures(cap: Captured, counts: tuple[int, ...]) -> list[tuple[int, Captured]]:
-    """(micro-batch count, the model captured at one micro-batch): 1 and ``cap`` first, then each of
-    ``counts``, the model traced again at ``batch / count`` (BadOption where it does not divide)."""
-    batch = cap.graph.batch
-    wrong = [m for m in counts if batch % m]
-    if wrong:
-        raise BadOption(
-            f"--micro-batches {wrong[0]} does not divide --batch {batch}",
-            "give counts that divide the batch (e.g. --batch 32 --micro-batches 2,4)",
-        )
-    again = [capture(cap.model, batch=batch // m, input_shape=cap.graph.input_shape[1:], name=cap.name) for m in counts]
-    return [(1, cap), *zip(counts, again, strict=True)]
 
 
 def _search_set(
