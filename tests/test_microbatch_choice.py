@@ -25,6 +25,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import memplan
 from memplan.accounting.engine import compute
 from memplan.api import capture
 from memplan.apply import apply_scheme
@@ -120,12 +121,20 @@ def test_fit_scheme_steps_as_the_whole_batch(lite0):
         fit(model, make_optimizer(model, "sgd", 0.1), x.float(), y, steps=1, micro_batches=0)
 
 
-def test_one_micro_batch_of_activations_measured(lite0):
+def test_one_micro_batch_of_activations_measured(lite0, tmp_path):
+    """compute() of the scheme's plan, and ``memplan.profile`` of its file at the whole batch (which
+    reads the count the scheme records), predict one micro-batch's saved activations as measured."""
     model, graph, scheme = lite0
     m = apply_scheme(copy.deepcopy(model), scheme)
     predicted = compute(graph, scheme_to_plan(graph, scheme), get_mode("applied")).totals
     x, y = _data(BATCH // MICRO)
-    assert saved_bytes(m, x.float(), y).bytes == predicted.saved_activation_bytes
+    measured = saved_bytes(m, x.float(), y).bytes
+    assert measured == predicted.saved_activation_bytes
+    scheme.save(tmp_path / "s.json")
+    prof = memplan.profile(copy.deepcopy(model), "sparse", scheme=str(tmp_path / "s.json"), batch=BATCH, mode="applied")
+    assert prof.totals.saved_activation_bytes == measured and prof.extras["micro_batch"]["micro_batches"] == MICRO
+    with pytest.raises(BadOption, match="which do not divide --batch 6"):
+        memplan.profile(copy.deepcopy(model), "sparse", scheme=str(tmp_path / "s.json"), batch=6, mode="applied")
 
 
 def test_verify_confirms_the_saving(lite0, tmp_path, capsys):
