@@ -26,6 +26,7 @@ from memplan.modes import get_mode
 from memplan.plan import load_scheme
 from memplan.render.reports import print_search
 from memplan.search import run_search
+from memplan.search.budgets import BudgetError
 from memplan.search.space import Candidate, build_space, contributions_of
 from memplan.verify.measure import saved_bytes
 
@@ -134,3 +135,15 @@ def test_refused_where_a_norm_uses_batch_statistics(small):
     with pytest.raises(BadOption, match="changes what the model computes") as info:
         run_search(build(), budget, profile=profile, input_shape=SHAPE, batch=BATCH, mode=MODE, micro_batches=(2,))
     assert "\n" not in str(info.value)
+
+
+def test_below_the_whole_batch_floor(small):
+    """A budget under the whole batch's classifier-only memory but not under that of 4 micro-batches
+    is met in 4; one under every count's is refused with the least floor of all."""
+    profile, truth = small
+    floors = {m: truth[Candidate(0), m][1] for m in COUNTS}
+    assert floors[1] > floors[2] > floors[4]
+    r = _search(profile, floors[4], micro_batches=(2, 4))
+    assert r.scheme.execution.micro_batches == 4 and r.memory_bytes == floors[4]
+    with pytest.raises(BudgetError, match=f"classifier-only memory {floors[4]} B"):
+        _search(profile, floors[4] - 1, micro_batches=(2, 4))

@@ -164,12 +164,10 @@ def _check_flash(search: _Search, cap: Captured) -> None:
 
 
 def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
-    """The search of every execution set, the best kept: each micro-batch count (the whole batch at
-    once, and those of ``micro_batches``) with each recompute set of ``execution_family`` (only
-    none without ``--recompute``); best is largest gain, then least memory, FLOPs, micro-batches,
-    segments. A set whose classifier-only memory exceeds the budget is passed over (the budget is
-    refused when every set's does), and so is one under which the method asked for does not apply
-    (a warning says so)."""
+    """The search of every execution set (each micro-batch count, 1 first, with each recompute set of
+    ``execution_family``), the best kept: largest gain, then least memory, FLOPs, micro-batches,
+    segments. A set whose floor exceeds the budget is passed over (refused when every set's does), and
+    so is one under which the method asked for does not apply (a warning says so)."""
     acc = search.opts.accounting
     if acc.recompute and not get_mode(search.mode).recompute:
         raise BadOption(
@@ -184,8 +182,8 @@ def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
             if searched is not None and (best is None or searched[0] > best[0]):
                 best = searched
     search.warnings[:] = list(dict.fromkeys(search.warnings))  # each set's search may warn alike
-    if best is None:
-        raise refused[0]
+    if best is None:  # the set that needs the least memory says by how much
+        raise min(refused, key=lambda exc: (exc.floor is None, exc.floor or 0))
     return best[1], best[2], best[3]
 
 
@@ -265,6 +263,7 @@ def _prepare(
             f"budget {search.budget_text} = {search.budget_bytes} B is below the classifier-only memory "
             f"{floor} B ({fmt_bytes(floor)}) of {cap.name} under mode {search.mode} ({acc.metric})",
             "raise the budget",
+            floor=floor,
         )
     t0 = time.perf_counter()
     solver = search.opts.solver
