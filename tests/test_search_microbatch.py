@@ -119,6 +119,8 @@ def test_off_by_default_and_refused(small):
         _search(profile, budget, micro_batches=(3,))
     with pytest.raises(Exception, match="micro-batch counts must be positive"):
         _search(profile, budget, micro_batches=(0,))
+    with pytest.raises(BadOption, match="no gradient is kept to accumulate"):
+        run_search(BlockNet(), 10**9, profile=profile, input_shape=SHAPE, batch=BATCH, mode="mcu", micro_batches=(2,))
 
 
 def test_refused_where_a_norm_uses_batch_statistics(small):

@@ -23,9 +23,11 @@ from collections.abc import Sequence
 import torch.nn as nn
 
 from ..api import Captured, capture
+from ..costs.peak import in_place_update
 from ..errors import BadOption
 from ..graph import LayerGraph
 from ..graph.execution import grouped
+from ..modes import get_mode
 from ..nn.recompute import runs_together
 
 Segments = tuple[tuple[str, ...], ...]
@@ -63,3 +65,21 @@ def micro_captures(cap: Captured, counts: Sequence[int]) -> list[tuple[int, Capt
         )
     again = [capture(cap.model, batch=batch // m, input_shape=cap.graph.input_shape[1:], name=cap.name) for m in counts]
     return [(1, cap), *zip(counts, again, strict=True)]
+
+
+def check_execution(mode: str, recompute: Sequence[int], micro_batches: Sequence[int]) -> None:
+    """BadOption where ``mode`` cannot count the execution choices asked for: recomputed segments in a
+    mode whose peak is an engine's schedule, micro-batches where the update runs in place during
+    the backward (no gradient is kept to accumulate)."""
+    spec = get_mode(mode)
+    if recompute and not spec.recompute:
+        raise BadOption(
+            f"mode {mode} does not model recomputed segments (its peak is the engine's schedule)",
+            "search without --recompute, or in another mode",
+        )
+    if micro_batches and in_place_update(spec.default_schedule):
+        raise BadOption(
+            f"mode {mode} updates each parameter in place during the backward: no gradient is kept to accumulate "
+            "over micro-batches",
+            "search without --micro-batches, or in another mode",
+        )

@@ -40,13 +40,12 @@ import torch.nn as nn
 from ..accounting.devices import Device, deployed_bytes, flash_fit, load_device
 from ..api import Captured
 from ..errors import BadOption, SchemeError
-from ..modes import get_mode
 from ..options import with_keywords
 from ..plan import new_provenance
 from ..units import fmt_bytes, parse_flops
 from .budgets import BudgetError, all_additive, flops_table, memory_budget
 from .exact import relative_gap
-from .execution import Segments, execution_family, micro_captures
+from .execution import Segments, check_execution, execution_family, micro_captures
 from .inputs import capture_inputs, profile_training, resolution_warnings
 from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
 from .methods import METHODS, Prepared, default_method, general_methods, run_methods, wanted_methods
@@ -169,11 +168,7 @@ def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
     segments. A set whose floor exceeds the budget is passed over (refused when every set's does), and
     so is one under which the method asked for does not apply (a warning says so)."""
     acc = search.opts.accounting
-    if acc.recompute and not get_mode(search.mode).recompute:
-        raise BadOption(
-            f"mode {search.mode} does not model recomputed segments (its peak is the engine's schedule)",
-            "search without --recompute, or in another mode",
-        )
+    check_execution(search.mode, acc.recompute, acc.micro_batches)
     best: tuple[tuple, Prepared, Additivity, _Found] | None = None
     refused: list[BudgetError] = []
     for micro, cap in micro_captures(read.cap, acc.micro_batches):
