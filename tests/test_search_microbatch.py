@@ -108,7 +108,8 @@ def test_flops_unchanged(small):
     budget = max(v[1] for v in truth.values())
     r = _search(profile, budget, micro_batches=(2,), flops_budget=10**12)
     whole = _search(profile, budget, flops_budget=10**12)
-    assert r.backward_flops == whole.backward_flops
+    assert r.scheme.execution.micro_batches == 2 and whole.scheme.execution is None  # less memory, same gain
+    assert r.backward_flops == whole.backward_flops and r.objective_value == whole.objective_value
 
 
 def test_off_by_default_and_refused(small):
