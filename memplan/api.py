@@ -42,7 +42,7 @@ from .names import DEFAULT_OPTIMIZER, PROFILE_MODE
 from .nn.transforms import replace_module, swap_norm
 from .optim import OPTIMIZERS
 from .options import with_keywords
-from .plan.recorded import planned_for, scheme_input_shape, scheme_optimizer
+from .plan.recorded import planned_for, scheme_input_shape, scheme_micro_batches, scheme_optimizer
 from .profile_options import Capture as CaptureOptions, CompareOptions, Costing, ProfileOptions
 from .strategies import as_prepared, changes_architecture, make_plan, transform_model
 from .strategies.base import compared
@@ -280,27 +280,42 @@ def profile(model: str | nn.Module, opts: ProfileOptions | None = None, **option
     shape it was planned at unless ``input_shape`` is given (with ``resolution``: its channels at
     that side); a model that fails there is refused as not the scheme's (:func:`planned_for`).
     ``micro_batch``: M, gradient accumulation over M micro-batches of ``batch / M``
-    (``memplan.accounting.microbatch``: one micro-batch's activations, ``Profile.extras["micro_batch"]``).
+    (``memplan.accounting.microbatch``: one micro-batch's activations, ``Profile.extras["micro_batch"]``);
+    default: the count a ``scheme`` records (``execution.micro_batches``; refused where it does not
+    divide ``batch``), else none.
     """
     o = opts or ProfileOptions()
     method, shaped, strategy = o.method, o.capture, o.strategy.given(**options)
     scheme = strategy.get("scheme")
     if shaped.input_shape is None:
         shaped = shaped.replace(input_shape=recorded_shape(scheme_input_shape(scheme), shaped.resolution))
-    if o.micro_batch is not None:
+    micro = _micro_batches(o.micro_batch, shaped.batch, scheme)
+    if micro is not None:
         _positive("batch", shaped.batch)
-        shaped = shaped.replace(batch=micro_batch_size(shaped.batch, o.micro_batch))
+        shaped = shaped.replace(batch=micro_batch_size(shaped.batch, micro))
     with planned_for(scheme, shape_given=o.capture.input_shape is not None):
         cap = capture(model, shaped, method=method, method_options=strategy)
-    accumulated = o.micro_batch is not None and o.micro_batch > 1
+    accumulated = micro is not None and micro > 1
     prof = profile_captured(cap, method, o.costing, accumulated=accumulated, **strategy)
-    if o.micro_batch is not None:
+    if micro is not None:
         plan = make_plan(cap.graph, method, **strategy)
-        prof.extras["micro_batch"] = micro_batch_extras(cap.graph, plan, o.micro_batch, o.capture.batch)
+        prof.extras["micro_batch"] = micro_batch_extras(cap.graph, plan, micro, o.capture.batch)
     if o.check:
         small = _checkable(model, cap, shaped, method, strategy)
         prof.check = asdict(self_check(small.model, small.graph, make_plan(small.graph, method, **strategy)))
     return prof
+
+
+def _micro_batches(given: int | None, batch: int, scheme: Any) -> int | None:
+    """The micro-batches counted: ``given``, else the count ``scheme`` records (if any), else None."""
+    recorded = scheme_micro_batches(scheme)
+    if given is not None or recorded == 1:
+        return given
+    _positive("batch", batch)
+    if batch % recorded:
+        msg = f"the scheme trains in {recorded} micro-batches, which do not divide --batch {batch}"
+        raise BadOption(msg, f"give a batch that is a multiple of {recorded}, or --micro-batch")
+    return recorded
 
 
 def _checkable(

@@ -77,8 +77,10 @@ def print_searched(done: Any, out: Console) -> None:
         mode: f"{fmt_bytes(t.total_bytes)} in all ({fmt_bytes(t.saved_activation_bytes)} saved activations)"
         for mode, t in applied.totals.items()
     }
+    execution = result.scheme.execution
+    micro = f" in {execution.micro_batches} micro-batches" if execution and execution.micro_batches > 1 else ""
     out.print(
-        f"the same scheme at {applied.source} batch {applied.batch}: applied mode (PyTorch after "
+        f"the same scheme at {applied.source} batch {applied.batch}{micro}: applied mode (PyTorch after "
         f"memplan.apply_scheme) {cost['applied']}; pytorch mode {cost['pytorch']} (the budget bounds "
         f"{result.mode} mode at batch {result.scheme.batch})",
         markup=False,

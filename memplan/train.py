@@ -175,7 +175,9 @@ def fit_scheme(
     """Train ``model`` (after ``memplan.apply_scheme``) on ``(x, y)`` as the scheme's validation stage
     did: its ``training`` (optimizer, rates per parameter family through
     ``make_optimizer(model, scheme=...)``, epochs, batch size), minibatches in an order drawn from
-    ``seed``, every rate decaying to 0 along a cosine. Returns the loss of each step. A scheme
+    ``seed``, every rate decaying to 0 along a cosine; a batch in the scheme's micro-batches
+    (``Scheme.execution.micro_batches``: gradient accumulation, the same gradients). Returns the
+    loss of each step. A scheme
     without ``training`` (searched without ``--validate`` or a profile ``--lr-grid``) is refused."""
     scheme = scheme if isinstance(scheme, Scheme) else load_scheme(scheme)
     training = scheme.training
@@ -185,7 +187,18 @@ def fit_scheme(
             "search it with --validate N, or train it with your own loop (memplan.train.make_optimizer)",
         )
     opt = make_optimizer(model, scheme=scheme)
-    return fit(model, opt, x, y, epochs=training.epochs, batch_size=training.batch_size, seed=seed, cosine=True)
+    micro = scheme.execution.micro_batches if scheme.execution is not None else 1
+    return fit(
+        model,
+        opt,
+        x,
+        y,
+        epochs=training.epochs,
+        batch_size=training.batch_size,
+        seed=seed,
+        cosine=True,
+        micro_batches=micro,
+    )
 
 
 def accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:

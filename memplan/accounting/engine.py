@@ -115,8 +115,10 @@ def compute(  # the one accounting entry point: costs, peak and totals in order
     :class:`Calibration`, or None for none; ``Profile.workspace`` says what was used.
     ``accumulated``: the peak of a later micro-batch of gradient accumulation (the parameter
     gradients held from the start; ``memplan.costs.peak.PeakOptions``). ``plan.recompute``: those
-    runs of blocks are checkpoint segments (``memplan.graph.execution.with_recompute``)."""
+    runs of blocks are checkpoint segments (``memplan.graph.execution.with_recompute``).
+    ``plan.micro_batches`` > 1: ``graph`` is one micro-batch's, and the peak is ``accumulated``'s."""
     schedule = check_schedule(schedule or mode.default_schedule)
+    accumulated = accumulated or plan.micro_batches > 1
     if accumulated and in_place_update(schedule):
         raise BadOption(
             f"gradient accumulation keeps the gradients until the optimizer step; schedule {schedule!r} applies "

@@ -36,12 +36,9 @@ def micro_batch_size(batch: int, micro_batches: int) -> int:
 
 
 def batch_statistic_norms(graph: LayerGraph, plan: Plan) -> list[str]:
-    """The BatchNorm layers of ``graph`` that normalise with their batch's statistics under ``plan``."""
-    names: dict[str, None] = {}
-    for node in graph.nodes:
-        if node.kind == "batchnorm" and (plan.uses_batch_stats(node) or not node.attrs.get("running_stats", True)):
-            names[node.layer or node.name] = None
-    return list(names)
+    """The BatchNorm layers of ``graph`` that normalise with their batch's statistics under ``plan``
+    (``Plan.batch_statistic_norms``)."""
+    return plan.batch_statistic_norms(graph)
 
 
 def micro_batch_extras(graph: LayerGraph, plan: Plan, micro_batches: int, batch: int) -> dict[str, Any]:

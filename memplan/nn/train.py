@@ -93,6 +93,7 @@ def fit(  # public keyword API: one keyword per training setting
     batch_size: int | None = None,
     seed: int = 0,
     cosine: bool = False,
+    micro_batches: int = 1,
 ) -> list[float]:
     """Cross-entropy training of ``forward`` on ``(x, y)``; returns the loss of each step,
     measured before its update.
@@ -106,10 +107,16 @@ def fit(  # public keyword API: one keyword per training setting
     them per norm layer); gradients are released (set to None) before each step. Stochastic layers
     (dropout, drop-connect) draw from torch's global generators (CPU, and the CUDA device of ``y``)
     seeded with ``seed`` inside the call and restored after it, so a run does not depend on what
-    ran before it in the process.
+    ran before it in the process. ``micro_batches``: M, gradient accumulation: each step's batch
+    runs as M micro-batches (``torch.tensor_split``: sizes differ by at most one), each a forward
+    and a backward of its cross-entropy scaled by its share of the batch, so the accumulated
+    gradient is the whole batch's mean-loss gradient (equal up to summation order where no norm
+    uses batch statistics), then one optimizer step; the loss returned is the batch's.
     """
     if (steps is None) == (epochs is None) or (epochs is not None and batch_size is None):
         raise ValueError("give either steps, or epochs and batch_size")
+    if not isinstance(micro_batches, int) or micro_batches < 1:
+        raise BadOption(f"micro_batches must be a positive integer, got {micro_batches!r}")
     inputs: Inputs = x if callable(x) else (lambda idx: [x if idx is None else x[idx]])
     n = y.shape[0]
     total = steps if steps is not None else epochs * -(-n // batch_size)
@@ -121,13 +128,33 @@ def fit(  # public keyword API: one keyword per training setting
         torch.manual_seed(seed)
         for idx in batches:
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(forward(*inputs(idx)), y if idx is None else y[idx])
-            loss.backward()
+            loss = _accumulate(forward, inputs, y, idx, micro_batches)
             optimizer.step()
             if schedule is not None:
                 schedule.step()
             losses.append(loss.item())
     return losses
+
+
+def _accumulate(
+    forward: Callable[..., Tensor], inputs: Inputs, y: Tensor, idx: Tensor | None, micro_batches: int
+) -> Tensor:
+    """Forward and backward of the mean cross-entropy over the samples ``idx`` (None: all), in
+    ``micro_batches`` micro-batches whose losses are scaled by their share of the batch (``fit``);
+    returns the batch's loss, detached where it was split."""
+    if micro_batches == 1:
+        loss = F.cross_entropy(forward(*inputs(idx)), y if idx is None else y[idx])
+        loss.backward()
+        return loss
+    full = torch.arange(y.shape[0], device=y.device) if idx is None else idx
+    total = torch.zeros((), dtype=torch.float64)
+    for part in torch.tensor_split(full, micro_batches):
+        if part.numel() == 0:
+            continue
+        share = F.cross_entropy(forward(*inputs(part)), y[part]) * (part.numel() / full.numel())
+        share.backward()
+        total += share.detach().double().cpu()
+    return total
 
 
 def reestimate_norm_stats(

@@ -131,7 +131,21 @@ def scheme_to_plan(graph: LayerGraph, scheme: Any, method: str = "sparse") -> Pl
         except MemplanError as exc:
             raise SchemeError(f"scheme execution: {exc.args[0]}") from None
         plan.recompute = segments
+        plan.micro_batches = _micro_batches(graph, plan, execution.micro_batches)
     return plan
+
+
+def _micro_batches(graph: LayerGraph, plan: Plan, count: int) -> int:
+    """``count``, the scheme's micro-batches; SchemeError where a norm normalises with its batch's
+    statistics under ``plan``, which micro-batching would change (``Plan.batch_statistic_norms``)."""
+    norms = plan.batch_statistic_norms(graph) if count > 1 else []
+    if norms:
+        raise SchemeError(
+            f"scheme execution: micro_batches {count} changes what the model computes, {len(norms)} norm(s) "
+            f"normalise with their batch's statistics ({norms[0]}{', ...' if len(norms) > 1 else ''})",
+            "freeze those norms (norm mode frozen, shift or affine: eval mode) or train the whole batch at once",
+        )
+    return count
 
 
 def _updates_to_plan(graph: LayerGraph, scheme: Any, train: dict[str, Train]) -> None:
@@ -260,8 +274,8 @@ def plan_scheme_fields(graph: LayerGraph, plan: Plan) -> dict[str, Any]:
     if other:
         raise SchemeError(f"plan {plan.method!r} trains layer {other[0]!r}, which a scheme cannot name")
     fields["activation_approx"] = sorted(graph.original_name(a) for a in plan.approx)
-    if plan.recompute:
-        fields["execution"] = {"recompute": [list(seg) for seg in plan.recompute]}
+    if plan.recompute or plan.micro_batches > 1:
+        fields["execution"] = {"recompute": [list(seg) for seg in plan.recompute], "micro_batches": plan.micro_batches}
     return fields
 
 

@@ -65,7 +65,10 @@ class Plan:
     each a run of consecutive blocks (names of ``LayerGraph.blocks``), whose forward the backward
     recomputes, an execution choice that changes neither what trains nor the gradients
     (``memplan.graph.execution``; ``apply_scheme`` realises it with non-reentrant
-    ``torch.utils.checkpoint``)."""
+    ``torch.utils.checkpoint``). ``micro_batches``: M, gradient accumulation over M micro-batches
+    (the graph it is costed on is then one micro-batch's; ``accounting.engine.compute`` counts the
+    peak of a later one), an execution choice only where no norm uses batch statistics
+    (:meth:`batch_statistic_norms`)."""
 
     method: str
     train: dict[str, Train] = field(default_factory=dict)
@@ -75,6 +78,7 @@ class Plan:
     added: list[dict[str, Any]] = field(default_factory=list)  # architecture additions (docstring)
     reestimate: set[str] = field(default_factory=set)  # norms whose running statistics are re-estimated first
     recompute: tuple[tuple[str, ...], ...] = ()  # segments recomputed in the backward (docstring)
+    micro_batches: int = 1  # gradient accumulation over this many micro-batches (docstring)
 
     def of(self, node: Node) -> Train:
         """What trains at ``node``: the decision for its layer (every use of a module's or a
@@ -101,6 +105,15 @@ class Plan:
 
     def uses_batch_stats(self, node: Node) -> bool:
         return node.kind in NORM_KINDS and (node.name in self.norm_train or node.layer in self.norm_train)
+
+    def batch_statistic_norms(self, graph: LayerGraph) -> list[str]:
+        """The BatchNorm layers of ``graph`` that normalise with their batch's statistics under this
+        plan (train mode, or no running statistics): what micro-batching changes."""
+        names: dict[str, None] = {}
+        for node in graph.nodes:
+            if node.kind == "batchnorm" and (self.uses_batch_stats(node) or not node.attrs.get("running_stats", True)):
+                names[node.layer or node.name] = None
+        return list(names)
 
 
 @dataclass

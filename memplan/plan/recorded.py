@@ -1,6 +1,7 @@
 """What a sparse-update scheme given as a path, a dict or a :class:`~memplan.plan.scheme.Scheme` records
-about where it was planned: the per-sample input shape and the optimizer; and :func:`planned_for`, the guard
-that names a model failing at that input shape as not the one the scheme was planned for."""
+about where it was planned: the per-sample input shape, the optimizer and the micro-batches; and
+:func:`planned_for`, the guard that names a model failing at that input shape as not the one the
+scheme was planned for."""
 
 from __future__ import annotations
 
@@ -30,6 +31,17 @@ def scheme_input_shape(scheme: Any) -> tuple[int, ...] | None:
     if isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape):
         return tuple(shape)
     return None
+
+
+def scheme_micro_batches(scheme: Any) -> int:
+    """How many micro-batches a scheme (a path, a dict or a :class:`~memplan.plan.Scheme`) trains its
+    batch in (``execution.micro_batches``); 1 for none recorded."""
+    if isinstance(scheme, Scheme):
+        return scheme.execution.micro_batches if scheme.execution is not None else 1
+    data = scheme_data(scheme)
+    execution = data.get("execution") if data is not None else None
+    count = execution.get("micro_batches", 1) if isinstance(execution, dict) else 1
+    return count if isinstance(count, int) and count > 0 else 1
 
 
 @contextmanager

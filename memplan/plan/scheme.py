@@ -15,7 +15,8 @@ runners-up); 4 gives ``added_modules`` their structure (:class:`AddedModule`: th
 transform, its options, the tag and the fingerprint of the layers it adds; ``apply_scheme``
 builds them) and adds the norm mode ``reestimate``; 5 adds ``execution`` (:class:`Execution`:
 segments of consecutive blocks recomputed in the backward, a choice that changes neither what
-trains nor the gradients). A scheme without ``execution`` is written as version 4, so memplans
+trains nor the gradients; and ``micro_batches``, gradient accumulation where no norm uses batch
+statistics). A scheme without ``execution`` is written as version 4, so memplans
 that read version 4 still read it; one with it as version 5. Older documents are valid version 4
 ones and mean the same (those that list free-form ``added_modules``, which no memplan ever built
 or costed, are refused); they load as they are and are written back as version 4.
@@ -253,7 +254,8 @@ class Scheme(BaseModel):
     training: Training | None = Field(None, description="optimizer and learning rate it was validated with")
     validation: Validation | None = Field(None, description="validation accuracy and runners-up (search --validate)")
     execution: Execution | None = Field(
-        None, description="execution choices (schema version 5): segments recomputed in the backward"
+        None,
+        description="execution choices (schema version 5): segments recomputed in the backward, micro-batches",
     )
 
     @model_validator(mode="before")
@@ -280,6 +282,10 @@ class Scheme(BaseModel):
             seen.add(w.conv_index)
         if self.execution is not None and self.schema_version < EXECUTION_VERSION:
             raise ValueError(f"execution needs schema_version {EXECUTION_VERSION}")
+        if self.execution is not None and self.batch % self.execution.micro_batches:
+            raise ValueError(
+                f"execution.micro_batches {self.execution.micro_batches} does not divide batch {self.batch}"
+            )
         if self.schema_version == 1 and any(w.select == EXPLICIT_SELECT for w in self.weight_updates):
             raise ValueError(f"schema_version 1 has no {EXPLICIT_SELECT!r} selection; it needs schema_version 2")
         tags = [a.tag for a in self.added_modules]

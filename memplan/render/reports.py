@@ -101,6 +101,10 @@ def print_verify(report: VerifyReport, console: Console) -> None:
         table.add_row("  without recomputation", *cells([r.without_recompute for r in runs]))
         saving = [(w[0] - r.predicted_saved, w[1] - r.measured_saved) for r in runs if (w := r.without_recompute)]
         table.add_row("  saved by recomputation", *cells(saving))
+    if all(r.whole_batch is not None for r in runs):
+        table.add_row("  whole batch at once", *cells([r.whole_batch for r in runs]))
+        saving = [(w[0] - r.predicted_saved, w[1] - r.measured_saved) for r in runs if (w := r.whole_batch)]
+        table.add_row("  saved by micro-batching", *cells(saving))
     table.add_row("step peak", *cells([(r.predicted_peak, r.measured_peak) for r in runs]))
     table.add_row("loss first -> last", *[x for r in runs for x in ("", f"{r.losses[0]:.4f} -> {r.losses[-1]:.4f}")])
     console.print(table)
@@ -216,10 +220,16 @@ def print_search(result: SearchResult, console: Console) -> None:
     )
     if used_line:
         console.print(used_line)
-    if s.execution is not None:
+    if s.execution is not None and s.execution.recompute:
         segments = " | ".join(" + ".join(seg) for seg in s.execution.recompute)
         flops = int((s.predicted or {}).get("recompute_flops", 0))
         console.print(f"recomputed in the backward ({flops:,} FLOPs): {segments}", markup=False)
+    if s.execution is not None and s.execution.micro_batches > 1:
+        m = s.execution.micro_batches
+        console.print(
+            f"gradient accumulation: batch {s.batch} in {m} micro-batches of {s.batch // m} "
+            "(activations of one micro-batch)"
+        )
     table = Table("component", "bytes", "size")
     for k, v in r.breakdown.items():
         table.add_row(k, str(v), fmt_bytes(v))

@@ -15,7 +15,12 @@ from .space import Candidate
 
 
 class BudgetError(MemplanError):
-    """No scheme fits the budget."""
+    """No scheme fits the budget; ``floor``: the least memory a scheme needs under the search's
+    execution set, bytes (None where a FLOPs budget is what no scheme fits)."""
+
+    def __init__(self, message: str, hint: str | None = None, floor: int | None = None):
+        super().__init__(message, hint)
+        self.floor = floor
 
 
 #: how a unit is written where it is not read as it may look (``kb`` could be kilobits): the spelling it is read as

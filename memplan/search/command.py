@@ -140,12 +140,16 @@ def default_out(result: SearchResult, folder: str | Path) -> Path:
 
 def applied_cost(result: SearchResult, profile: ContribProfile | None, classes: int | None) -> AppliedCost:
     """The searched scheme's memory in :data:`APPLIED_MODES` at the profile's training batch (the
-    scheme's without a profile), on the model at the search's input shape."""
+    scheme's without a profile, or where its micro-batches do not divide the profile's), on the model
+    at the search's input shape; with micro-batches (``Scheme.execution``), traced at one of them."""
     batch, source = result.scheme.batch, "the scheme's"
-    if profile is not None:
+    execution = result.scheme.execution
+    micro = execution.micro_batches if execution is not None else 1
+    if profile is not None and profile.protocol.batch_size % micro == 0:
         batch, source = profile.protocol.batch_size, "the profile's training"
+    if profile is not None:
         classes = classes or profile.dataset.get("classes")
-    cap = capture(result.model, tuple(result.input_shape), batch=batch, classes=classes)
+    cap = capture(result.model, tuple(result.input_shape), batch=batch // micro, classes=classes)
     totals = {m: profile_captured(cap, "sparse", mode=m, scheme=result.scheme).totals for m in APPLIED_MODES}
     return AppliedCost(batch, source, totals)
 
@@ -161,7 +165,11 @@ def device_fit(result: SearchResult, model: str | nn.Module | None, classes: int
             return None
         device = load_device(entry.device)
     cap = capture(result.model, tuple(result.input_shape), batch=1, classes=classes)
-    prof = profile_captured(cap, "sparse", mode=device.mode, scheme=result.scheme.model_copy(update={"batch": 1}))
+    execution = result.scheme.execution
+    single = {"batch": 1}
+    if execution is not None:  # one sample is one micro-batch
+        single["execution"] = execution.model_copy(update={"micro_batches": 1})
+    prof = profile_captured(cap, "sparse", mode=device.mode, scheme=result.scheme.model_copy(update=single))
     return fit(prof, device, cap.graph)
 
 

@@ -1,5 +1,6 @@
-"""The execution choices a search tries jointly with the update (``--recompute``): which segments
-(runs of consecutive blocks, ``memplan.graph.execution``) the backward recomputes.
+"""The execution choices a search tries jointly with the update: which segments (runs of
+consecutive blocks, ``memplan.graph.execution``) the backward recomputes (``--recompute``), and in
+how many micro-batches the batch trains (``--micro-batches``: gradient accumulation).
 
 The candidate sets are none, and for every segment size asked for and every block b, every block
 from b on in segments of that size (``grouped``): recomputation pays where the backward reaches, the
@@ -8,6 +9,11 @@ is searched as the update alone is (its cost table, additivity check and method:
 where memory is additive under it), and the best candidate over the sets is kept
 (``memplan.search.run``). Recomputation changes neither what trains nor the gradients, so a
 candidate's gain is the profile's whatever the set.
+
+Each micro-batch count M is searched on the model traced again at ``batch / M`` (``micro_captures``):
+one micro-batch's activations, the peak of a later one (the accumulated gradients held), FLOPs of
+all M (``memplan.search.memory.MemoryModel.flops``). It changes what the model computes where a norm
+normalises with its batch's statistics, so a scheme is refused then (``memplan.plan.convert``).
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
+from ..api import Captured, capture
+from ..costs.peak import in_place_update
 from ..errors import BadOption
 from ..graph import LayerGraph
 from ..graph.execution import grouped
+from ..modes import get_mode
 from ..nn.recompute import runs_together
 
 Segments = tuple[tuple[str, ...], ...]
@@ -42,3 +51,35 @@ def execution_family(graph: LayerGraph, sizes: Sequence[int], model: nn.Module |
             if runs and segments not in family:
                 family.append(segments)
     return family
+
+
+def micro_captures(cap: Captured, counts: Sequence[int]) -> list[tuple[int, Captured]]:
+    """(micro-batch count, the model captured at one micro-batch): 1 and ``cap`` first, then each of
+    ``counts``, the model traced again at ``batch / count`` (BadOption where it does not divide)."""
+    batch = cap.graph.batch
+    wrong = [m for m in counts if batch % m]
+    if wrong:
+        raise BadOption(
+            f"--micro-batches {wrong[0]} does not divide --batch {batch}",
+            "give counts that divide the batch (e.g. --batch 32 --micro-batches 2,4)",
+        )
+    again = [capture(cap.model, batch=batch // m, input_shape=cap.graph.input_shape[1:], name=cap.name) for m in counts]
+    return [(1, cap), *zip(counts, again, strict=True)]
+
+
+def check_execution(mode: str, recompute: Sequence[int], micro_batches: Sequence[int]) -> None:
+    """BadOption where ``mode`` cannot count the execution choices asked for: recomputed segments in a
+    mode whose peak is an engine's schedule, micro-batches where the update runs in place during
+    the backward (no gradient is kept to accumulate)."""
+    spec = get_mode(mode)
+    if recompute and not spec.recompute:
+        raise BadOption(
+            f"mode {mode} does not model recomputed segments (its peak is the engine's schedule)",
+            "search without --recompute, or in another mode",
+        )
+    if micro_batches and in_place_update(spec.default_schedule):
+        raise BadOption(
+            f"mode {mode} updates each parameter in place during the backward: no gradient is kept to accumulate "
+            "over micro-batches",
+            "search without --micro-batches, or in another mode",
+        )

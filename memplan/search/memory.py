@@ -51,7 +51,8 @@ METRICS.add("peak", Metric(lambda p: p.totals.peak_bytes, "Totals.peak_bytes (th
 FLOPS_FIGURE = (
     "Totals.backward_flops: backward of conv / linear / matmul (grad-input + grad-weight, 2 x MACs each, "
     "grad-weight of the updated fraction as the mode counts it; grad-bias 1 per output element), plus "
-    "Totals.recompute_flops, their forward recomputed in the backward (recomputed segments, 0 without); "
+    "Totals.recompute_flops, their forward recomputed in the backward (recomputed segments, 0 without), "
+    "over every micro-batch of the step; "
     "norm / activation / pooling / loss backward (Totals.backward_other_flops) is not counted"
 )
 
@@ -103,7 +104,8 @@ class MemoryModel:
     def measure(self, cand: Candidate) -> int:
         if cand in self._quick:
             return self._quick[cand]
-        if cand not in self._cache and METRICS[self.metric].quick and not self.space.recompute:
+        plain = not self.space.recompute and self.space.micro_batches == 1  # the quick total knows neither
+        if cand not in self._cache and METRICS[self.metric].quick and plain:
             quick = self.mode.quick_total(self.space.graph, self.space.to_plan(cand))
             if quick is not None:
                 self._quick[cand] = quick
@@ -111,9 +113,10 @@ class MemoryModel:
         return METRICS[self.metric].read(self.profile(cand))
 
     def flops(self, cand: Candidate) -> int:
-        """Backward FLOPs of one training step of ``cand``, recomputation included (:data:`FLOPS_FIGURE`)."""
+        """Backward FLOPs of one training step of ``cand``, recomputation included (:data:`FLOPS_FIGURE`);
+        with micro-batches, those of all of them (the profile is one micro-batch's)."""
         totals = self.profile(cand).totals
-        return totals.backward_flops + totals.recompute_flops
+        return (totals.backward_flops + totals.recompute_flops) * self.space.micro_batches
 
     def breakdown(self, cand: Candidate) -> dict[str, int]:
         totals = self.profile(cand).totals

@@ -108,6 +108,23 @@ class Accounting(Options):
             raise ValueError(f"segment sizes must be positive, got {list(v)}")
         return tuple(sorted(set(v)))
 
+    micro_batches: tuple[int, ...] = option(
+        (),
+        "also choose, jointly with the update, how many micro-batches the batch is trained in (gradient "
+        "accumulation: the same gradients where every norm is frozen, one micro-batch's activations, the same "
+        "FLOPs per step): counts that divide --batch, e.g. 2,4; the whole batch at once and each count are "
+        "searched and the best kept; refused where a norm uses batch statistics; the scheme records it "
+        "(execution) and memplan.train.fit_scheme realises it (default: the whole batch at once)",
+        parse="ints",
+    )
+
+    @field_validator("micro_batches")
+    @classmethod
+    def _counts(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(count < 1 for count in v):
+            raise ValueError(f"micro-batch counts must be positive, got {list(v)}")
+        return tuple(sorted(set(v) - {1}))
+
 
 class Space(Options):
     """The candidates (``memplan.search.space.build_space``) and what each one gains."""

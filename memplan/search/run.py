@@ -20,7 +20,8 @@ run and the search is redone with ``compute()`` as the memory function).
 
 With ``recompute`` (segment sizes), the search also chooses which segments the backward
 recomputes (``memplan.search.execution``): every recompute set it tries is searched as above and
-the best candidate over them kept; the scheme records the set (``Scheme.execution``).
+the best candidate over them kept; the scheme records the set (``Scheme.execution``). So is each
+micro-batch count of ``micro_batches`` (gradient accumulation; ``memplan.search.execution``).
 
 An optional FLOPs budget (``flops_budget``) bounds the backward FLOPs of one training step
 (``memplan.search.memory.FLOPS_FIGURE``: conv / linear / matmul backward, FLOPs = 2 x MACs)
@@ -38,14 +39,13 @@ import torch.nn as nn
 
 from ..accounting.devices import Device, deployed_bytes, flash_fit, load_device
 from ..api import Captured
-from ..errors import BadOption
-from ..modes import get_mode
+from ..errors import BadOption, SchemeError
 from ..options import with_keywords
 from ..plan import new_provenance
 from ..units import fmt_bytes, parse_flops
 from .budgets import BudgetError, all_additive, flops_table, memory_budget
 from .exact import relative_gap
-from .execution import Segments, execution_family
+from .execution import Segments, check_execution, execution_family, micro_captures
 from .inputs import capture_inputs, profile_training, resolution_warnings
 from .memory import Additivity, MemoryModel, build_table, check_additivity, probe_candidates
 from .methods import METHODS, Prepared, default_method, general_methods, run_methods, wanted_methods
@@ -163,44 +163,61 @@ def _check_flash(search: _Search, cap: Captured) -> None:
 
 
 def _joint(search: _Search, read: _Read) -> tuple[Prepared, Additivity, _Found]:
-    """The search of every recompute set of ``execution_family`` (only none without
-    ``--recompute``), the best kept: largest gain, then least memory, FLOPs, segments. A set whose
-    classifier-only memory exceeds the budget is passed over (the budget is refused when every set's
-    does), and so is one under which the method asked for does not apply (a warning says so)."""
-    if search.opts.accounting.recompute and not get_mode(search.mode).recompute:
-        raise BadOption(
-            f"mode {search.mode} does not model recomputed segments (its peak is the engine's schedule)",
-            "search without --recompute, or in another mode",
-        )
+    """The search of every execution set (each micro-batch count, 1 first, with each recompute set of
+    ``execution_family``), the best kept: largest gain, then least memory, FLOPs, micro-batches,
+    segments. A set whose floor exceeds the budget is passed over (refused when every set's does), and
+    so is one under which the method asked for does not apply (a warning says so)."""
+    acc = search.opts.accounting
+    check_execution(search.mode, acc.recompute, acc.micro_batches)
     best: tuple[tuple, Prepared, Additivity, _Found] | None = None
-    refused: BudgetError | None = None
-    for segments in execution_family(read.cap.graph, search.opts.accounting.recompute, read.cap.model):
-        try:
-            prepared, additivity = _prepare(search, read.cap, read.contributions, segments)
-        except BudgetError as exc:
-            refused = refused or exc
-            continue
-        try:
-            found = _run(search, prepared, additivity)
-        except BadOption as exc:  # the method asked for does not apply under this set
-            if not segments:
-                raise
-            search.warnings.append(f"recompute set from {segments[0][0]} in {len(segments)} segments left out: {exc}")
-            continue
-        cand = found.runs[found.method].candidate
-        key = (prepared.space.value(cand), -found.measured, -prepared.memory.flops(cand), -len(segments))
-        if best is None or key > best[0]:
-            best = (key, prepared, additivity, found)
+    refused: list[BudgetError] = []
+    for micro, cap in micro_captures(read.cap, acc.micro_batches):
+        for segments in execution_family(cap.graph, acc.recompute, cap.model):
+            searched = _search_set(search, cap, read.contributions, segments, micro, refused)
+            if searched is not None and (best is None or searched[0] > best[0]):
+                best = searched
     search.warnings[:] = list(dict.fromkeys(search.warnings))  # each set's search may warn alike
-    if best is None:
-        raise refused  # type: ignore[misc]  # the family holds at least the empty set
+    if best is None:  # the set that needs the least memory says by how much
+        raise min(refused, key=lambda exc: (exc.floor is None, exc.floor or 0))
     return best[1], best[2], best[3]
 
 
+def _search_set(
+    search: _Search,
+    cap: Captured,
+    contributions: Contributions,
+    segments: Segments,
+    micro: int,
+    refused: list[BudgetError],
+) -> tuple[tuple, Prepared, Additivity, _Found] | None:
+    """The search under one execution set (``_joint``): (its ranking key, prepared, additivity,
+    found), or None where it is passed over (its BudgetError appended to ``refused``)."""
+    try:
+        prepared, additivity = _prepare(search, cap, contributions, segments, micro)
+    except BudgetError as exc:
+        refused.append(exc)
+        return None
+    except SchemeError as exc:  # micro-batches where a norm uses batch statistics
+        raise BadOption(exc.message.removeprefix("scheme execution: "), exc.hint) from None
+    try:
+        found = _run(search, prepared, additivity)
+    except BadOption as exc:  # the method asked for does not apply under this set
+        if not segments and micro == 1:
+            raise
+        what = f"recompute set from {segments[0][0]} in {len(segments)} segments" if segments else "set"
+        search.warnings.append(f"{what} with {micro} micro-batch(es) left out: {exc}")
+        return None
+    cand = found.runs[found.method].candidate
+    memory = prepared.memory
+    key = (prepared.space.value(cand), -found.measured, -memory.flops(cand), -micro, -len(segments))
+    return key, prepared, additivity, found
+
+
 def _prepare(
-    search: _Search, cap: Captured, contributions: Contributions, recompute: Segments = ()
+    search: _Search, cap: Captured, contributions: Contributions, recompute: Segments = (), micro_batches: int = 1
 ) -> tuple[Prepared, Additivity]:
-    """The space (every candidate recomputing the segments ``recompute``), the memory model, the
+    """The space (every candidate recomputing the segments ``recompute``, in ``micro_batches``
+    micro-batches of ``cap``'s batch), the memory model, the
     cost table (refusing a budget below the classifier-only memory) and the additivity check on
     probe candidates; with a FLOPs budget the FLOPs table and its check too
     (``Prepared.flops_table``, ``Additivity.flops``)."""
@@ -222,6 +239,7 @@ def _prepare(
         select=sp.select,
     )
     space.recompute = recompute
+    space.micro_batches = micro_batches
     search.optimizer = acc.optimizer or contributions.optimizer  # count the state of the optimizer that trains
     memory = MemoryModel(
         space,
@@ -240,6 +258,7 @@ def _prepare(
             f"budget {search.budget_text} = {search.budget_bytes} B is below the classifier-only memory "
             f"{floor} B ({fmt_bytes(floor)}) of {cap.name} under mode {search.mode} ({acc.metric})",
             "raise the budget",
+            floor=floor,
         )
     t0 = time.perf_counter()
     solver = search.opts.solver
@@ -311,7 +330,11 @@ def _result(search: _Search, read: _Read, prepared: Prepared, additivity: Additi
     breakdown = memory.breakdown(cand)
     flops = memory.flops(cand)  # compute() of the scheme, never the table
     bounded = {} if search.flops_budget is None else {"flops_budget": search.flops_budget}
-    recomputed = {"recompute_flops": memory.profile(cand).totals.recompute_flops} if space.recompute else {}
+    recomputed = (
+        {"recompute_flops": memory.profile(cand).totals.recompute_flops * space.micro_batches}
+        if space.recompute
+        else {}
+    )
     scheme = space.to_scheme(
         cand,
         mode=search.mode,

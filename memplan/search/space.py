@@ -177,6 +177,7 @@ class SearchSpace:
     objective: str = PLAIN_OBJECTIVE  # what the gains are (memplan.search.objective)
     select: str = DEFAULT_SELECT  # channel selection rule of the weight updates (SELECT_RULES)
     recompute: tuple[tuple[str, ...], ...] = ()  # segments every candidate recomputes (Scheme.execution)
+    micro_batches: int = 1  # every candidate's micro-batches; the graph is then one micro-batch's (Scheme.execution)
 
     def __post_init__(self) -> None:
         self.fingerprint = self.fingerprint or fingerprint(self.graph)
@@ -233,11 +234,12 @@ class SearchSpace:
             model=self.model,
             fingerprint=self.fingerprint,
             input_shape=list(self.graph.input_shape[1:]),
-            batch=self.graph.batch,
+            batch=self.graph.batch * self.micro_batches,
             backward_flags=BackwardFlags(pw1_weight_only=self.pw1_only),
         )
-        if self.recompute:
-            base["execution"] = Execution(recompute=[list(seg) for seg in self.recompute])
+        if self.recompute or self.micro_batches > 1:
+            segments = [list(seg) for seg in self.recompute]
+            base["execution"] = Execution(recompute=segments, micro_batches=self.micro_batches)
         return Scheme(**{**base, **fields, "bias_update": cand.k, "weight_updates": updates})
 
     def weight_update(self, i: int, ratio: float) -> WeightUpdate:

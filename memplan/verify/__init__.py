@@ -8,7 +8,10 @@ For one model and strategy, two setups are built from the same random initialisa
 
 A plan with recomputed segments (a scheme's ``execution``) runs them in both setups (non-reentrant
 ``torch.utils.checkpoint``, ``memplan.nn.recompute``), and each setup is measured without them
-too: the saving, predicted and measured (``SetupResult.without_recompute``).
+too: the saving, predicted and measured (``SetupResult.without_recompute``). A plan in M
+micro-batches (gradient accumulation) is predicted and measured on one micro-batch of ``batch / M``
+samples and trains in M micro-batches (``memplan.train.fit``), and each setup is measured with the
+whole batch at once too (``SetupResult.whole_batch``): the saving of micro-batching.
 
 Each runs one forward + loss under ``saved_tensors_hooks`` (:func:`.measure.saved_bytes`:
 unique storages, parameters and buffers excluded) and ``steps`` training steps on one random
@@ -77,13 +80,17 @@ class SetupResult:
     #: a plan with recomputed segments (a scheme's ``execution``): (predicted, measured) saved bytes of
     #: the same setup without them, whose difference from the above is the saving; None without
     without_recompute: tuple[int, int] | None = None
+    #: a plan in micro-batches (a scheme's ``execution``): (predicted, measured) saved bytes of the same
+    #: setup with the whole batch at once, whose difference from the above is the saving; None without
+    whole_batch: tuple[int, int] | None = None
 
     @property
     def saved_error(self) -> int:
-        """measured - predicted saved-activation bytes (without recomputation too, the larger miss)."""
+        """measured - predicted saved-activation bytes (without the execution choices too, the larger miss)."""
         errors = [self.measured_saved - self.predicted_saved]
-        if self.without_recompute is not None:
-            errors.append(self.without_recompute[1] - self.without_recompute[0])
+        for other in (self.without_recompute, self.whole_batch):
+            if other is not None:
+                errors.append(other[1] - other[0])
         return max(errors, key=abs)
 
 
@@ -140,29 +147,55 @@ class _Run:
 
 def _without_recompute(built: Built, setup: str, run: _Run, x: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
     """(predicted, measured) saved bytes of ``setup`` on ``built`` with its plan's recomputed
-    segments left out."""
-    model = copy.deepcopy(built.model).to(run.device)
-    model, graph, plan = plan_strategy(
-        model, run.opts.method, input_shape=run.shape, block_names=built.block_names, **run.options
-    )
+    segments left out, on the batch ``(x, y)`` (one micro-batch where the plan has micro-batches)."""
+    model, graph, plan = _planned(built, run, x.shape[0])
     plan = replace(plan, recompute=())
     SETUPS[setup](model, graph, plan)
     return compute(graph, plan, get_mode(setup)).totals.saved_activation_bytes, saved_bytes(model, x, y).bytes
 
 
+def _planned(built: Built, run: _Run, batch: int) -> tuple[nn.Module, LayerGraph, Plan]:
+    """A fresh copy of ``built``'s model on the run's device, traced at ``batch`` samples, and its plan."""
+    model = copy.deepcopy(built.model).to(run.device)
+    shape = (batch, *run.shape[1:])
+    return plan_strategy(model, run.opts.method, input_shape=shape, block_names=built.block_names, **run.options)
+
+
+def _whole_batch(
+    model: nn.Module, graph: LayerGraph, plan: Plan, setup: str, x: torch.Tensor, y: torch.Tensor
+) -> tuple[int, int]:
+    """(predicted, measured) saved bytes of ``setup`` with the whole batch ``(x, y)`` at once, on
+    ``model`` traced at that batch as ``graph``, ``plan`` in micro-batches (BadOption where they
+    do not divide the batch)."""
+    micro, batch = plan.micro_batches, graph.batch
+    if batch % micro:
+        raise BadOption(
+            f"the scheme trains in {micro} micro-batches, which do not divide --batch {batch}",
+            f"give a batch that is a multiple of {micro}",
+        )
+    whole = replace(plan, micro_batches=1)
+    SETUPS[setup](model, graph, whole)
+    return compute(graph, whole, get_mode(setup)).totals.saved_activation_bytes, saved_bytes(model, x, y).bytes
+
+
 def _run_setup(built: Built, setup: str, run: _Run) -> SetupResult:
-    """Predicted and measured saved bytes (and step peak) of ``setup`` (``SETUPS``) on ``built``."""
-    method, options, shape, device, optimizer = run.opts.method, run.options, run.shape, run.device, run.optimizer
+    """Predicted and measured saved bytes (and step peak) of ``setup`` (``SETUPS``) on ``built``; with
+    micro-batches, the saved bytes are those of one micro-batch (the first ``batch / M`` samples)."""
+    shape, device, optimizer = run.shape, run.device, run.optimizer
     lr, steps, seed = run.opts.lr, run.opts.steps, run.opts.seed
-    model = copy.deepcopy(built.model).to(device)
-    model, graph, plan = plan_strategy(model, method, input_shape=shape, block_names=built.block_names, **options)
-    prof = compute(graph, plan, get_mode(setup), optimizer=optimizer)
+    model, graph, plan = _planned(built, run, shape[0])
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(shape, generator=gen).to(device)
     y = torch.randint(0, graph.classes, (shape[0],), generator=gen).to(device)
-    without = _without_recompute(built, setup, run, x, y) if plan.recompute else None
+    whole = None
+    if plan.micro_batches > 1:
+        whole = _whole_batch(model, graph, plan, setup, x, y)
+        model, graph, plan = _planned(built, run, shape[0] // plan.micro_batches)
+    prof = compute(graph, plan, get_mode(setup), optimizer=optimizer)
+    xs, ys = x[: graph.batch].clone(), y[: graph.batch].clone()  # one micro-batch, a tensor of its own as loaded
+    without = _without_recompute(built, setup, run, xs, ys) if plan.recompute else None
     SETUPS[setup](model, graph, plan)
-    measured = saved_bytes(model, x, y).bytes
+    measured = saved_bytes(model, xs, ys).bytes
     opt = make_optimizer(model.parameters(), optimizer, lr)
     meter = PeakMeter(device)
     losses: list[float] = []
@@ -171,12 +204,12 @@ def _run_setup(built: Built, setup: str, run: _Run) -> SetupResult:
         opt.zero_grad(set_to_none=True)
         resident = resident_bytes(model, opt, x, y)
         meter.start()
-        losses += fit(model, opt, x, y, steps=1)
+        losses += fit(model, opt, x, y, steps=1, micro_batches=plan.micro_batches)
         growth = meter.growth()
         if growth is not None:
             peak = max(peak or 0, resident + growth)
     return SetupResult(
-        setup, prof.totals.saved_activation_bytes, measured, prof.totals.peak_bytes, peak, losses, without
+        setup, prof.totals.saved_activation_bytes, measured, prof.totals.peak_bytes, peak, losses, without, whole
     )
 
 
