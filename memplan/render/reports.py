@@ -235,8 +235,6 @@ def print_search(result: SearchResult, console: Console) -> None:
         table.add_row(k, str(v), fmt_bytes(v))
     console.print(table)
     _print_methods(r, f"summed {r.objective}", console)
-    if r.out:
-        console.print(f"scheme written to {r.out}")
 
 
 def _print_methods(r: SearchResult, value: str, console: Console) -> None:
