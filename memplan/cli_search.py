@@ -18,8 +18,9 @@ from .search.options import SearchCommand
 @options_command(SearchCommand)
 def search(  # typer command: its own parameters, then one per option of SearchCommand (search, stage)
     model: str | None = typer.Argument(
-        None, help="model (default: mcunet-5fps-int8, the 256KB paper's int8 backbone with ImageNet weights, with its "
-        "shipped CIFAR-10 + QAS profile)"
+        None,
+        help="model (default: mcunet-5fps-int8, the 256KB paper's int8 backbone with ImageNet weights, with its "
+        "shipped CIFAR-10 + QAS profile)",
     ),
     old_target: str | None = OldTargetOpt,
     plot: str | None = typer.Option(None, "--plot", help="draw Figure 13 (evolution vs random) and 11b to PATH"),
