@@ -54,6 +54,8 @@ def search(  # typer command: its own parameters, then one per option of SearchC
         from .render.validated import print_validated
 
         print_validated(done.validated, out_console)
+    else:
+        print_evidence(done, out_console)
     if plot:
         plot_search(done.result, plot)
         out_console.print(f"plot written to {plot}")
@@ -87,18 +89,29 @@ def print_searched(done: Any, out: Console) -> None:
         f"{result.mode} mode at batch {result.scheme.batch})",
         markup=False,
     )
-    print_fit_and_evidence(done, out)
+    print_fit(done, out)
 
 
-def print_fit_and_evidence(done: Any, out: Console) -> None:
-    """Whether training fits the device (``Searched.device_fit``) and the shipped training evidence
-    of the scheme found (``Searched.shipped``), one line each; how to get evidence where none ships."""
-    from .render.reports import device_fit_line, evidence_line
+def print_fit(done: Any, out: Console) -> None:
+    """Whether training fits the device (``Searched.device_fit``), one line."""
+    from .render.reports import device_fit_line
 
     if done.device_fit is not None:
         out.print(device_fit_line(done.device_fit), markup=False)
+
+
+def print_evidence(done: Any, out: Console) -> None:
+    """The shipped training evidence of the scheme found (``Searched.shipped``), or that none ships."""
+    from .render.reports import evidence_line
+
     if done.shipped is not None:
         out.print(evidence_line(done.shipped), markup=False)
+        return
+    out.print(
+        "validated by training: not this scheme (no shipped scheme equal to it records training evidence; "
+        "--validate N trains it against the hand-picked baselines that fit)",
+        markup=False,
+    )
 
 
 class _StageView:
