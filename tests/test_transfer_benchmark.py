@@ -167,9 +167,11 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
         transfer.main(bad)
 
 
+@pytest.mark.slow
 def test_the_stage_trains_tinytl_as_the_benchmarks_tinytl(transfer, tmp_path):
     """A candidate that adds modules (TinyTL's lite residual branches) trains on the transformed
-    model, as the benchmark's own TinyTL method: the stage and the baseline share its runs."""
+    model, as the benchmark's own TinyTL method: the stage and the baseline share its runs. (Slow:
+    the cheaper form that runs by default is tests/test_validate_stage.py's TinyTL validation.)"""
     npz, profile = tiny_profile(tmp_path, "mcunet-5fps", resolution=32)
     out = tmp_path / "bench"
     fields = dict(
