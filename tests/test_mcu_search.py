@@ -9,7 +9,6 @@ import re
 
 import pytest
 
-from memplan.cli import main
 from memplan.contrib.profile import load_profile
 from memplan.io import shipped
 from memplan.models.int8 import int8_model
@@ -17,17 +16,15 @@ from memplan.plan import TestAccuracy, Validation, load_scheme
 from memplan.search import command
 from memplan.search.inputs import DEFAULT_MODEL, find_profile
 
+from .test_stage_faults import run_cli
+
 INT8_PROFILE = shipped("profiles", "mcunet-5fps-int8-cifar10.json")
 
 
 def run(args: list[str], capsys) -> tuple[int, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    cap = capsys.readouterr()
-    return code, cap.out + cap.err
+    """(exit code, stdout + stderr) of ``memplan ARGS``."""
+    code, out, err = run_cli(args, capsys)
+    return code, out + err
 
 
 def test_the_default_search_is_the_int8_mcu_backbone_on_its_cifar10_profile():

@@ -71,19 +71,10 @@ class Setup:
         }
 
 
-def _zoo_entry(model: Any) -> zoo.ZooEntry | None:
-    if isinstance(model, str) and ":" not in model:
-        try:
-            return zoo.get_entry(model)
-        except KeyError:
-            return None  # resolve() raises the one-line error
-    return None
-
-
 def _weights_path(model: Any, weights: str | os.PathLike) -> tuple[Path, str]:
     if str(weights) != ZOO_WEIGHTS:
         return Path(weights), str(weights)
-    entry = _zoo_entry(model)
+    entry = zoo.find_entry(model)
     if entry is None or entry.weights is None:
         raise BadOption(
             f"--weights {ZOO_WEIGHTS}: {model} has no published weights in the zoo", "give a local state_dict file"
@@ -95,7 +86,7 @@ def _task(model: Any, data: str, src: Source, resolution: int | None, split: dic
     """The task at the model's input: a zoo model's shape at ``resolution`` (default: the source's,
     else the zoo's), standardised by its input convention (``ZooEntry.normalize``) if it has one;
     other models keep the data's shape, resized to C x r x r with ``resolution``."""
-    entry = _zoo_entry(model)
+    entry = zoo.find_entry(model)
     if entry is not None:
         res = resolution or src.resolution or entry.resolution
         return load_data(data, tuple(entry.input_shape(res)), normalize=entry.normalize, **split)
@@ -111,7 +102,7 @@ def _task(model: Any, data: str, src: Source, resolution: int | None, split: dic
 def normalization(model: Any, task: Data) -> dict[str, Any]:
     """How every split was standardised, ``(x - mean) / std`` per channel on [0, 1] images: by the
     zoo model's own input convention (``ZooEntry.normalize``) or by the training images' moments."""
-    entry = _zoo_entry(model)
+    entry = zoo.find_entry(model)
     own = entry is not None and entry.normalize is not None
     return {
         "from": "the model's input convention" if own else "the training images",

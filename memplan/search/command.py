@@ -25,7 +25,7 @@ from ..api import capture, profile_captured
 from ..contrib.profile import ContribProfile, load_profile
 from ..errors import MemplanError
 from ..io import shipped, validated
-from ..models.zoo import ZooEntry, get_entry
+from ..models.zoo import find_entry
 from ..plan import Scheme, load_scheme
 from .options import SearchCommand, SearchOptions
 from .result import SearchResult
@@ -160,7 +160,7 @@ def device_fit(result: SearchResult, model: str | nn.Module | None, classes: int
     for; None with neither."""
     device = result.device
     if device is None:
-        entry = zoo_entry(result.model if model is None else model)
+        entry = find_entry(result.model if model is None else model)
         if entry is None or entry.device is None:
             return None
         device = load_device(entry.device)
@@ -171,16 +171,6 @@ def device_fit(result: SearchResult, model: str | nn.Module | None, classes: int
         single["execution"] = execution.model_copy(update={"micro_batches": 1})
     prof = profile_captured(cap, "sparse", mode=device.mode, scheme=result.scheme.model_copy(update=single))
     return fit(prof, device, cap.graph)
-
-
-def zoo_entry(model: str | nn.Module) -> ZooEntry | None:
-    """The zoo entry of a zoo name; None for anything else."""
-    if not isinstance(model, str):
-        return None
-    try:
-        return get_entry(model)
-    except KeyError:
-        return None
 
 
 def shipped_validation(scheme: Scheme) -> Scheme | None:

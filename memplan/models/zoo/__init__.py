@@ -30,7 +30,7 @@ from .mobiletl_blocks import BLOCK_INPUT, BLOCK_KINDS, BLOCK_NAME, mobiletl_bloc
 from .proxyless import proxylessnas_mobile, proxylessnas_w03
 from .resnet import resnet18, resnet50
 
-__all__ = ["ZOO", "BLOCK_NETS", "UnknownModelError", "ZooEntry", "build", "get_entry", "image", "names"]
+__all__ = ["ZOO", "BLOCK_NETS", "UnknownModelError", "ZooEntry", "build", "find_entry", "get_entry", "image", "names"]
 
 
 def image(resolution: int) -> tuple[int, ...]:
@@ -155,6 +155,17 @@ for _kind in BLOCK_KINDS:
 def names() -> list[str]:
     """Registered model names (``mobilenetv2-w<float>`` is also accepted by ``get_entry``)."""
     return list(ZOO)
+
+
+def find_entry(model: object) -> ZooEntry | None:
+    """The zoo entry of a zoo name; None for anything else (an import spec ``a:b``, a module, an
+    unknown name: resolving the model says what is wrong with it)."""
+    if not isinstance(model, str) or ":" in model:
+        return None
+    try:
+        return get_entry(model)
+    except KeyError:
+        return None
 
 
 def get_entry(name: str) -> ZooEntry:
