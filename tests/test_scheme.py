@@ -14,6 +14,7 @@ from memplan.errors import MemplanError
 from memplan.graph import conv_layers
 from memplan.graph.capture import capture_graph
 from memplan.plan import (
+    Execution,
     Scheme,
     Train,
     WeightUpdate,
@@ -327,3 +328,5 @@ def test_export_refuses_what_backward_config_cannot_hold():
         WeightUpdate(layer="c3", conv_index=3, ratio=1.0),
     ]
     one_line_error(small_scheme(graph, weight_updates=mixed).to_backward_config, match="mixes channel selection")
+    batched = small_scheme(graph, batch=4, execution=Execution(micro_batches=2))
+    one_line_error(batched.to_backward_config, match="execution")

@@ -13,6 +13,7 @@ class TestAccuracy(BaseModel):
     """Accuracy on a test split after every choice was made on validation: %, per seed, mean and
     95% confidence half-width (Student t over seeds)."""
 
+    __test__ = False  # a data class named Test*, not a pytest test class
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     accuracy: float = Field(description="mean test accuracy over seeds, %")
