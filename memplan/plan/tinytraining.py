@@ -104,8 +104,8 @@ def to_backward_config(scheme: Any) -> dict[str, Any]:
     CLI's dash-joined strings).
 
     Refuses what that format cannot hold: norm overrides, activation approximations, added
-    modules, execution choices (recomputation, micro-batches), weight updates with different channel selection rules, or explicit channel indices
-    (``importance`` selection: tiny-training selects channels itself, by weight norm or at
+    modules, execution choices (recomputation, micro-batches), weight updates with different
+    channel selection rules, or explicit channel indices (``importance`` selection: tiny-training selects channels itself, by weight norm or at
     random, so exporting the ratio alone would train other channels)."""
     for field in ("norm_modes", "activation_approx", "added_modules"):
         if getattr(scheme, field):
