@@ -105,8 +105,9 @@ def to_backward_config(scheme: Any) -> dict[str, Any]:
 
     Refuses what that format cannot hold: norm overrides, activation approximations, added
     modules, execution choices (recomputation, micro-batches), weight updates with different
-    channel selection rules, or explicit channel indices (``importance`` selection: tiny-training selects channels itself, by weight norm or at
-    random, so exporting the ratio alone would train other channels)."""
+    channel selection rules, or explicit channel indices (``importance`` selection: tiny-training
+    selects channels itself, by weight norm or at random, so exporting the ratio alone would train
+    other channels)."""
     for field in ("norm_modes", "activation_approx", "added_modules"):
         if getattr(scheme, field):
             raise SchemeError(
