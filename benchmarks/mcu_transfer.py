@@ -274,7 +274,7 @@ def run(job: dict, data: dict[str, torch.Tensor]) -> dict:
     split = "val" if job["seed"] in p["selection_seeds"] else "test"
     acc = evaluate(model, data[f"x_{split}"], data[f"y_{split}"], form, p["resolution"])
     finite = all(math.isfinite(v) for v in losses)
-    return {**{k: job[k] for k in ("id", "experiment", "method", "lr", "seed")}, "split": split, "acc": acc,
+    return {**{k: job[k] for k in ("id", "experiment", "method", "lr", "seed", "spec")}, "split": split, "acc": acc,
             "final_loss": float(np.mean(losses[-steps_per_epoch:])), "diverged": not finite,
             "seconds": time.time() - t0, "device": device_name(dev)}  # fmt: skip
 
@@ -481,13 +481,25 @@ def grid_of(optimizer: str, p: dict) -> list[float]:
     return list(p["grids"]["adam" if optimizer.startswith("adam") else "sgd"])
 
 
-def read_runs(path: Path) -> dict[str, dict]:
+def spec_of(spec: tuple[str, Update, str]) -> str:
+    """What a row trains, beyond its name: the form, the update and the optimizer (a run records it,
+    so that a row whose definition changed, such as a re-searched scheme, is trained again)."""
+    form, u, optimizer = spec
+    return json.dumps([form, u.bias_last, [list(w) for w in u.weights], u.blocks, u.full, optimizer])
+
+
+def read_runs(path: Path, p: dict) -> dict[str, dict]:
+    """Finished runs by id. A run that recorded another definition of its row than protocol ``p``'s
+    (:func:`spec_of`) is left out: it is trained again."""
+    table = methods(p)
     runs = {}
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
                 r = json.loads(line)
-                runs[r["id"]] = r
+                want = table.get(r["experiment"], {}).get(r["method"])
+                if want is None or r.get("spec", spec_of(want)) == spec_of(want):
+                    runs[r["id"]] = r
             except (json.JSONDecodeError, KeyError):
                 continue  # a torn last line: that run is redone
     return runs
@@ -555,7 +567,7 @@ def offline(args: argparse.Namespace, log: Path) -> int | None:
     if not (args.write_profile or args.record_evidence or args.report_only):
         return None
     p = json.loads((args.out / "protocol.json").read_text())
-    runs = read_runs(log)
+    runs = read_runs(log, p)
     if args.write_profile:
         doc = profile_document(runs, p)
         if doc is None:
@@ -586,8 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     init = (str(args.data), args.device, p, not args.eager)
     with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_init_worker, initargs=init) as ex:
         while time.time() - t0 < args.budget_s:
-            runs = read_runs(log)
+            runs = read_runs(log, p)
             reuse(runs, log, p)
+            table = methods(p)
             jobs = [
                 {
                     "id": job_id(e, m, lr, s),
@@ -595,12 +608,13 @@ def main(argv: list[str] | None = None) -> int:
                     "method": m,
                     "lr": lr,
                     "seed": s,
+                    "spec": spec_of(table[e][m]),
                     "device": args.device,
                     "protocol": p,
                     "deadline": t0 + args.budget_s,
                 }  # fmt: skip
                 for e in args.experiments
-                for m, (_, _, opt) in methods(p)[e].items()
+                for m, (_, _, opt) in table[e].items()
                 if args.methods is None or m in args.methods
                 for lr, s in pending(runs, e, m, opt, p)
             ]
@@ -616,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{time.time() - t0:6.0f}s {r['experiment']:6} {r['method'][:38]:38} lr {r['lr']:<8g} "
                       f"seed {r['seed']:<3} "
                       f"{r['split']:4} {r['acc']:6.2f}% {r['seconds']:6.1f}s", flush=True)  # fmt: skip
-    return write_report(args.out, report(read_runs(log), [e for e in args.experiments if e != "profile"], p))
+    return write_report(args.out, report(read_runs(log, p), [e for e in args.experiments if e != "profile"], p))
 
 
 def write_report(out: Path, rep: dict) -> int:

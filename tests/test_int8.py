@@ -212,6 +212,16 @@ def test_paper_setting_benchmark_runs_a_cheap_form(tmp_path):
     assert len(rep["classifier only"]["test"]) == 2
     assert rep["paper's 100 KB scheme"]["memory"]["sram_fits"]
     assert "| paper's 100 KB scheme |" in done.stdout
+    # a run that trained another definition of its row (a re-searched scheme) no longer counts
+    log = tmp_path / "runs.jsonl"
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    paper = next(r["spec"] for r in runs if r["method"] == "paper's 100 KB scheme")
+    stale = next(r for r in runs if r["method"] == "classifier only" and r["split"] == "test")
+    log.write_text("".join(json.dumps({**r, "spec": paper} if r is stale else r) + "\n" for r in runs))
+    again = subprocess.run([*cmd, "--report-only"], capture_output=True, text=True, env=env, timeout=900)
+    assert again.returncode == 0, again.stderr[-2000:]
+    rep = json.loads((tmp_path / "report.json").read_text())["experiments"]["fig9"]
+    assert len(rep["classifier only"]["test"]) == 1
 
 
 def test_paper_setting_profile_runs_a_cheap_form_and_the_search_reads_it(tmp_path):
