@@ -148,17 +148,18 @@ def reuse(runs: dict[str, dict], log: Path, p: dict) -> None:
     """Profile runs that another experiment already made (the same form, update, optimizer, rate
     and seed) are copied into ``log`` under the profile's id, marked ``reused_from``."""
     table = methods(p)
+    made = {
+        (spec_of(table[r["experiment"]][r["method"]]), r["lr"], r["seed"]): r
+        for r in runs.values()
+        if r["experiment"] != "profile" and r["method"] in table.get(r["experiment"], {})
+    }
     for name, spec in table["profile"].items():
-        for e, ms in table.items():
-            for m, other in ms.items():
-                if e == "profile" or other != spec:
-                    continue
-                for r in [r for r in runs.values() if r["experiment"] == e and r["method"] == m]:
-                    new = job_id("profile", name, r["lr"], r["seed"])
-                    if new not in runs:
-                        runs[new] = {**r, "id": new, "experiment": "profile", "method": name, "reused_from": r["id"]}
-                        with open(log, "a") as f:
-                            f.write(json.dumps(runs[new]) + "\n")
+        for (key, lr, seed), r in made.items():
+            new = job_id("profile", name, lr, seed)
+            if key == spec_of(spec) and new not in runs:
+                runs[new] = {**r, "id": new, "experiment": "profile", "method": name, "reused_from": r["id"]}
+                with open(log, "a") as f:
+                    f.write(json.dumps(runs[new]) + "\n")
 
 
 # ----------------------------------------------------------------------------- data
