@@ -13,6 +13,7 @@ from memplan.contrib.profile import load_profile
 from memplan.io import shipped
 from memplan.models.int8 import int8_model
 from memplan.plan import TestAccuracy, Validation, load_scheme
+from memplan.render.reports import evidence_line
 from memplan.search import command
 from memplan.search.inputs import DEFAULT_MODEL, find_profile
 
@@ -75,6 +76,10 @@ def test_shipped_evidence_is_found_for_an_equal_scheme_only(tmp_path, monkeypatc
     found = command.shipped_validation(base)
     assert found is not None and found.validation.test.accuracy == 71.0
     assert command.shipped_validation(base.model_copy(update={"bias_update": base.bias_update + 1})) is None
+    assert "diverged" not in evidence_line(found)
+    collapsed = evidence.test.model_copy(update={"per_seed": [70.9, 10.0], "diverged": 1})
+    line = evidence_line(found.model_copy(update={"validation": evidence.model_copy(update={"test": collapsed})}))
+    assert "1 of 2 test seeds diverged at the chosen rate" in line
 
 
 @pytest.mark.parametrize("name", ["mcunet-5fps-int8"])

@@ -20,6 +20,9 @@ class TestAccuracy(BaseModel):
     ci95: float = Field(ge=0, description="95% confidence half-width of the mean, points")
     seeds: list[int]
     per_seed: list[float] = Field(description="test accuracy of each seed, %")
+    diverged: int = Field(
+        0, ge=0, description="seeds whose run diverged or ended at chance accuracy (counted in the mean)"
+    )
     data: str = Field(description="the data and split")
     where: str = Field(description="what trained and measured it (a benchmark and its rows)")
 

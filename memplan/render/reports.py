@@ -277,4 +277,6 @@ def evidence_line(scheme) -> str:
             f"; test {t.accuracy:.2f} ± {t.ci95:.2f}% (95% CI, seeds {', '.join(map(str, t.seeds))}) on {t.data}, "
             f"{t.where}"
         )
+        if t.diverged:
+            line += f"; {t.diverged} of {len(t.seeds)} test seeds diverged at the chosen rate (counted in the mean)"
     return line
