@@ -720,9 +720,6 @@ def claim_lines(c: dict) -> list[str]:
     return [*lines, ""]
 
 
-#: the hand-made sweeps (and the full update, their end)
-
-
 def apart(a: dict, b: dict) -> bool:
     """Row ``a`` above row ``b`` with their 95% CIs apart."""
     return a["mean"] - a["ci95"] > b["mean"] + b["ci95"]
