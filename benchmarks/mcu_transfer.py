@@ -243,7 +243,7 @@ def run(job: dict, data: dict[str, torch.Tensor]) -> dict:
     if time.time() > job.get("deadline", float("inf")):
         return None
     torch.manual_seed(job["seed"])
-    form, update, optimizer = methods(job["protocol"])[job["experiment"]][job["method"]]
+    form, update, optimizer = from_spec(job["spec"])  # what the job was planned with, whatever the files say now
     dev, p = job["device"], job["protocol"]
     model = build(form, update, dev)
     opt = make_optimizer(trained(model), optimizer, job["lr"])
@@ -484,10 +484,17 @@ def grid_of(optimizer: str, p: dict) -> list[float]:
 
 
 def spec_of(spec: tuple[str, Update, str]) -> str:
-    """What a row trains, beyond its name: the form, the update and the optimizer (a run records it,
-    so that a row whose definition changed, such as a re-searched scheme, is trained again)."""
+    """What a row trains, beyond its name: the form, the update and the optimizer (a job carries it
+    and its run records it, so that a row whose definition changed, such as a re-searched scheme, is
+    trained again, and a worker never reads the scheme files while they change)."""
     form, u, optimizer = spec
     return json.dumps([form, u.bias_last, [list(w) for w in u.weights], u.blocks, u.full, optimizer])
+
+
+def from_spec(spec: str) -> tuple[str, Update, str]:
+    """The (form, update, optimizer) a :func:`spec_of` string describes."""
+    form, bias_last, weights, blocks, full, optimizer = json.loads(spec)
+    return form, Update(bias_last=bias_last, weights=tuple(map(tuple, weights)), blocks=blocks, full=full), optimizer
 
 
 def read_runs(path: Path, p: dict) -> dict[str, dict]:
