@@ -144,10 +144,10 @@ def profile_entries(q: dict) -> dict[str, Update]:
     return out
 
 
-def reuse(runs: dict[str, dict], log: Path, p: dict) -> None:
+def reuse(runs: dict[str, dict], log: Path, table: dict) -> None:
     """Profile runs that another experiment already made (the same form, update, optimizer, rate
-    and seed) are copied into ``log`` under the profile's id, marked ``reused_from``."""
-    table = methods(p)
+    and seed; ``table``: :func:`methods`) are copied into ``log`` under the profile's id, marked
+    ``reused_from``."""
     made = {
         (spec_of(table[r["experiment"]][r["method"]]), r["lr"], r["seed"]): r
         for r in runs.values()
@@ -497,10 +497,9 @@ def from_spec(spec: str) -> tuple[str, Update, str]:
     return form, Update(bias_last=bias_last, weights=tuple(map(tuple, weights)), blocks=blocks, full=full), optimizer
 
 
-def read_runs(path: Path, p: dict) -> dict[str, dict]:
-    """Finished runs by id. A run that recorded another definition of its row than protocol ``p``'s
-    (:func:`spec_of`) is left out: it is trained again."""
-    table = methods(p)
+def read_runs(path: Path, table: dict) -> dict[str, dict]:
+    """Finished runs by id. A run that recorded another definition of its row than ``table``'s
+    (:func:`methods`, :func:`spec_of`) is left out: it is trained again."""
     runs = {}
     if path.is_file():
         for line in path.read_text().splitlines():
@@ -576,7 +575,7 @@ def offline(args: argparse.Namespace, log: Path) -> int | None:
     if not (args.write_profile or args.record_evidence or args.report_only):
         return None
     p = json.loads((args.out / "protocol.json").read_text())
-    runs = read_runs(log, p)
+    runs = read_runs(log, methods(p))
     if args.write_profile:
         doc = profile_document(runs, p)
         if doc is None:
@@ -607,9 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     init = (str(args.data), args.device, p, not args.eager)
     with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_init_worker, initargs=init) as ex:
         while time.time() - t0 < args.budget_s:
-            runs = read_runs(log, p)
-            reuse(runs, log, p)
             table = methods(p)
+            runs = read_runs(log, table)
+            reuse(runs, log, table)
             jobs = [
                 {
                     "id": job_id(e, m, lr, s),
@@ -639,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{time.time() - t0:6.0f}s {r['experiment']:6} {r['method'][:38]:38} lr {r['lr']:<8g} "
                       f"seed {r['seed']:<3} "
                       f"{r['split']:4} {r['acc']:6.2f}% {r['seconds']:6.1f}s", flush=True)  # fmt: skip
-    return write_report(args.out, report(read_runs(log, p), [e for e in args.experiments if e != "profile"], p))
+    runs = read_runs(log, methods(p))
+    return write_report(args.out, report(runs, [e for e in args.experiments if e != "profile"], p))
 
 
 def write_report(out: Path, rep: dict) -> int:

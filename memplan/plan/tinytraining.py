@@ -108,18 +108,12 @@ def to_backward_config(scheme: Any) -> dict[str, Any]:
     channel selection rules, or explicit channel indices (``importance`` selection: tiny-training
     selects channels itself, by weight norm or at random, so exporting the ratio alone would train
     other channels)."""
-    for field in ("norm_modes", "activation_approx", "added_modules"):
+    for field in ("norm_modes", "activation_approx", "added_modules", "execution"):
         if getattr(scheme, field):
             raise SchemeError(
                 f"scheme has {field}, which tiny-training's backward_config cannot hold",
                 "export it as memplan scheme JSON",
             )
-    if getattr(scheme, "execution", None) is not None:
-        raise SchemeError(
-            "scheme has execution (recomputed segments or micro-batches), which tiny-training's "
-            "backward_config cannot hold: its step would keep more memory than the scheme plans",
-            "export it as memplan scheme JSON",
-        )
     explicit = [w for w in scheme.weight_updates if w.select == EXPLICIT_SELECT]
     if explicit:
         raise SchemeError(
