@@ -36,6 +36,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,7 @@ from memplan.optim import make_optimizer
 
 MODEL = "mcunet-5fps"
 N_CONVS = 42
+CHANCE = 10.0  # CIFAR-10 chance accuracy, %
 PROTOCOL = {
     "model": MODEL,
     "data": "CIFAR-10 (JPEG copy, ../shared/datasets/cifar10)",
@@ -69,6 +71,12 @@ PROTOCOL = {
     "grid_step": 3.0,
     "max_widen": 6,
     "tie_rule": "the smaller rate",
+    "divergence_rule": (
+        "a run diverged when its loss is not finite or it ends at chance (10%); a test seed that diverged at "
+        "a row's chosen rate marks the rate unstable for that row: the rate is chosen again on validation among "
+        "the rates below it (widening downwards while the choice is the lowest), every test seed trains at it, "
+        "and the report lists the rate given up"
+    ),
     # the contribution profile (experiment ``profile``): one run per entry at one rate on the
     # selection seed, validation split; a reduced grid (expand convs of the last 7 blocks, ratios
     # 1/4 and 1), what two CPU cores afford
@@ -411,6 +419,7 @@ def record_evidence(runs: dict[str, dict], p: dict) -> list[str]:
         if row is None or len(row["test"]) < len(p["test_seeds"]):
             continue
         val = {lr: runs[job_id("fig9", name, lr, p["selection_seeds"][0])]["acc"] for lr in row["grid"]}
+        given_up = {a["lr"]: a["diverged_seeds"] for a in row["abandoned"]}  # the divergence rule's
         data = f"CIFAR-10, benchmarks/mcu_transfer.py protocol ({p['epochs']} epochs, {p['augment']})"
         devices = row["device"]
         scheme = scheme.model_copy(
@@ -421,7 +430,8 @@ def record_evidence(runs: dict[str, dict], p: dict) -> list[str]:
                 "validation": Validation(
                     name=name, accuracy=val[row["lr"]], se=0.0, seeds=list(p["selection_seeds"]),
                     data=f"{data}: validation split, {10 * p['val_per_class']} images",
-                    runners_up=[{"name": name, "lr": lr, "accuracy": a, "seeds": list(p["selection_seeds"])}
+                    runners_up=[{"name": name, "lr": lr, "accuracy": a, "seeds": list(p["selection_seeds"]),
+                                 **({"diverged_test_seeds": given_up[lr]} if lr in given_up else {})}
                                 for lr, a in val.items() if lr != row["lr"]],
                     test=TestAccuracy(accuracy=row["mean"], ci95=row["ci95"], seeds=list(p["test_seeds"]),
                                       per_seed=row["test"], diverged=row["diverged_seeds"],
@@ -528,29 +538,52 @@ def choose(runs: dict[str, dict], experiment: str, method: str, grid: list[float
     return -max(means)[1]
 
 
-def pending(runs: dict[str, dict], experiment: str, method: str, optimizer: str, p: dict) -> list[tuple[float, int]]:
-    """The (rate, seed) runs still needed: the grid, widened (at most ``max_widen`` times) while
-    the choice sits on an edge, then the test seeds at the chosen rate."""
+def collapsed(run: dict) -> bool:
+    """A diverged run: its loss is not finite, or it ended at chance accuracy (CIFAR-10: 10%)."""
+    return run["diverged"] or run["acc"] <= CHANCE
+
+
+@dataclass
+class Selection:
+    """A row's rate and the runs it still needs (:func:`select`)."""
+
+    grid: list[float]  # every rate trained on the selection seeds
+    lr: float | None  # the chosen rate; None while selection runs are missing (or no rate is stable)
+    missing: list[tuple[float, int]]  # (rate, seed) runs still to train
+    abandoned: list[dict] = field(default_factory=list)  # {"lr", "diverged_seeds"}: rates given up
+
+
+def select(runs: dict[str, dict], experiment: str, method: str, optimizer: str, p: dict) -> Selection:
+    """The protocol's rate for one row. The grid is widened (at most ``max_widen`` times) while the
+    choice sits on an edge. A test seed that diverged at the chosen rate (``divergence_rule``) marks
+    that rate unstable for the row: the rate is chosen again among the rates below it, widening
+    downwards while the choice is the lowest, and every test seed trains at the new rate."""
+
+    def unrun(rates: list[float], seeds: list[int]) -> list[tuple[float, int]]:
+        return [(lr, s) for lr in rates for s in seeds if job_id(experiment, method, lr, s) not in runs]
+
     if experiment == "profile":  # one rate, the selection seeds
         lr = p["profile"]["lr"]
-        return [(lr, s) for s in p["selection_seeds"] if job_id(experiment, method, lr, s) not in runs]
-    grid = grid_of(optimizer, p)
-    for widened in range(p["max_widen"] + 1):
-        missing = [
-            (lr, s) for lr in grid for s in p["selection_seeds"] if job_id(experiment, method, lr, s) not in runs
-        ]
-        if missing:
-            return missing
-        best = choose(runs, experiment, method, grid, p)
-        if widened == p["max_widen"] or grid[0] < best < grid[-1]:
-            break
-        grid = [grid[0] / p["grid_step"], *grid] if best == grid[0] else [*grid, grid[-1] * p["grid_step"]]
-    return [(best, s) for s in p["test_seeds"] if job_id(experiment, method, best, s) not in runs]
-
-
-def expanded_grid(runs: dict[str, dict], experiment: str, method: str) -> list[float]:
-    return sorted({r["lr"] for r in runs.values() if r["experiment"] == experiment and r["method"] == method
-                   and r["split"] == "val"})  # fmt: skip
+        return Selection([lr], lr, unrun([lr], p["selection_seeds"]))
+    grid, cap, abandoned, widened = grid_of(optimizer, p), math.inf, [], 0
+    while True:
+        stable = [lr for lr in grid if lr < cap]
+        missing = unrun(stable, p["selection_seeds"])
+        if missing or not stable:
+            return Selection(grid, None, missing, abandoned)
+        best = choose(runs, experiment, method, stable, p)
+        low, high = best == stable[0], best == stable[-1] and cap == math.inf
+        if widened < p["max_widen"] and (low or high):
+            grid = [grid[0] / p["grid_step"], *grid] if low else [*grid, grid[-1] * p["grid_step"]]
+            widened += 1
+            continue
+        tests = {s: runs.get(job_id(experiment, method, best, s)) for s in p["test_seeds"]}
+        bad = [s for s, r in tests.items() if r is not None and collapsed(r)]
+        if bad and p.get("divergence_rule"):
+            abandoned.append({"lr": best, "diverged_seeds": bad})
+            cap = best
+            continue
+        return Selection(grid, best, [(best, s) for s, r in tests.items() if r is None], abandoned)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -624,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
                 for e in args.experiments
                 for m, (_, _, opt) in table[e].items()
                 if args.methods is None or m in args.methods
-                for lr, s in pending(runs, e, m, opt, p)
+                for lr, s in select(runs, e, m, opt, p).missing
             ]
             if args.methods:  # in the order asked for
                 jobs.sort(key=lambda j: args.methods.index(j["method"]))
@@ -707,6 +740,13 @@ def markdown(rep: dict) -> str:
             lines.append(f"| {m} | {r['optimizer']} | {mem['tinytraining_bytes']:,} | {mem['mcu_peak_bytes']:,} | "
                          f"{fits} | {acc} | {len(r['test'])} | {r['lr']:.3g} | {r['device']} |")  # fmt: skip
         lines.append("")
+        for m, r in rows.items():
+            for a in r["abandoned"]:
+                seeds = ", ".join(map(str, a["diverged_seeds"]))
+                lines.append(f"- {m}: lr {a['lr']:.3g} given up (test seed {seeds} diverged there; the divergence "
+                             f"rule), its test seeds retrained at {r['lr']:.3g}")  # fmt: skip
+        if any(r["abandoned"] for r in rows.values()):
+            lines.append("")
         if e == "fig9":
             lines += claim_lines(claims(rows))
     return "\n".join(lines)
@@ -787,22 +827,20 @@ def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
     for e in experiments:
         rows = {}
         for m, (_, _, opt) in methods(p)[e].items():
-            grid = expanded_grid(runs, e, m)
-            best = choose(runs, e, m, grid, p) if grid else None
-            tests = [
-                runs[job_id(e, m, best, s)]
-                for s in p["test_seeds"]
-                if best is not None and job_id(e, m, best, s) in runs
-            ]
+            sel = select(runs, e, m, opt, p)
+            best = sel.lr
+            if best is None:
+                continue
+            tests = [runs[job_id(e, m, best, s)] for s in p["test_seeds"] if job_id(e, m, best, s) in runs]
             if not tests:
                 continue
             mean, ci = mean_ci([r["acc"] for r in tests])
             _, update, _ = methods(p)[e][m]
             devices = sorted({r["device"] for r in tests})
             val = float(np.mean([runs[job_id(e, m, best, s)]["acc"] for s in p["selection_seeds"]]))
-            rows[m] = {"optimizer": opt, "lr": best, "grid": grid, "val": val, "test": [r["acc"] for r in tests],
-                       "mean": mean,
-                       "ci95": ci, "diverged_seeds": sum(r["diverged"] or r["acc"] <= 10.0 for r in tests),
+            rows[m] = {"optimizer": opt, "lr": best, "grid": sel.grid, "val": val, "test": [r["acc"] for r in tests],
+                       "mean": mean, "abandoned": sel.abandoned,
+                       "ci95": ci, "diverged_seeds": sum(map(collapsed, tests)),
                        "device": " + ".join(devices), "memory": memory(update, opt)}  # fmt: skip
         out["experiments"][e] = rows
     return out

@@ -26,6 +26,7 @@ from memplan.optim import make_optimizer
 from memplan.search import run_search
 
 from . import int8_reference as ref
+from .helpers import load_benchmark
 
 SAMPLE = Path(__file__).parent / "data" / "cifar10-sample"
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +204,8 @@ def test_paper_setting_benchmark_runs_a_cheap_form(tmp_path):
            "--experiments", "fig9", "--methods", "classifier only", "paper's 100 KB scheme",
            "--set", "train_per_class=6", "val_per_class=2", "epochs=1", "warmup_epochs=0", "resolution=32", "batch=16",
            "test_seeds=[0, 1]", 'grids={"sgd": [0.01, 0.03, 0.1], "adam": [0.001]}', "max_widen=0",
-           "--eager"]  # fmt: skip
+           "divergence_rule=null", "--eager"]  # fmt: skip
+    # (at 1 epoch on 60 images a run can end at chance: the divergence rule is off here; tested below)
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -222,6 +224,33 @@ def test_paper_setting_benchmark_runs_a_cheap_form(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     rep = json.loads((tmp_path / "report.json").read_text())["experiments"]["fig9"]
     assert len(rep["classifier only"]["test"]) == 1
+
+
+def test_paper_setting_protocol_gives_up_a_rate_a_test_seed_diverged_at():
+    """The benchmark's divergence rule: a test seed that collapsed at the chosen rate makes the row
+    choose again below that rate, on validation, and retrain every test seed; a test seed's accuracy
+    short of a collapse never changes the choice."""
+    mt = load_benchmark("mcu_transfer")
+    p = {**mt.PROTOCOL, "selection_seeds": [100], "test_seeds": [0, 1], "grids": {"sgd": [0.01, 0.03, 0.1]},
+         "max_widen": 2}  # fmt: skip
+
+    def runs(val: dict[float, float], test: dict[tuple[float, int], float]) -> dict[str, dict]:
+        accs = {**{(lr, 100): acc for lr, acc in val.items()}, **test}
+        return {mt.job_id("fig9", "m", lr, seed): {"acc": acc, "diverged": False} for (lr, seed), acc in accs.items()}
+
+    val = {0.01: 70.0, 0.03: 75.0, 0.1: 77.0, 0.1 * 3: 10.0}  # 0.1 is best; the widened 0.3 collapsed
+    low = mt.select(runs(val, {(0.1, 0): 75.0, (0.1, 1): 60.0}), "fig9", "m", "sgd", p)
+    assert (low.lr, low.missing, low.abandoned) == (0.1, [], [])
+    gave_up = mt.select(runs(val, {(0.1, 0): 75.0, (0.1, 1): 10.0}), "fig9", "m", "sgd", p)
+    assert gave_up.lr == 0.03 and gave_up.missing == [(0.03, 0), (0.03, 1)]
+    assert gave_up.abandoned == [{"lr": 0.1, "diverged_seeds": [1]}]
+    # the choice below the given-up rate is the lowest rate: the grid widens downwards first
+    lowest = mt.select(runs({**val, 0.03: 65.0}, {(0.1, 0): 10.0}), "fig9", "m", "sgd", p)
+    assert lowest.lr is None and lowest.missing == [(0.01 / 3, 100)]
+    # without the rule (the protocol before it), the diverged seed stays in the row
+    p.pop("divergence_rule")
+    kept = mt.select(runs(val, {(0.1, 0): 75.0, (0.1, 1): 10.0}), "fig9", "m", "sgd", p)
+    assert (kept.lr, kept.abandoned) == (0.1, [])
 
 
 def test_paper_setting_profile_runs_a_cheap_form_and_the_search_reads_it(tmp_path):
