@@ -80,6 +80,10 @@ def test_shipped_evidence_is_found_for_an_equal_scheme_only(tmp_path, monkeypatc
     collapsed = evidence.test.model_copy(update={"per_seed": [70.9, 10.0], "diverged": 1})
     line = evidence_line(found.model_copy(update={"validation": evidence.model_copy(update={"test": collapsed})}))
     assert "1 of 2 test seeds diverged at the chosen rate" in line
+    given_up = {"name": "row", "lr": 0.1, "accuracy": 72.5, "seeds": [100], "diverged_test_seeds": [3]}
+    gave_up = evidence.model_copy(update={"runners_up": [given_up]})
+    line = evidence_line(found.model_copy(update={"validation": gave_up}))
+    assert "lr 0.1 (72.50% on validation) given up: test seed 3 diverged there" in line
 
 
 @pytest.mark.parametrize("name", ["mcunet-5fps-int8"])

@@ -268,7 +268,8 @@ def device_fit_line(fit: dict) -> str:
 
 def evidence_line(scheme) -> str:
     """One line: how a shipped scheme equal to the one found was validated by training (its
-    ``validation``: the choice on validation, then the test seeds)."""
+    ``validation``: the choice on validation, then the test seeds, and any rate given up because a
+    test seed diverged there: a runner-up with ``diverged_test_seeds``)."""
     v = scheme.validation
     line = f"validated by training: {v.name}, {v.accuracy:.2f}% on {v.data} (seeds {', '.join(map(str, v.seeds))})"
     if v.test is not None:
@@ -279,4 +280,8 @@ def evidence_line(scheme) -> str:
         )
         if t.diverged:
             line += f"; {t.diverged} of {len(t.seeds)} test seeds diverged at the chosen rate (counted in the mean)"
+    for r in v.runners_up:
+        if r.get("diverged_test_seeds"):
+            seeds = ", ".join(map(str, r["diverged_test_seeds"]))
+            line += f"; lr {r['lr']:g} ({r['accuracy']:.2f}% on validation) given up: test seed {seeds} diverged there"
     return line
