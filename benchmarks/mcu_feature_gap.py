@@ -26,23 +26,25 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import mcu_transfer as bench
+from mcu_protocol import PROTOCOL
+from mcu_runs import build, load_data, model_input, resize
 
 from memplan.io import write_text
 from memplan.models.int8.ops import fuse_kernels
+from memplan.models.int8.updates import Update
 
 L2_GRID = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
 def features(form: str, x: torch.Tensor, res: int) -> torch.Tensor:
     """The head's input of ``form`` for uint8 images ``x`` (N x 3 x 32 x 32), float32 N x C."""
-    model = bench.build(form, bench.Update(), "cpu").eval()
+    model = build(form, Update(), "cpu").eval()
     head = model.classifier
     kept: list[torch.Tensor] = []
     hook = head.register_forward_hook(lambda m, inp, out: kept.append(inp[0].detach().flatten(1)))
     with torch.no_grad():
         for i in range(0, len(x), 250):
-            model(bench.model_input(bench.resize(x[i : i + 250], res), form))
+            model(model_input(resize(x[i : i + 250], res), form))
     hook.remove()
     return torch.cat(kept)
 
@@ -74,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     fuse_kernels()
-    p = bench.PROTOCOL
-    data = bench.load_data(args.data, "cpu", p)
+    p = PROTOCOL
+    data = load_data(args.data, "cpu", p)
     rows = {}
     for form in ("fp32", "int8"):
         f = {s: features(form, data[f"x_{s}"], p["resolution"]) for s in ("train", "val", "test")}
