@@ -60,11 +60,25 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def read_protocol(path: Path) -> dict:
+    """The protocol a results folder was trained under; exits with one line where it is missing,
+    unreadable, or older than this script's settings (a key of :data:`PROTOCOL` it lacks, other
+    than ``divergence_rule``, which a protocol from before that rule lacks on purpose)."""
+    try:
+        p = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"cannot read {path} ({e.__class__.__name__}): run a training command into that folder first")
+    missing = sorted(set(PROTOCOL) - set(p) - {"divergence_rule"})
+    if missing:
+        sys.exit(f"{path} lacks {', '.join(missing)}: written by an older mcu_transfer.py; train into a new folder")
+    return p
+
+
 def offline(args: argparse.Namespace, log: Path) -> int | None:
     """The commands that train nothing (the profile, the evidence, the report); None for a training run."""
     if not (args.write_profile or args.record_evidence or args.report_only):
         return None
-    p = json.loads((args.out / "protocol.json").read_text())
+    p = read_protocol(args.out / "protocol.json")
     runs = read_runs(log, methods(p))
     if args.write_profile:
         doc = profile_document(runs, p)

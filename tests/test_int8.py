@@ -226,6 +226,14 @@ def test_paper_setting_benchmark_runs_a_cheap_form(tmp_path):
     assert len(rep["classifier only"]["test"]) == 1
 
 
+def test_paper_setting_report_without_a_protocol_is_one_line(tmp_path):
+    """``--report-only`` on a folder nothing trained into: one line and a non-zero exit."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "mcu_transfer.py"), "--out", str(tmp_path), "--report-only"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1 and done.stderr.strip().count("\n") == 0
+    assert "protocol.json" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_paper_setting_protocol_gives_up_a_rate_a_test_seed_diverged_at():
     """The benchmark's divergence rule: a test seed that collapsed at the chosen rate makes the row
     choose again below that rate, on validation, and retrain every test seed; a test seed's accuracy
