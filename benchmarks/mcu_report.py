@@ -169,10 +169,21 @@ def record_evidence(runs: dict[str, dict], p: dict) -> list[str]:
 
 
 def write_report(out: Path, rep: dict) -> int:
-    """``report.json`` (atomic), ``fig9.png`` (the memory-accuracy plot) and the Markdown tables on stdout."""
+    """``report.json`` (atomic), ``fig9.png`` (the memory-accuracy plot) and the Markdown tables of
+    ``rep``'s experiments on stdout. An experiment ``rep`` leaves out keeps its rows from the
+    existing ``report.json`` where that was made under the same protocol."""
+    path = out / "report.json"
+    kept = {}
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+            kept = old["experiments"] if old.get("protocol") == rep["protocol"] else {}
+        except (json.JSONDecodeError, KeyError):
+            kept = {}
+    whole = {**rep, "experiments": {**kept, **rep["experiments"]}}
     tmp = out / ".report.json.tmp"
-    tmp.write_text(json.dumps(rep, indent=1))
-    os.replace(tmp, out / "report.json")
+    tmp.write_text(json.dumps(whole, indent=1))
+    os.replace(tmp, path)
     if rep["experiments"].get("fig9"):
         plot(rep["experiments"]["fig9"], out / "fig9.png")
     print(markdown(rep))

@@ -224,6 +224,11 @@ def test_paper_setting_benchmark_runs_a_cheap_form(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     rep = json.loads((tmp_path / "report.json").read_text())["experiments"]["fig9"]
     assert len(rep["classifier only"]["test"]) == 1
+    # a report of one experiment keeps the other's rows (same protocol)
+    table1 = [*cmd[: cmd.index("--experiments") + 1], "table1", *cmd[cmd.index("--methods") :]]
+    done = subprocess.run([*table1, "--report-only"], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "report.json").read_text())["experiments"]["fig9"] == rep
 
 
 def test_paper_setting_report_without_a_protocol_is_one_line(tmp_path):
