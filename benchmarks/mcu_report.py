@@ -243,14 +243,10 @@ def markdown(rep: dict) -> str:
                 acc += f" ({r['diverged_seeds']} diverged)"
             lines.append(f"| {m} | {r['optimizer']} | {mem['tinytraining_bytes']:,} | {mem['mcu_peak_bytes']:,} | "
                          f"{fits} | {acc} | {len(r['test'])} | {r['lr']:.3g} | {r['device']} |")  # fmt: skip
-        lines.append("")
-        for m, r in rows.items():
-            for a in r["abandoned"]:
-                seeds = ", ".join(map(str, a["diverged_seeds"]))
-                lines.append(f"- {m}: lr {a['lr']:.3g} given up (test seed {seeds} diverged there; the divergence "
-                             f"rule), its test seeds retrained at {r['lr']:.3g}")  # fmt: skip
-        if any(r["abandoned"] for r in rows.values()):
-            lines.append("")
+        given_up = [f"- {m}: lr {a['lr']:.3g} given up (test seed {', '.join(map(str, a['diverged_seeds']))} diverged "
+                    f"there; the divergence rule), its test seeds retrained at {r['lr']:.3g}"
+                    for m, r in rows.items() for a in r["abandoned"]]  # fmt: skip
+        lines += ["", *given_up, *([""] if given_up else [])]
         if e == "fig9":
             lines += claim_lines(claims(rows))
     return "\n".join(lines)
