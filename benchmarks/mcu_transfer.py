@@ -74,6 +74,20 @@ def read_protocol(path: Path) -> dict:
     return p
 
 
+def overrides(p: dict, pairs: list[str]) -> dict:
+    """``p`` with each ``KEY=JSON`` of ``--set`` applied; exits with one line on a malformed pair or
+    a key that :data:`PROTOCOL` does not have."""
+    for kv in pairs:
+        k, sep, v = kv.partition("=")
+        if not sep or k not in PROTOCOL:
+            sys.exit(f"--set {kv!r}: expected KEY=JSON with KEY one of {', '.join(sorted(PROTOCOL))}")
+        try:
+            p[k] = json.loads(v)
+        except json.JSONDecodeError as e:
+            sys.exit(f"--set {kv!r}: the value is not JSON ({e.msg})")
+    return p
+
+
 def offline(args: argparse.Namespace, log: Path) -> int | None:
     """The commands that train nothing (the profile, the evidence, the report); None for a training run."""
     if not (args.write_profile or args.record_evidence or args.report_only):
@@ -95,10 +109,7 @@ def offline(args: argparse.Namespace, log: Path) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    p = dict(PROTOCOL)
-    for kv in args.set:
-        k, v = kv.split("=", 1)
-        p[k] = json.loads(v)
+    p = overrides(dict(PROTOCOL), args.set)
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "runs.jsonl"
     done = offline(args, log)

@@ -239,6 +239,17 @@ def test_paper_setting_report_without_a_protocol_is_one_line(tmp_path):
     assert "protocol.json" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("pair", ["epochs=two", "epochs", "no_such_key=1"])
+def test_paper_setting_malformed_override_is_one_line(tmp_path, pair):
+    """``--set`` with a value that is not JSON, no ``=``, or an unknown key: one line, exit 1,
+    before anything is written."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "mcu_transfer.py"), "--out", str(tmp_path / "o"), "--set", pair]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "--set" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_paper_setting_protocol_gives_up_a_rate_a_test_seed_diverged_at():
     """The benchmark's divergence rule: a test seed that collapsed at the chosen rate makes the row
     choose again below that rate, on validation, and retrain every test seed; a test seed's accuracy
