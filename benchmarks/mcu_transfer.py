@@ -33,7 +33,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from mcu_protocol import PROTOCOL, job_id, methods, read_runs, reuse, select, spec_of
@@ -107,6 +107,34 @@ def offline(args: argparse.Namespace, log: Path) -> int | None:
     return 0
 
 
+def missing_jobs(args: argparse.Namespace, p: dict, log: Path, t0: float) -> list[dict]:
+    """The runs still to train under protocol ``p``, given the finished runs in ``log``: each row's
+    :func:`select` (``--methods`` first, in the order asked for)."""
+    table = methods(p)
+    runs = read_runs(log, table)
+    reuse(runs, log, table)
+    jobs = [
+        {
+            "id": job_id(e, m, lr, s),
+            "experiment": e,
+            "method": m,
+            "lr": lr,
+            "seed": s,
+            "spec": spec_of(table[e][m]),
+            "device": args.device,
+            "protocol": p,
+            "deadline": t0 + args.budget_s,
+        }  # fmt: skip
+        for e in args.experiments
+        for m, (_, _, opt) in table[e].items()
+        if args.methods is None or m in args.methods
+        for lr, s in select(runs, e, m, opt, p).missing
+    ]
+    if args.methods:
+        jobs.sort(key=lambda j: args.methods.index(j["method"]))
+    return jobs
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     p = overrides(dict(PROTOCOL), args.set)
@@ -120,32 +148,21 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn" if args.device == "cuda" or os.environ.get("MCU_SPAWN") else "fork")
     init = (str(args.data), args.device, p, not args.eager)
     with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_init_worker, initargs=init) as ex:
-        while time.time() - t0 < args.budget_s:
-            table = methods(p)
-            runs = read_runs(log, table)
-            reuse(runs, log, table)
-            jobs = [
-                {
-                    "id": job_id(e, m, lr, s),
-                    "experiment": e,
-                    "method": m,
-                    "lr": lr,
-                    "seed": s,
-                    "spec": spec_of(table[e][m]),
-                    "device": args.device,
-                    "protocol": p,
-                    "deadline": t0 + args.budget_s,
-                }  # fmt: skip
-                for e in args.experiments
-                for m, (_, _, opt) in table[e].items()
-                if args.methods is None or m in args.methods
-                for lr, s in select(runs, e, m, opt, p).missing
-            ]
-            if args.methods:  # in the order asked for
-                jobs.sort(key=lambda j: args.methods.index(j["method"]))
-            if not jobs:
+        running: dict[Future, str] = {}
+        while True:
+            # choose again after every finished run, so a selection that finishes lets its test
+            # seeds start at once and no core waits for the slowest run of a batch
+            free = args.workers - len(running)
+            todo = [j for j in missing_jobs(args, p, log, t0) if j["id"] not in running.values()]
+            if time.time() - t0 < args.budget_s:
+                for job in todo[:free]:
+                    running[ex.submit(_worker, job)] = job["id"]
+            if not running:
                 break
-            for r in ex.map(_worker, jobs):
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                del running[fut]
+                r = fut.result()
                 if r is None:
                     continue
                 with open(log, "a") as f:
