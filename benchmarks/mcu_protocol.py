@@ -77,6 +77,10 @@ def methods(p: dict | None = None) -> dict[str, dict[str, tuple[str, Update, str
             "int8 SGD-M": ("int8", last2, "sgd-momentum"),
             "int8 Adam": ("int8", last2, "adam"),
             "int8 SGD-M + QAS": ("int8", last2, "sgd-momentum-qas"),
+            # the head alone on each form's frozen features (an fp32 head on both): how much of the
+            # gap between fp32 and int8 + QAS above is the int8 forward, under this protocol
+            "fp32 classifier only (SGD-M)": ("fp32", Update(), "sgd-momentum"),
+            "int8 classifier only (SGD-M)": ("int8", Update(), "sgd-momentum"),
         },
         "fig9": fig9,
     }
