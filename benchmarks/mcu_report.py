@@ -249,7 +249,47 @@ def markdown(rep: dict) -> str:
         lines += ["", *given_up, *([""] if given_up else [])]
         if e == "fig9":
             lines += claim_lines(claims(rows))
+        if e == "table1":
+            lines += gap_lines(gaps(rows))
     return "\n".join(lines)
+
+
+#: Table 1's gap between fp32 and int8 + QAS, and the part of it the int8 forward makes (the same
+#: gap for the head alone, trained on each form's frozen features): (name, row above, row below)
+GAPS = (
+    ("fp32 SGD-M - int8 SGD-M + QAS (last two blocks)", "fp32 SGD-M", "int8 SGD-M + QAS"),
+    ("fp32 - int8 forward (classifier only)", "fp32 classifier only (SGD-M)", "int8 classifier only (SGD-M)"),
+)
+
+
+def difference(a: dict, b: dict) -> tuple[float, float, float]:
+    """Row ``a``'s mean test accuracy minus row ``b``'s, in points: (difference, its standard error,
+    Welch's degrees of freedom); seeds are not paired across rows."""
+    va, vb = (np.var(r["test"], ddof=1) / len(r["test"]) for r in (a, b))
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a["test"]) - 1) + vb**2 / (len(b["test"]) - 1))
+    return a["mean"] - b["mean"], se, df
+
+
+def gaps(rows: dict) -> dict[str, tuple[float, float]]:
+    """:data:`GAPS` whose rows have ≥ 2 test seeds each, as (difference, 95% CI half-width) in points,
+    and, with both, their difference: the part of the gap that is not the forward's (training the
+    int8 graph), its CI from the two standard errors (Welch-Satterthwaite degrees of freedom)."""
+    from scipy import stats
+
+    have = lambda m: m in rows and len(rows[m]["test"]) > 1  # noqa: E731
+    found = {name: difference(rows[a], rows[b]) for name, a, b in GAPS if have(a) and have(b)}
+    out = {name: (d, stats.t.ppf(0.975, df) * se) for name, (d, se, df) in found.items()}
+    if len(found) == len(GAPS):
+        (d1, se1, df1), (d2, se2, df2) = found.values()
+        se = math.hypot(se1, se2)
+        df = se**4 / (se1**4 / df1 + se2**4 / df2)
+        out["the rest: training the int8 graph"] = (d1 - d2, stats.t.ppf(0.975, df) * se)
+    return out
+
+
+def gap_lines(g: dict[str, tuple[float, float]]) -> list[str]:
+    return [*(f"- {name}: {d:+.2f} ± {ci:.2f} points (95% CI)" for name, (d, ci) in g.items()), *([""] if g else [])]
 
 
 def claim_lines(c: dict) -> list[str]:

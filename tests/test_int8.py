@@ -319,3 +319,28 @@ def test_apply_strategy_realises_the_papers_scheme_on_the_int8_graph():
         assert (a.weight_channels is None) == (b.weight_channels is None)
         if a.weight_channels is not None:
             assert a.weight_channels.tolist() == b.weight_channels.tolist()
+
+
+def test_paper_setting_table1_gap_split_matches_welch():
+    """Table 1's gap between fp32 and int8 + QAS, the forward's share of it (classifier only on each
+    form) and the rest: each difference's 95% CI is Welch's (scipy's ``ttest_ind``); the rest's
+    standard error is the two gaps' combined, and it is absent until both gaps have their rows."""
+    from scipy import stats
+
+    rep = load_benchmark("mcu_report")
+    tests = {
+        "fp32 SGD-M": [73.1, 73.9, 73.5, 73.8, 73.4],
+        "int8 SGD-M + QAS": [72.0, 72.6, 72.2, 72.5],
+        "fp32 classifier only (SGD-M)": [66.0, 66.4, 65.7],
+        "int8 classifier only (SGD-M)": [65.9, 65.2, 65.5, 65.6],
+    }
+    rows = {m: {"test": t, "mean": float(np.mean(t))} for m, t in tests.items()}
+    got = rep.gaps(rows)
+    for name, above, below in rep.GAPS:
+        ci = stats.ttest_ind(tests[above], tests[below], equal_var=False).confidence_interval()
+        d, half = got[name]
+        assert d == pytest.approx((ci.low + ci.high) / 2) and half == pytest.approx((ci.high - ci.low) / 2)
+    (d1, h1), (d2, h2), (rest, h) = got.values()
+    assert rest == pytest.approx(d1 - d2) and max(h1, h2) < h < h1 + h2
+    del rows["int8 classifier only (SGD-M)"]
+    assert list(rep.gaps(rows)) == [rep.GAPS[0][0]]
