@@ -285,6 +285,15 @@ def gaps(rows: dict) -> dict[str, tuple[float, float]]:
         se = math.hypot(se1, se2)
         df = se**4 / (se1**4 / df1 + se2**4 / df2)
         out["the rest: training the int8 graph"] = (d1 - d2, stats.t.ppf(0.975, df) * se)
+    for name, a, b in GAPS:  # the same gap with both rows at one rate (``--at-rate`` runs), where not the chosen
+        if not (have(a) and have(b)):
+            continue
+        at_a, at_b = rows[a].get("test_at", {}), rows[b].get("test_at", {})
+        for lr in sorted(set(at_a) & set(at_b), key=float):
+            if len(at_a[lr]) > 1 and len(at_b[lr]) > 1 and not float(lr) == rows[a]["lr"] == rows[b]["lr"]:
+                pair = [{"test": t, "mean": float(np.mean(t))} for t in (at_a[lr], at_b[lr])]
+                d, se, df = difference(*pair)
+                out[f"{name}, both at lr {lr}"] = (d, stats.t.ppf(0.975, df) * se)
     return out
 
 
@@ -378,7 +387,12 @@ def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
             _, update, _ = methods(p)[e][m]
             devices = sorted({r["device"] for r in tests})
             val = float(np.mean([runs[job_id(e, m, best, s)]["acc"] for s in p["selection_seeds"]]))
+            at = {
+                lr: [runs[job_id(e, m, lr, s)]["acc"] for s in p["test_seeds"] if job_id(e, m, lr, s) in runs]
+                for lr in sorted({r["lr"] for r in runs.values() if r["experiment"] == e and r["method"] == m})
+            }
             rows[m] = {"optimizer": opt, "lr": best, "grid": sel.grid, "val": val, "test": [r["acc"] for r in tests],
+                       "test_at": {f"{lr:g}": a for lr, a in at.items() if a},
                        "mean": mean, "abandoned": sel.abandoned,
                        "ci95": ci, "diverged_seeds": sum(map(collapsed, tests)),
                        "device": " + ".join(devices), "memory": memory(update, opt)}  # fmt: skip

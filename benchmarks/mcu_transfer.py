@@ -56,6 +56,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--report-only", action="store_true", help="rebuild the report from runs.jsonl, train nothing")
     ap.add_argument("--write-profile", type=Path, help="write the profile experiment's runs as a contribution profile")
     ap.add_argument("--record-evidence", action="store_true", help="write searched rows' results into their schemes")
+    ap.add_argument(
+        "--at-rate",
+        type=float,
+        help="a diagnostic: train the test seeds of --methods at this "
+        "rate, not the chosen one (rows keep the chosen rate; the report compares rows at a shared rate)",
+    )
     ap.add_argument("--eager", action="store_true", help="do not compile the int8 kernels (same bits; no compile wait)")
     return ap
 
@@ -128,7 +134,11 @@ def missing_jobs(args: argparse.Namespace, p: dict, log: Path, t0: float) -> lis
         for e in args.experiments
         for m, (_, _, opt) in table[e].items()
         if args.methods is None or m in args.methods
-        for lr, s in select(runs, e, m, opt, p).missing
+        for lr, s in (
+            select(runs, e, m, opt, p).missing
+            if args.at_rate is None
+            else [(args.at_rate, s) for s in p["test_seeds"] if job_id(e, m, args.at_rate, s) not in runs]
+        )
     ]
     if args.methods:
         jobs.sort(key=lambda j: args.methods.index(j["method"]))
@@ -137,6 +147,8 @@ def missing_jobs(args: argparse.Namespace, p: dict, log: Path, t0: float) -> lis
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.at_rate is not None and not args.methods:
+        sys.exit("--at-rate trains the rows named by --methods: name them")
     p = overrides(dict(PROTOCOL), args.set)
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "runs.jsonl"

@@ -342,5 +342,18 @@ def test_paper_setting_table1_gap_split_matches_welch():
         assert d == pytest.approx((ci.low + ci.high) / 2) and half == pytest.approx((ci.high - ci.low) / 2)
     (d1, h1), (d2, h2), (rest, h) = got.values()
     assert rest == pytest.approx(d1 - d2) and max(h1, h2) < h < h1 + h2
-    del rows["int8 classifier only (SGD-M)"]
+    # the forward's gap again with both rows at one rate (--at-rate runs), beside the chosen rates'
+    fp32, int8 = rep.GAPS[1][1:]
+    rows[fp32] |= {"lr": 0.0033, "test_at": {"0.0033": tests[fp32], "0.01": [64.0, 64.4, 63.9]}}
+    rows[int8] |= {"lr": 0.01, "test_at": {"0.01": tests[int8]}}
+    shared = rep.gaps(rows)[f"{rep.GAPS[1][0]}, both at lr 0.01"]
+    ci = stats.ttest_ind([64.0, 64.4, 63.9], tests[int8], equal_var=False).confidence_interval()
+    assert shared == pytest.approx(((ci.low + ci.high) / 2, (ci.high - ci.low) / 2))
+    del rows[int8]
     assert list(rep.gaps(rows)) == [rep.GAPS[0][0]]
+
+
+def test_paper_setting_at_rate_needs_methods(tmp_path):
+    mt = load_benchmark("mcu_transfer")
+    with pytest.raises(SystemExit, match="--methods"):
+        mt.main(["--out", str(tmp_path), "--at-rate", "0.01"])
