@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -357,3 +358,35 @@ def test_paper_setting_at_rate_needs_methods(tmp_path):
     mt = load_benchmark("mcu_transfer")
     with pytest.raises(SystemExit, match="--methods"):
         mt.main(["--out", str(tmp_path), "--at-rate", "0.01"])
+
+
+def _row_name(cell: str) -> str:
+    """A published table's row name as the benchmark's report names it."""
+    name = re.sub(r"\s*\(`[^`]*`\)", "", cell.replace("**", "")).strip()
+    name = re.sub(r"^memplan's (.*) scheme$", r"memplan \1", name).removeprefix("the ")
+    return name.replace("biases of all 42 convs", "biases of the last 42 convs").replace(" (fp32 form)", "")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/benchmarks/mcu.md"])
+def test_paper_setting_published_tables_match_the_report(page):
+    """Every Figure 9 / Table 1 row the README's section on the paper's setting and the benchmark
+    page print (memory columns and test mean ± CI) is the committed
+    ``benchmarks/mcu_results/report.json``'s."""
+    report = json.loads((ROOT / "benchmarks/mcu_results/report.json").read_text())["experiments"]
+    rows = {**report["table1"], **report["fig9"]}
+    text = (ROOT / page).read_text()
+    if page == "README.md":
+        text = text.split("## In the 256KB paper's own setting")[1].split("\n## ")[0]
+    seen = 0
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        acc = next((re.match(r"([\d.]+) ± ([\d.]+)", c) for c in cells if re.match(r"[\d.]+ ± ", c)), None)
+        if not line.startswith("| ") or acc is None or _row_name(cells[0]) not in rows:
+            continue
+        r = rows[_row_name(cells[0])]
+        assert (float(acc[1]), float(acc[2])) == (round(r["mean"], 2), round(r["ci95"], 2)), line
+        numbers = [int(c.replace(",", "")) for c in cells[1:3] if re.fullmatch(r"[\d,]+", c)]
+        if numbers:
+            assert numbers == [r["memory"]["tinytraining_bytes"], r["memory"]["mcu_peak_bytes"]], line
+        seen += 1
+    assert seen >= 10
