@@ -262,39 +262,33 @@ GAPS = (
 )
 
 
-def difference(a: dict, b: dict) -> tuple[float, float, float]:
-    """Row ``a``'s mean test accuracy minus row ``b``'s, in points: (difference, its standard error,
+def difference(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Mean of test accuracies ``a`` minus mean of ``b``, in points: (difference, its standard error,
     Welch's degrees of freedom); seeds are not paired across rows."""
-    va, vb = (np.var(r["test"], ddof=1) / len(r["test"]) for r in (a, b))
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a["test"]) - 1) + vb**2 / (len(b["test"]) - 1))
-    return a["mean"] - b["mean"], se, df
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return float(np.mean(a) - np.mean(b)), math.sqrt(va + vb), df
 
 
 def gaps(rows: dict) -> dict[str, tuple[float, float]]:
     """:data:`GAPS` whose rows have ≥ 2 test seeds each, as (difference, 95% CI half-width) in points,
     and, with both, their difference: the part of the gap that is not the forward's (training the
-    int8 graph), its CI from the two standard errors (Welch-Satterthwaite degrees of freedom)."""
+    int8 graph), its CI from the two standard errors (Welch-Satterthwaite degrees of freedom); then
+    each gap again at every other rate both rows have ≥ 2 test seeds at (``--at-rate`` runs)."""
     from scipy import stats
 
-    have = lambda m: m in rows and len(rows[m]["test"]) > 1  # noqa: E731
-    found = {name: difference(rows[a], rows[b]) for name, a, b in GAPS if have(a) and have(b)}
-    out = {name: (d, stats.t.ppf(0.975, df) * se) for name, (d, se, df) in found.items()}
+    have = {name: (a, b) for name, a, b in GAPS if all(m in rows and len(rows[m]["test"]) > 1 for m in (a, b))}
+    found = {name: difference(rows[a]["test"], rows[b]["test"]) for name, (a, b) in have.items()}
     if len(found) == len(GAPS):
         (d1, se1, df1), (d2, se2, df2) = found.values()
         se = math.hypot(se1, se2)
-        df = se**4 / (se1**4 / df1 + se2**4 / df2)
-        out["the rest: training the int8 graph"] = (d1 - d2, stats.t.ppf(0.975, df) * se)
-    for name, a, b in GAPS:  # the same gap with both rows at one rate (``--at-rate`` runs), where not the chosen
-        if not (have(a) and have(b)):
-            continue
+        found["the rest: training the int8 graph"] = (d1 - d2, se, se**4 / (se1**4 / df1 + se2**4 / df2))
+    for name, (a, b) in have.items():
         at_a, at_b = rows[a].get("test_at", {}), rows[b].get("test_at", {})
         for lr in sorted(set(at_a) & set(at_b), key=float):
             if len(at_a[lr]) > 1 and len(at_b[lr]) > 1 and not float(lr) == rows[a]["lr"] == rows[b]["lr"]:
-                pair = [{"test": t, "mean": float(np.mean(t))} for t in (at_a[lr], at_b[lr])]
-                d, se, df = difference(*pair)
-                out[f"{name}, both at lr {lr}"] = (d, stats.t.ppf(0.975, df) * se)
-    return out
+                found[f"{name}, both at lr {lr}"] = difference(at_a[lr], at_b[lr])
+    return {name: (d, stats.t.ppf(0.975, df) * se) for name, (d, se, df) in found.items()}
 
 
 def gap_lines(g: dict[str, tuple[float, float]]) -> list[str]:

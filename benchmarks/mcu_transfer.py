@@ -115,7 +115,8 @@ def offline(args: argparse.Namespace, log: Path) -> int | None:
 
 def missing_jobs(args: argparse.Namespace, p: dict, log: Path, t0: float) -> list[dict]:
     """The runs still to train under protocol ``p``, given the finished runs in ``log``: each row's
-    :func:`select` (``--methods`` first, in the order asked for)."""
+    :func:`select` (only the ``--methods`` rows when named, in the order asked for; at
+    ``--at-rate`` their test seeds at that rate)."""
     table = methods(p)
     runs = read_runs(log, table)
     reuse(runs, log, table)
