@@ -72,6 +72,7 @@ import os
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ from transfer_runs import (
     baselines,
     memory_of,
     natural_methods,
-    record,
+    obtain,
     refresh,
     scheme_method,
     share_runs,
@@ -324,17 +325,13 @@ def train_method(run: Run, bench: Bench, m: Method) -> None:
     a = run.a
     while m.lr is None and (todo := missing_runs(m.key, m.settings(a.lrs), refresh(run), a.val_seeds, a.widen)):
         for lr, seed in todo:
-            rid = run_id("grid", m.key, lr, seed)
-            if rid not in refresh(run):
-                record(run, rid, bench.run(m, lr, seed, "validation"))
+            obtain(run, run_id("grid", m.key, lr, seed), partial(bench.run, m, lr, seed, "validation"))
     best = chosen_lr(m, a, refresh(run))[1]
     if best is None:
         print(f"{m.name}: every learning rate of the grid diverged; widen the protocol's lrs", file=sys.stderr)
         return
     for seed in a.seeds:
-        rid = run_id("final", m.key, best, seed)
-        if rid not in refresh(run):
-            record(run, rid, bench.run(m, best, seed, "test"))
+        obtain(run, run_id("final", m.key, best, seed), partial(bench.run, m, best, seed, "test"))
 
 
 def train(run: Run, t_start: float) -> None:

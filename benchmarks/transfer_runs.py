@@ -6,8 +6,12 @@ validation and test splits, each one line of the checkpoint."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import hashlib
 import math
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,7 +184,7 @@ class BenchTrainer:
         if rid not in refresh(self.run):
             if not self.train_missing:
                 raise LookupError(rid)
-            record(self.run, rid, self.bench.run(m, lr, seed, "validation"))
+            obtain(self.run, rid, lambda: self.bench.run(m, lr, seed, "validation"))
             self.trained += 1
         return math.nan if done[rid]["diverged"] else done[rid]["accuracy"]
 
@@ -346,6 +350,45 @@ def record(run: Run, rid: str, result: dict[str, Any]) -> None:
     """One finished run into ``run.done`` and the checkpoint, with the protocol it ran under."""
     run.done[rid] = {"id": rid, **result, "protocol_sha256": run.sha}
     run.ckpt.append(run.done[rid])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]], poll_s: float = 10.0) -> dict[str, Any]:
+    """Run ``rid``'s record: from the checkpoint, else trained by ``train()`` and recorded. Processes
+    sharing one checkpoint (shards, stages of several budgets) claim a run before training it (a
+    file ``claims/<digest>`` beside the checkpoint holding the claimant's pid, created exclusively):
+    a run another live process has claimed is waited for, never trained twice; a dead claimant's
+    claim is taken over."""
+    claims = run.ckpt.path.parent / "claims"
+    claims.mkdir(exist_ok=True)
+    claim = claims / hashlib.sha1(rid.encode()).hexdigest()[:16]
+    while rid not in refresh(run):
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            with contextlib.suppress(OSError, ValueError):
+                if not _alive(int(claim.read_text() or "0")):
+                    claim.unlink()
+                    continue
+            time.sleep(poll_s)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        try:
+            if rid not in refresh(run):  # finished between the check and the claim
+                record(run, rid, train())
+        finally:
+            claim.unlink(missing_ok=True)
+    return run.done[rid]
 
 
 def refresh(run: Run) -> dict:

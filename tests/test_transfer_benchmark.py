@@ -219,6 +219,53 @@ def test_a_run_another_process_finished_meanwhile_is_not_trained_again(transfer,
     assert result["rows"][0]["accuracy"] == [40.0, 50.0, 40.0]
 
 
+def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_taken_over(transfer, tmp_path):
+    """Two processes never train one run at once: a run whose claim file names a live process is
+    read from the checkpoint once that process records it (never trained here); a claim whose
+    process is gone is taken over, and a finished run leaves no claim behind."""
+    import subprocess
+    import sys
+    import threading
+
+    from memplan.contrib.checkpoint import Checkpoint
+
+    runs = sys.modules["transfer_runs"]
+    ckpt = Checkpoint(tmp_path / "transfer.runs.jsonl", {"x": 1})
+    ckpt.start()
+    run = runs.Run(None, None, None, ckpt, {}, 0.0)
+    times = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
+    claim = lambda rid: tmp_path / "claims" / hashlib.sha1(rid.encode()).hexdigest()[:16]  # noqa: E731
+    (tmp_path / "claims").mkdir()
+    trained = []
+
+    def train(acc):
+        def go():
+            trained.append(acc)
+            return dict(accuracy=acc, diverged=False, **times)
+
+        return go
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        claim("a").write_text(str(other.pid))
+
+        def finish():  # the other process records its run and gives its claim up
+            ckpt.append({"id": "a", "accuracy": 50.0, "diverged": False, **times})
+            claim("a").unlink()
+
+        later = threading.Timer(0.3, finish)
+        later.start()
+        assert runs.obtain(run, "a", train(40.0), poll_s=0.05)["accuracy"] == 50.0
+        later.join()
+    finally:
+        other.kill()
+        other.wait()
+    claim("b").write_text(str(other.pid))  # its process is gone
+    assert runs.obtain(run, "b", train(60.0), poll_s=0.05)["accuracy"] == 60.0
+    assert trained == [60.0] and not any((tmp_path / "claims").iterdir())
+    assert [r["id"] for r in ckpt.finished().values()] == ["a", "b"]
+
+
 @pytest.mark.parametrize(
     "argv,fields",
     [
