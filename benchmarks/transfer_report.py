@@ -102,13 +102,18 @@ def comparisons(rows: list[dict]) -> list[dict[str, Any]]:
     """Each validated row against the best baseline (highest mean) whose applied memory fits its
     budget: the CI verdict, the paired per-seed difference (points) with its 95% CI and paired-t
     p-value, and the Holm-adjusted p-value and verdict over every validated row of the report (one
-    backbone's budgets)."""
+    backbone's budgets); ``loses_to``: every baseline with no more memory than the validated row
+    that beats it with the CIs apart (the acceptance check: it should be empty; a baseline below
+    the best mean can be apart where the best is not, by a narrower CI)."""
     base = [r for r in rows if r["method"] not in (VALIDATED, "scheme")]
     out = []
     for r in (x for x in rows if x["method"] == VALIDATED):
         budget = parse_bytes(r["budget"])
         fits = [b for b in base if b["memory_bytes"] <= budget]
         c: dict[str, Any] = {"name": r["name"], "budget_bytes": budget, "baseline": None}
+        c["loses_to"] = [
+            b["name"] for b in base if b["memory_bytes"] <= r["memory_bytes"] and compare(r, b).startswith("LOSES")
+        ]
         if fits:
             best = max(fits, key=lambda b: b["accuracy_mean"])
             d = paired(dict(zip(r["seeds"], r["accuracy"])), dict(zip(best["seeds"], best["accuracy"])))
@@ -132,6 +137,8 @@ def verdicts(rows: list[dict]) -> list[str]:
             f"{r['name']} (chose {r['chosen']}): {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f}% "
             f"at {r['memory_bytes']:,} B"
         )
+        if c["loses_to"]:
+            lines.append(f"{r['name']} LOSES (CIs apart) to a baseline with no more memory: {', '.join(c['loses_to'])}")
         if c["baseline"] is None:
             lines.append(f"{head}; no baseline fits {c['budget_bytes']:,} B")
             continue

@@ -68,3 +68,22 @@ def test_mean_ci_compare_and_verdicts(st):
     assert st.compare(row(84, 0.6), row(85, 0.5)) == "ties (CIs overlap)"
     assert st.holm_verdict(0.8, 0.01) == "BEATS" and st.holm_verdict(-0.8, 0.01) == "LOSES"
     assert st.holm_verdict(0.8, 0.2) == "no significant difference"
+
+
+def test_a_validated_row_is_checked_against_every_baseline_with_no_more_memory():
+    """The best baseline by mean can overlap the validated row while a cheaper one with a narrow CI
+    beats it with the CIs apart: the acceptance check names that one."""
+    report = load_benchmark("transfer_report")
+    rows = [
+        {"name": "validated 30MB", "method": report.VALIDATED, "budget": "30MB", "memory_bytes": 29_000_000},
+        {"name": "wide", "method": "bias only", "memory_bytes": 16_000_000, "accuracy_mean": 85.5, "accuracy_ci": 1.0},
+        {"name": "narrow", "method": "last-k", "memory_bytes": 20_000_000, "accuracy_mean": 85.3, "accuracy_ci": 0.05},
+        {"name": "dearer", "method": "TinyTL", "memory_bytes": 29_500_000, "accuracy_mean": 90.0, "accuracy_ci": 0.1},
+    ]
+    seeds = [0, 1, 2]
+    for r, accs in zip(rows, ([85.0, 85.1, 84.9], [84.0, 86.5, 86.0], [85.25, 85.3, 85.35], [90.0] * 3)):
+        r |= {"seeds": seeds, "accuracy": accs}
+    rows[0] |= {"accuracy_mean": 85.0, "accuracy_ci": 0.1}
+    (c,) = report.comparisons(rows)
+    # "dearer" fits the budget but needs more memory than the validated row: the best baseline, not a loss
+    assert c["baseline"] == "dearer" and c["loses_to"] == ["narrow"]
