@@ -110,7 +110,7 @@ from transfer_stats import mean_ci, pareto_front
 from memplan.api import capture, profile_captured
 from memplan.contrib.checkpoint import Checkpoint
 from memplan.contrib.protocol import Protocol
-from memplan.contrib.runner import linear_probe
+from memplan.contrib.runner import linear_probe, resolve_device
 from memplan.contrib.setup import build_setup
 from memplan.errors import MemplanError
 from memplan.io import write_text
@@ -147,6 +147,13 @@ def _arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shard", default="0/1", help="i/n: run every n-th method, from the i-th")
     ap.add_argument("--report", action="store_true", help="only assemble the outputs from the checkpoint")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | auto: where the runs train (each run records it)")
+    ap.add_argument(
+        "--merge",
+        default=None,
+        help="a checkpoint of the same setup written elsewhere (a GPU machine's copy): its runs this one lacks are "
+        "appended, then the report is rewritten",
+    )
     ap.add_argument("--no-progress", action="store_true")
 
 
@@ -207,6 +214,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--shard must be i/n with 0 <= i < n, got {'/'.join(map(str, a.shard))}")
     if a.profile is not None and not Path(a.profile).is_file():
         ap.error(f"the protocol's profile {a.profile}: no such file")
+    try:
+        a.device = resolve_device(a.device)
+    except MemplanError as exc:
+        ap.error(str(exc))
+    if a.merge is not None and not Path(a.merge).is_file():
+        ap.error(f"--merge {a.merge}: no such file")
     return a
 
 
@@ -303,7 +316,7 @@ def choose_methods(run: Run) -> None:
     keep = None
     if a.methods:
         keep = split_names(a.methods, {m.name for m in methods} | {m.family for m in methods} | {*stages, VALIDATED})
-    bench = Bench(run.setup, run.protocol, a.threads)
+    bench = Bench(run.setup, run.protocol, a.threads, a.device)
     for b, name in zip(budgets, stages):  # the stage trains in shard 0 only (--report and other shards read)
         if keep is None or name in keep or VALIDATED in keep:
             m = validated(run, bench, cap, b, train_missing=not a.report and a.shard[0] == 0)
@@ -337,7 +350,7 @@ def train_method(run: Run, bench: Bench, m: Method) -> None:
 def train(run: Run, t_start: float) -> None:
     """This shard's methods, one after another; the report rewritten after each."""
     a = run.a
-    bench = Bench(run.setup, run.protocol, a.threads)
+    bench = Bench(run.setup, run.protocol, a.threads, a.device)
     # the validated rows (their stage ran in shard 0) train in shard 0; the rest by index
     mine = [
         m for i, m in enumerate(run.methods) if (a.shard[0] == 0 if m.lr is not None else i % a.shard[1] == a.shard[0])
@@ -352,6 +365,20 @@ def train(run: Run, t_start: float) -> None:
             train_method(run, bench, m)
             progress.advance(bar)
             report(run, t_start, echo=False)
+
+
+def merge(run: Run, path: Path) -> int:
+    """Append to ``run``'s checkpoint every run of the checkpoint at ``path`` that it lacks (by id;
+    the same identity, else a one-line error); returns how many."""
+    other = Checkpoint(path, run.ckpt.identity).finished(repair=False)
+    if other is None:
+        raise MemplanError(f"--merge {path}: not a checkpoint of this benchmark (no identity line)")
+    new = [r for rid, r in other.items() if rid not in refresh(run)]
+    for r in new:
+        run.ckpt.append(r)
+    refresh(run)
+    print(f"merged {len(new)} runs from {path}", file=sys.stderr)
+    return len(new)
 
 
 def checkpoint_lines(path: Path) -> list[dict]:
@@ -405,8 +432,18 @@ def header_of(run: Run) -> dict[str, Any]:
         "val_seeds": a.val_seeds,
         "lrs": [str(x) for x in a.lrs],
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} torch thread(s) per process, "
-        f"torch {torch.__version__}, CPU only (no GPU lent)",
+        f"torch {torch.__version__}",
+        "runs_by_device": runs_by_device(run.done),
     }
+
+
+def runs_by_device(done: dict[str, dict]) -> dict[str, int]:
+    """How many finished runs each device trained (a run recorded before runs named their device
+    ran on this benchmark's CPU)."""
+    out: dict[str, int] = {}
+    for r in done.values():
+        out[r.get("device", "cpu")] = out.get(r.get("device", "cpu"), 0) + 1
+    return out
 
 
 def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
@@ -454,8 +491,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(a.threads)
     t_start = time.perf_counter()
     run = start(a)
+    if a.merge is not None:
+        merge(run, Path(a.merge))
     choose_methods(run)
-    if not a.report:
+    if not a.report and a.merge is None:
         train(run, t_start)
     return report(run, t_start)
 

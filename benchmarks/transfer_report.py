@@ -91,6 +91,7 @@ def assemble(methods: list[Method], memory: dict[str, dict[str, int]], a: argpar
                 "trainable_params": finals[0]["trainable_params"],
                 "wall_s": round(sum(r["train_s"] + r["eval_s"] + r["cache_s"] for r in runs), 1),
                 "cpu_s": round(sum(r["cpu_s"] for r in runs), 1),
+                "devices": sorted({r.get("device", "cpu") for r in runs}),
                 "same_runs_as": m.runs_as,
                 **m.detail,
             }
@@ -192,7 +193,8 @@ def markdown(
         f"256KB paper's analytic memory, batch 1, {tt}. Accuracy: test split, mean ± 95% CI (Student t) over seeds "
         f"{header['seeds']}. LR: chosen on validation from {header['lrs']} with seeds {header['val_seeds']} "
         "(successive halving; * = at the edge of the grid it used). Wall: seconds of all the method's runs "
-        "(grid + final) on this machine. P = on the Pareto front (applied memory).",
+        "(grid + final), each on the device it ran on (the Machine line counts them). P = on the Pareto front "
+        "(applied memory).",
         "",
         "| method | applied (B) | tinytraining (B) | test acc % | seeds | lr | trainable params | wall s | P |",
         "|---|---:|---:|---:|---:|---:|---:|---:|:-:|",
@@ -223,7 +225,8 @@ def markdown(
     if missing:
         said = [f"{m['name']} ({m['memory_bytes']:,} B; {m['status']})" for m in missing]
         out += [f"Not in the table: {'; '.join(said)}", ""]
-    out += [f"Machine: {header['machine']}", ""]
+    devices = ", ".join(f"{d} {n}" for d, n in header.get("runs_by_device", {}).items())
+    out += [f"Machine: {header['machine']}; runs by device: {devices or 'none yet'}", ""]
     return "\n".join(out)
 
 

@@ -263,8 +263,9 @@ def natural_methods(cap: Any, budgets: list[str], memory: Callable[[Scheme], int
 class Bench:
     """The setup, the probe head and one worker per (architecture, evaluation split)."""
 
-    def __init__(self, setup: Setup, protocol: Protocol, threads: int):
-        self.setup, self.protocol, self.threads = setup, protocol, threads
+    def __init__(self, setup: Setup, protocol: Protocol, threads: int, device: str = "cpu"):
+        self.setup, self.protocol, self.threads, self.device = setup, protocol, threads, device
+        self.device_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
         task = setup.task
         self.splits = {
             "validation": task.validation_task(),
@@ -283,12 +284,13 @@ class Bench:
             if arch is not None:
                 torch.manual_seed(0)
                 net = transform_model(net, arch, input_shape=self.setup.shape)  # the branches at the run's input
-            ctx = Context(self.setup.name, net, self.splits[split], self.protocol, True, self.threads)
+            ctx = Context(self.setup.name, net, self.splits[split], self.protocol, True, self.threads, self.device)
             self.workers[key] = Worker(ctx)
         return self.workers[key]
 
     def run(self, method: Method, lr: Rates, seed: int, split: str) -> dict[str, Any]:
-        """Train ``method`` at rates ``lr`` with ``seed``; accuracy (%) on ``split`` and seconds."""
+        """Train ``method`` at rates ``lr`` with ``seed``; accuracy (%) on ``split``, seconds and the
+        device it ran on ("cpu" or the GPU's name: their float kernels differ, so a run says where)."""
         w = self.worker(method.arch, split)
         proto = self.protocol.at(lr, seed)
         rec = w.train_plan(method.plan, first_trained(w.graph, method.plan(w.graph)), proto)
@@ -301,6 +303,7 @@ class Bench:
             "cache_s": rec["cache_s"],
             "cpu_s": rec["cpu_s"],
             "trainable_params": rec["trainable_params"],
+            "device": self.device_name,
         }
 
 

@@ -266,6 +266,39 @@ def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_
     assert [r["id"] for r in ckpt.finished().values()] == ["a", "b"]
 
 
+def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_path, monkeypatch):
+    """A GPU machine's copy of the checkpoint (the runs it had, then its own, each naming its
+    device) merges into this one: only the runs this one lacks are appended, nothing trains, the
+    report counts the runs by device; a checkpoint of another setup is refused in one line."""
+    npz, _ = tiny_profile(tmp_path)
+    out = tmp_path / "bench"
+    argv = [
+        "--protocol", protocol(tmp_path / "protocol.json", data=str(npz), val_seeds=[100], seeds=[0, 1]),
+        "--methods", "classifier only", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    times = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
+    monkeypatch.setattr(
+        transfer.Bench, "run", lambda self, m, lr, seed, split: dict(accuracy=40.0 + seed, diverged=False, **times)
+    )
+    ckpt = out / "transfer.runs.jsonl"
+    transfer.main(argv)
+    lines = ckpt.read_text().splitlines()
+    elsewhere = tmp_path / "gpu.runs.jsonl"
+    gpu = dict(accuracy=41.5, diverged=False, device="NVIDIA H200", **times)
+    extra = [{"run": {"id": "final|classifier only|0.01|7", **gpu}}]
+    elsewhere.write_text("\n".join([*lines, *map(json.dumps, extra)]) + "\n")
+    monkeypatch.setattr(transfer.Bench, "run", lambda *a, **k: pytest.fail("merging trains nothing"))
+    result = transfer.main([*argv, "--merge", str(elsewhere)])
+    assert ckpt.read_text().splitlines() == [*lines, json.dumps(extra[0])]
+    assert result["runs_by_device"] == {"cpu": len(lines) - 1, "NVIDIA H200": 1}
+    transfer.main([*argv, "--merge", str(elsewhere)])  # again: nothing new
+    assert len(ckpt.read_text().splitlines()) == len(lines) + 1
+    other = tmp_path / "other.runs.jsonl"
+    other.write_text(json.dumps({"identity": {"model": "another"}}) + "\n")
+    with pytest.raises(MemplanError, match="another configuration"):
+        transfer.main([*argv, "--merge", str(other)])
+
+
 @pytest.mark.parametrize(
     "argv,fields",
     [
@@ -282,6 +315,8 @@ def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_
         ([], {"epochs": None}),
         ([], {"surprise": 1}),
         ([], {"ties": "larger rate"}),
+        (["--device", "tpu"], {}),
+        (["--merge", "/nonexistent.jsonl"], {}),
     ],
 )
 def test_bad_options_exit_2_before_any_work(transfer, tmp_path, argv, fields, capsys):

