@@ -355,22 +355,41 @@ def record(run: Run, rid: str, result: dict[str, Any]) -> None:
     run.ckpt.append(run.done[rid])
 
 
-def _alive(pid: int) -> bool:
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, from /proc; "" where there is none):
+    with the pid, it names the process, so a pid reused after the claimant died (a later session's
+    process) does not hold its claims."""
     try:
-        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _claimant() -> str:
+    return f"{os.getpid()} {_started(os.getpid())}"
+
+
+def _holds(text: str) -> bool:
+    """Whether the process a claim names (``pid start``, :func:`_claimant`) is still running; a
+    claim being written (empty) holds."""
+    if not text.strip():
+        return True
+    pid, _, start = text.partition(" ")
+    try:
+        os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+    except PermissionError:  # another user's process
+        pass
+    return not start.strip() or start.strip() == _started(int(pid))  # a pid alone: alive is enough
 
 
 def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]], poll_s: float = 10.0) -> dict[str, Any]:
     """Run ``rid``'s record: from the checkpoint, else trained by ``train()`` and recorded. Processes
     sharing one checkpoint (shards, stages of several budgets) claim a run before training it (a
-    file ``claims/<digest>`` beside the checkpoint holding the claimant's pid, created exclusively):
-    a run another live process has claimed is waited for, never trained twice; a dead claimant's
-    claim is taken over."""
+    file ``claims/<digest>`` beside the checkpoint naming the claimant, created exclusively): a run
+    another live process has claimed is waited for, never trained twice; the claim of a process
+    that is gone (its pid free, or reused by a later process) is taken over."""
     claims = run.ckpt.path.parent / "claims"
     claims.mkdir(exist_ok=True)
     claim = claims / hashlib.sha1(rid.encode()).hexdigest()[:16]
@@ -379,13 +398,13 @@ def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]], poll_s: floa
             fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             with contextlib.suppress(OSError, ValueError):
-                if not _alive(int(claim.read_text() or "0")):
+                if not _holds(claim.read_text()):
                     claim.unlink()
                     continue
             time.sleep(poll_s)
             continue
         with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+            f.write(_claimant())
         try:
             if rid not in refresh(run):  # finished between the check and the claim
                 record(run, rid, train())

@@ -222,7 +222,9 @@ def test_a_run_another_process_finished_meanwhile_is_not_trained_again(transfer,
 def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_taken_over(transfer, tmp_path):
     """Two processes never train one run at once: a run whose claim file names a live process is
     read from the checkpoint once that process records it (never trained here); a claim whose
-    process is gone is taken over, and a finished run leaves no claim behind."""
+    process is gone, or whose pid a later process reuses, is taken over, and a finished run leaves
+    no claim behind."""
+    import os
     import subprocess
     import sys
     import threading
@@ -247,7 +249,7 @@ def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        claim("a").write_text(str(other.pid))
+        claim("a").write_text(f"{other.pid} {runs._started(other.pid)}")
 
         def finish():  # the other process records its run and gives its claim up
             ckpt.append({"id": "a", "accuracy": 50.0, "diverged": False, **times})
@@ -260,10 +262,13 @@ def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_
     finally:
         other.kill()
         other.wait()
-    claim("b").write_text(str(other.pid))  # its process is gone
+    claim("b").write_text(f"{other.pid} {runs._started(other.pid)}")  # its process is gone
     assert runs.obtain(run, "b", train(60.0), poll_s=0.05)["accuracy"] == 60.0
-    assert trained == [60.0] and not any((tmp_path / "claims").iterdir())
-    assert [r["id"] for r in ckpt.finished().values()] == ["a", "b"]
+    # a live pid that started after the claim was written (a later session's process) holds nothing
+    claim("c").write_text(f"{os.getpid()} 1")
+    assert runs.obtain(run, "c", train(70.0), poll_s=0.05)["accuracy"] == 70.0
+    assert trained == [60.0, 70.0] and not any((tmp_path / "claims").iterdir())
+    assert [r["id"] for r in ckpt.finished().values()] == ["a", "b", "c"]
 
 
 def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_path, monkeypatch):
