@@ -43,7 +43,7 @@ import torch
 from memplan.contrib import load_profile, run_contrib
 from memplan.contrib.profile import ContribProfile
 from memplan.errors import MemplanError
-from memplan.io import write_text
+from memplan.io import save_figure, write_text
 from memplan.search import run_search
 from memplan.search.agreement import correlations
 
@@ -192,7 +192,7 @@ def search(a: argparse.Namespace, out: Path, grid_path: Path, grid: ContribProfi
 def train_argv(a: argparse.Namespace, schemes: list[dict[str, Any]], report_only: bool) -> list[str]:
     files = ",".join(s["scheme"] for s in schemes)
     argv = ["--schemes", files, "--methods", ",".join(s["method"] for s in schemes), "--name", "estimators_e2e"]
-    argv += ["--protocol", a.transfer_protocol, "--no-progress", "--shard", a.shard]
+    argv += ["--protocol", a.transfer_protocol, "--no-progress", "--workers", str(a.workers)]
     argv += ["--out", a.transfer_out] + (["--seeds", a.seeds] if a.seeds else [])
     return argv + (["--report"] if report_only else []) + a.transfer_args
 
@@ -322,9 +322,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_title("schemes searched from each contribution estimator")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -354,7 +352,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=str(ROOT / "benchmarks" / "protocols" / "lite0-fashion-mnist.json"),
         help="benchmarks/transfer.py's protocol file (its setup, grids and seeds)",
     )
-    ap.add_argument("--shard", default="0/1", help="i/n of the end-to-end runs (benchmarks/transfer.py --shard)")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="processes of the end-to-end runs (benchmarks/transfer.py --workers)"
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the estimators (default: all cores)")
     ap.add_argument("--train", action="store_true", help="train and test the searched schemes (hours)")
     ap.add_argument("--force", action="store_true", help="measure the estimator profiles again")

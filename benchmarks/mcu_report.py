@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 from mcu_protocol import MODEL, N_CONVS, SCHEME_GLOB, collapsed, job_id, methods, select
 from mcu_runs import build, trained_elements
 
+from memplan.io import write_text
 from memplan.models.int8.updates import Update, backward_config
 
 # ----------------------------------------------------------------------------- memory
@@ -181,9 +181,7 @@ def write_report(out: Path, rep: dict) -> int:
         except (json.JSONDecodeError, KeyError):
             kept = {}
     whole = {**rep, "experiments": {**kept, **rep["experiments"]}}
-    tmp = out / ".report.json.tmp"
-    tmp.write_text(json.dumps(whole, indent=1))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(whole, indent=1))
     if rep["experiments"].get("fig9"):
         plot(rep["experiments"]["fig9"], out / "fig9.png")
     print(markdown(rep))

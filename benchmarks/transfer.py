@@ -56,11 +56,12 @@ Outputs in ``--out``: ``transfer.runs.jsonl`` (the checkpoint: one line per fini
 fsync'ed, with the protocol's sha256; rerunning skips them), ``NAME.json``, ``NAME.md`` (the
 table: method, memory in bytes, test accuracy mean +- 95% CI over seeds, learning rate, wall time;
 the verdicts) and ``NAME.png`` (accuracy against memory, log x axis, error bars = 95% CI, Pareto
-front marked). ``--shard i/n`` runs every n-th method (several processes on one checkpoint);
-``--report`` only assembles the outputs from the checkpoint.
+front marked). ``--workers N`` runs N processes on one checkpoint: each takes the next job (a
+method, or a budget's stage and its row) that no other holds, and a run is claimed before it
+trains, so none trains twice; ``--report`` only assembles the outputs from the checkpoint.
 
 Run: python benchmarks/transfer.py --protocol benchmarks/protocols/lite0-fashion-mnist.json
---out DIR [--shard 0/2] [--report]
+--out DIR [--workers 2] [--report]
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ import contextlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from functools import partial
@@ -96,6 +98,7 @@ from transfer_runs import (
     Method,
     Run,
     baselines,
+    claim_path,
     memory_of,
     natural_methods,
     obtain,
@@ -103,6 +106,7 @@ from transfer_runs import (
     scheme_method,
     share_runs,
     strategy_method,
+    try_claim,
     validated,
 )
 from transfer_stats import mean_ci, pareto_front
@@ -113,10 +117,11 @@ from memplan.contrib.protocol import Protocol
 from memplan.contrib.runner import linear_probe, resolve_device
 from memplan.contrib.setup import build_setup
 from memplan.errors import MemplanError
-from memplan.io import write_text
+from memplan.io import save_state, write_text
 from memplan.optim import OPTIMIZERS
 from memplan.plan import load_scheme
 from memplan.rates import Rates
+from memplan.units import parse_bytes
 
 #: what tests and callers read from this module besides its own functions (the transfer_* modules define them)
 __all__ = ["VALIDATED", "Bench", "Method", "grid_rungs", "mean_ci", "pareto_front", "strategy_method"]
@@ -128,7 +133,7 @@ LISTS = {"lrs": Rates.parse, "stage_lrs": Rates.parse, "seeds": int, "val_seeds"
 # ----------------------------------------------------------------------------- options
 def _arguments(ap: argparse.ArgumentParser) -> None:
     """The command line: the protocol file, the protocol's fields (each may only repeat the file's
-    value) and what a run does (methods, output, shard)."""
+    value) and what a run does (methods, output, workers)."""
     ap.add_argument("--protocol", default=None, help="the protocol file (benchmarks/protocols/*.json): required")
     for name, f in BenchProtocol.model_fields.items():
         if name in CLI_FIELDS:
@@ -144,7 +149,9 @@ def _arguments(ap: argparse.ArgumentParser) -> None:
         help="outputs NAME.json / .md / .png (the checkpoint is always transfer.runs.jsonl)",
     )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "transfer_results"))
-    ap.add_argument("--shard", default="0/1", help="i/n: run every n-th method, from the i-th")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="processes that take the methods and stages in turn (one core each)"
+    )
     ap.add_argument("--report", action="store_true", help="only assemble the outputs from the checkpoint")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu | cuda | auto: where the runs train (each run records it)")
@@ -198,7 +205,7 @@ def _with_protocol(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, with the protocol's fields read from ``--protocol`` and the lists parsed
-    (``lrs``, ``stage_lrs`` as rates; ``shard``); bad input exits 2 with one line."""
+    (``lrs``, ``stage_lrs`` as rates); bad input exits 2 with one line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _arguments(ap)
     a = ap.parse_args(argv)
@@ -206,12 +213,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.lrs = [Rates.parse(x) for x in a.lrs]
     a.stage_lrs = [Rates.parse(x) for x in a.stage_lrs]
     a.budgets = ",".join(a.budgets)
-    try:
-        a.shard = tuple(int(x) for x in a.shard.split("/"))
-    except ValueError as exc:
-        ap.error(f"cannot read --shard: {exc}")
-    if len(a.shard) != 2 or not 0 <= a.shard[0] < a.shard[1]:
-        ap.error(f"--shard must be i/n with 0 <= i < n, got {'/'.join(map(str, a.shard))}")
+    if a.workers < 1:
+        ap.error(f"--workers must be at least 1, got {a.workers}")
     if a.profile is not None and not Path(a.profile).is_file():
         ap.error(f"the protocol's profile {a.profile}: no such file")
     try:
@@ -226,7 +229,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- the run
 def start(a: argparse.Namespace) -> Run:
     """The setup, the checkpoint (its finished runs) and the linear-probe head (trained once, then
-    loaded: every method of every shard starts from the same head)."""
+    loaded: every method of every worker starts from the same head)."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     protocol = Protocol(
@@ -261,9 +264,7 @@ def start(a: argparse.Namespace) -> Run:
         raise MemplanError(f"nothing measured yet in {out}", "run without --report first")
     else:
         probe = linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
-        tmp = head_path.with_suffix(".tmp")
-        torch.save({"head": head.state_dict(), "accuracy": torch.tensor(probe)}, tmp)
-        os.replace(tmp, head_path)
+        save_state(head_path, {"head": head.state_dict(), "accuracy": torch.tensor(probe)})
         ckpt.start()
     return Run(a, setup, protocol, ckpt, previous or {}, probe, sha=a.protocol_sha256)
 
@@ -283,8 +284,9 @@ def split_names(text: str, names: set[str]) -> set[str]:
 
 
 def choose_methods(run: Run) -> None:
-    """The baselines, the natural schemes at each budget and the searched schemes (``--methods``
-    keeps some), with their memory."""
+    """The baselines, the natural schemes at each budget, the scheme files and the validated rows
+    whose stage is finished (``--methods`` keeps some), with their memory; ``run.stages``: the
+    budgets whose stage is to run (kept by ``--methods``)."""
     a, setup = run.a, run.setup
     caps: dict[tuple[str | None, int], Any] = {}
 
@@ -295,6 +297,7 @@ def choose_methods(run: Run) -> None:
             )
         return caps[arch, batch]
 
+    run.cap_at = cap_at
     cap = cap_at(None, 1)
     budgets = list(filter(None, a.budgets.split(",")))
 
@@ -312,24 +315,31 @@ def choose_methods(run: Run) -> None:
     methods += natural_methods(cap, budgets, applied)
     share_runs(methods, cap.graph)
     run.methods = methods
-    stages = [f"validated {b}" for b in budgets] if run.profile is not None else []
+    stages = {f"validated {b}": b for b in budgets} if run.profile is not None else {}
     keep = None
     if a.methods:
         keep = split_names(a.methods, {m.name for m in methods} | {m.family for m in methods} | {*stages, VALIDATED})
+    run.stages = [b for name, b in stages.items() if keep is None or name in keep or VALIDATED in keep]
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
-    for b, name in zip(budgets, stages):  # the stage trains in shard 0 only (--report and other shards read)
-        if keep is None or name in keep or VALIDATED in keep:
-            m = validated(run, bench, cap, b, train_missing=not a.report and a.shard[0] == 0)
-            methods += [m] if m is not None else []
+    for b in run.stages:  # the finished stages (a stage job trains the rest: train)
+        m = validated(run, bench, cap, b, train_missing=False)
+        methods += [m] if m is not None else []
     share_runs(methods, cap.graph)  # before --methods: a kept method may train what a left-out one trains
     if keep is not None:
-        methods = [m for m in methods if m.name in keep or m.family in keep]
-    run.methods = methods
-    run.memory = {m.name: memory_of(cap_at, m, a.optimizer, a.batch_size) for m in methods}
-    for m in methods:  # what each trains decides which grid points are distinct for it
-        g = cap_at(m.arch, 1).graph
-        with contextlib.suppress(MemplanError):  # not applicable to this model: it fails where it is trained
-            m.families = m.plan(g).families(g)
+        methods = [m for m in methods if m.name in keep or m.family in keep or m.lr is not None]
+    run.methods = []
+    for m in methods:
+        describe(run, m)
+
+
+def describe(run: Run, m: Method) -> None:
+    """``m`` into ``run.methods`` (in place of a method of its name) with its memory and what it
+    trains (which decides the grid points that are distinct for it)."""
+    run.methods = [x for x in run.methods if x.name != m.name] + [m]
+    run.memory[m.name] = memory_of(run.cap_at, m, run.a.optimizer, run.a.batch_size)
+    g = run.cap_at(m.arch, 1).graph
+    with contextlib.suppress(MemplanError):  # not applicable to this model: it fails where it is trained
+        m.families = m.plan(g).families(g)
 
 
 def train_method(run: Run, bench: Bench, m: Method) -> None:
@@ -348,23 +358,46 @@ def train_method(run: Run, bench: Bench, m: Method) -> None:
 
 
 def train(run: Run, t_start: float) -> None:
-    """This shard's methods, one after another; the report rewritten after each."""
+    """The jobs, in order: every method that chooses its own rate and fits the largest budget, every
+    stage (``memplan search --validate`` at a budget, then its row's test seeds), then the methods
+    that fit no budget (the verdicts need none of them). A job is claimed before it runs
+    (``transfer_runs.try_claim``), so workers sharing the checkpoint take the jobs in turn; a job
+    another live worker holds is left to it. The report is rewritten after each job."""
     a = run.a
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
-    # the validated rows (their stage ran in shard 0) train in shard 0; the rest by index
-    mine = [
-        m for i, m in enumerate(run.methods) if (a.shard[0] == 0 if m.lr is not None else i % a.shard[1] == a.shard[0])
-    ]
+    own = [m for m in run.methods if m.lr is None]
+    top = max((parse_bytes(b) for b in filter(None, a.budgets.split(","))), default=None)
+    fits = [m for m in own if top is None or run.memory[m.name]["applied"] <= top]
+    jobs: list[Method | str] = [*fits, *run.stages, *(m for m in own if m not in fits)]
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=a.no_progress
     )
     with progress:
-        bar = progress.add_task("transfer", total=len(mine))
-        for m in mine:
-            progress.update(bar, description=m.name)
-            train_method(run, bench, m)
+        bar = progress.add_task("transfer", total=len(jobs))
+        for job in jobs:
+            name = job.name if isinstance(job, Method) else f"validated {job}"
+            claim = claim_path(run, f"job {name}")
+            progress.update(bar, description=name)
+            if try_claim(claim):
+                try:
+                    if isinstance(job, str):  # the stage, then its row
+                        job = validated(run, bench, run.cap_at(None, 1), job)
+                        describe(run, job)
+                    train_method(run, bench, job)
+                finally:
+                    claim.unlink(missing_ok=True)
+                report(run, t_start, echo=False)
             progress.advance(bar)
-            report(run, t_start, echo=False)
+
+
+def in_workers(a: argparse.Namespace, argv: list[str]) -> None:
+    """``--workers N``: N processes of this command (``--workers 1`` each, no progress bar) on one
+    checkpoint, waited for; the report is written after them."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--workers", "1", "--no-progress"]
+    procs = [subprocess.Popen(cmd) for _ in range(a.workers)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise MemplanError(f"a worker failed (exit codes {codes}); its error is above", "rerun: finished runs are kept")
 
 
 def merge(run: Run, path: Path) -> int:
@@ -447,7 +480,7 @@ def runs_by_device(done: dict[str, dict]) -> dict[str, int]:
 
 
 def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
-    """Write NAME.json / .md / .png from every finished run in the checkpoint (other shards' too);
+    """Write NAME.json / .md / .png from every finished run in the checkpoint (other workers' too);
     returns the JSON."""
     a, setup, task = run.a, run.setup, run.setup.task
     out, res = Path(a.out), a.resolution
@@ -487,14 +520,17 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run (or with ``--report`` only assemble) the benchmark; returns NAME.json's content."""
+    argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
     t_start = time.perf_counter()
     run = start(a)
     if a.merge is not None:
         merge(run, Path(a.merge))
+    elif a.workers > 1 and not a.report:
+        in_workers(a, argv)
     choose_methods(run)
-    if not a.report and a.merge is None:
+    if not a.report and a.merge is None and a.workers == 1:
         train(run, t_start)
     return report(run, t_start)
 

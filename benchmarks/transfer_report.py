@@ -6,7 +6,6 @@ across the backbone's budgets), the Markdown table and the plot."""
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ from transfer_protocol import TIES, method_grid, run_id
 from transfer_runs import MEMORY_COLUMNS, Method
 from transfer_stats import ALPHA, compare, holm, holm_verdict, mean_ci, paired, pareto_front
 
+from memplan.io import save_figure
 from memplan.optim import OPTIMIZERS
 from memplan.rates import Rates
 from memplan.units import parse_bytes
@@ -257,7 +257,5 @@ def plot(rows: list[dict], front: list[str], path: Path, title: str, xlabels: di
     axes[-1].legend(fontsize=7, loc="lower right")
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    save_figure(fig, path, dpi=110)  # atomic, a temporary file of its own: workers write it side by side
     plt.close(fig)
-    os.replace(tmp, path)

@@ -6,7 +6,6 @@ validation and test splits, each one line of the checkpoint."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import hashlib
 import math
@@ -141,7 +140,7 @@ def baselines(cap) -> list[Method]:
         strategy_method("TinyTL lite-residual + bias", "TinyTL", "tinytl-lb", arch="tinytl-lb"),
         strategy_method("MobileTL", "MobileTL", "mobiletl"),
         strategy_method("full fine-tuning", "full fine-tuning", "full"),
-        # last: the shards split the methods by index, and the earlier ones keep theirs
+        # last: the workers take the methods in this order (the norm variants fit no budget)
         scheme_method(
             "norm + bias, re-estimated statistics",
             "norm + bias (re-estimated stats)",
@@ -347,6 +346,8 @@ class Run:
     memory: dict[str, int] = field(default_factory=dict)
     profile: Path | None = None
     sha: str = ""  # the protocol file's sha256, recorded with every run
+    stages: list[str] = field(default_factory=list)  # the budgets whose validation stage is a job
+    cap_at: Callable[[str | None, int], Any] | None = None  # (architecture, batch) -> the captured model
 
 
 def record(run: Run, rid: str, result: dict[str, Any]) -> None:
@@ -371,40 +372,56 @@ def _claimant() -> str:
 
 def _holds(text: str) -> bool:
     """Whether the process a claim names (``pid start``, :func:`_claimant`) is still running; a
-    claim being written (empty) holds."""
+    claim being written (empty) holds, an unreadable one does not."""
     if not text.strip():
         return True
     pid, _, start = text.partition(" ")
     try:
         os.kill(int(pid), 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, ValueError):
         return False
     except PermissionError:  # another user's process
         pass
     return not start.strip() or start.strip() == _started(int(pid))  # a pid alone: alive is enough
 
 
-def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]], poll_s: float = 10.0) -> dict[str, Any]:
-    """Run ``rid``'s record: from the checkpoint, else trained by ``train()`` and recorded. Processes
-    sharing one checkpoint (shards, stages of several budgets) claim a run before training it (a
-    file ``claims/<digest>`` beside the checkpoint naming the claimant, created exclusively): a run
-    another live process has claimed is waited for, never trained twice; the claim of a process
-    that is gone (its pid free, or reused by a later process) is taken over."""
+def claim_path(run: Run, name: str) -> Path:
+    """The claim file of ``name`` (a run id, or a job of the benchmark) beside the checkpoint."""
     claims = run.ckpt.path.parent / "claims"
     claims.mkdir(exist_ok=True)
-    claim = claims / hashlib.sha1(rid.encode()).hexdigest()[:16]
-    while rid not in refresh(run):
+    return claims / hashlib.sha1(name.encode()).hexdigest()[:16]
+
+
+def try_claim(path: Path) -> bool:
+    """Claim ``path`` for this process (created exclusively, naming it: :func:`_claimant`): True,
+    or False while another live process holds it. The claim of a process that is gone (its pid
+    free, or reused by a later process) is taken over."""
+    while True:
         try:
-            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            with contextlib.suppress(OSError, ValueError):
-                if not _holds(claim.read_text()):
-                    claim.unlink()
-                    continue
-            time.sleep(poll_s)
+            try:
+                if _holds(path.read_text()):
+                    return False
+            except FileNotFoundError:  # released meanwhile
+                continue
+            path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as f:
             f.write(_claimant())
+        return True
+
+
+def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]], poll_s: float = 10.0) -> dict[str, Any]:
+    """Run ``rid``'s record: from the checkpoint, else trained by ``train()`` and recorded. Processes
+    sharing one checkpoint (workers, or runs of ``--methods`` side by side) claim a run before
+    training it (:func:`try_claim`): a run another live process has claimed is waited for, never
+    trained twice."""
+    claim = claim_path(run, rid)
+    while rid not in refresh(run):
+        if not try_claim(claim):
+            time.sleep(poll_s)
+            continue
         try:
             if rid not in refresh(run):  # finished between the check and the claim
                 record(run, rid, train())
@@ -415,6 +432,6 @@ def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]], poll_s: floa
 
 def refresh(run: Run) -> dict:
     """``run.done`` brought up to date with the checkpoint: read before every run, so that processes
-    sharing it (shards, a stage beside a method) never train a run twice."""
+    sharing it (workers, a stage beside a method) never train a run twice."""
     run.done.update(run.ckpt.finished(repair=False) or {})
     return run.done

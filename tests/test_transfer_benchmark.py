@@ -8,7 +8,9 @@ to run without one, and no choice is ever made on a test seed."""
 import hashlib
 import json
 import math
+import os
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,7 +195,7 @@ def test_the_stage_trains_tinytl_as_the_benchmarks_tinytl(transfer, tmp_path):
 
 
 def test_a_run_another_process_finished_meanwhile_is_not_trained_again(transfer, tmp_path, monkeypatch):
-    """Processes that share a checkpoint (shards; a stage beside a method that trains the same runs)
+    """Processes that share a checkpoint (workers; a stage beside a method that trains the same runs)
     read it before every run: a seed another process finished while this one trained is skipped."""
     npz, _ = tiny_profile(tmp_path)
     out = tmp_path / "bench"
@@ -217,6 +219,84 @@ def test_a_run_another_process_finished_meanwhile_is_not_trained_again(transfer,
     result = transfer.main(argv)
     assert trained == [("validation", 100), ("test", 0), ("test", 2)]
     assert result["rows"][0]["accuracy"] == [40.0, 50.0, 40.0]
+
+
+def test_a_job_another_live_worker_holds_is_left_to_it(transfer, tmp_path, monkeypatch):
+    """Workers take the jobs in turn: a method whose job claim names another live process is not
+    trained here (its runs are that worker's), and the rest are."""
+    import subprocess
+    import sys
+
+    npz, _ = tiny_profile(tmp_path)
+    out = tmp_path / "bench"
+    argv = [
+        "--protocol", protocol(tmp_path / "protocol.json", data=str(npz), val_seeds=[100], seeds=[0]),
+        "--methods", "classifier only,bias only", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    trained = []
+
+    def run(self, m, lr, seed, split):
+        trained.append(m.name)
+        return dict(accuracy=40.0, diverged=False, train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
+
+    monkeypatch.setattr(transfer.Bench, "run", run)
+    runs = sys.modules["transfer_runs"]
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / "claims").mkdir(parents=True)
+        claim = out / "claims" / hashlib.sha1(b"job bias only").hexdigest()[:16]
+        claim.write_text(f"{other.pid} {runs._started(other.pid)}")
+        result = transfer.main(argv)
+    finally:
+        other.kill()
+        other.wait()
+    assert set(trained) == {"classifier only"} and [r["name"] for r in result["rows"]] == ["classifier only"]
+    assert claim.exists() and len(list((out / "claims").iterdir())) == 1  # its own claims released
+
+
+def test_jobs_run_the_methods_that_fit_then_the_stages_then_the_rest(transfer, tmp_path, monkeypatch):
+    """The verdicts' work first: the methods that fit the largest budget, then each budget's stage
+    and its row, then the methods that fit no budget (full fine-tuning at 300 KB)."""
+    npz, profile = tiny_profile(tmp_path)
+    fields = dict(data=str(npz), profile=str(profile), budgets=["300KB"], val_seeds=[100], seeds=[0])
+    argv = [
+        "--protocol", protocol(tmp_path / "protocol.json", **fields),
+        "--methods", "full fine-tuning,classifier only,searched + validated", "--out", str(tmp_path / "b"),
+        "--no-progress",
+    ]  # fmt: skip
+    order = []
+
+    def run(self, m, lr, seed, split):
+        kind = "stage" if m.name.startswith("candidate") or m.name.startswith("validated") else m.name
+        order.append(kind) if not order or order[-1] != kind else None
+        return dict(accuracy=40.0, diverged=False, train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
+
+    monkeypatch.setattr(transfer.Bench, "run", run)
+    transfer.main(argv)
+    assert order[0] == "classifier only" and order[-1] == "full fine-tuning" and "stage" in order
+
+
+def test_two_workers_train_every_run_once(tmp_path):
+    """``--workers 2``: two processes of the benchmark on one checkpoint, each taking the next job;
+    every run is in the checkpoint once and every method has its row."""
+    import subprocess
+    import sys
+
+    npz, _ = tiny_profile(tmp_path)
+    out = tmp_path / "bench"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer.py"
+    argv = [
+        "--protocol", protocol(tmp_path / "protocol.json", data=str(npz), val_seeds=[100], seeds=[0, 1]),
+        "--methods", "classifier only,bias only,last-1 weights+biases", "--out", str(out), "--no-progress",
+        "--workers", "2",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ids = [json.loads(line)["run"]["id"] for line in (out / "transfer.runs.jsonl").read_text().splitlines()[1:]]
+    assert len(ids) == len(set(ids)) == 3 * 3  # per method: one grid point at one seed, two test seeds
+    rows = json.loads((out / "transfer.json").read_text())["rows"]
+    assert {r["name"] for r in rows} == {"classifier only", "bias only", "last-1 weights+biases"}
 
 
 def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_taken_over(transfer, tmp_path):
@@ -307,8 +387,8 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
 @pytest.mark.parametrize(
     "argv,fields",
     [
-        (["--shard", "2/2"], {}),
-        (["--shard", "x"], {}),
+        (["--workers", "0"], {}),
+        (["--workers", "x"], {}),
         (["--epochs", "3"], {}),  # contradicts the protocol
         (["--seeds", "0,1,2"], {}),
         ([], {"lrs": ["0.01", "-1"]}),
