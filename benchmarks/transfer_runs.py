@@ -398,7 +398,7 @@ def try_claim(path: Path) -> bool:
     free, or reused by a later process) is taken over."""
     while True:
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             try:
                 if _holds(path.read_text()):
