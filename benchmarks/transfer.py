@@ -500,6 +500,11 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
             {"name": m.name, "memory_bytes": run.memory[m.name]["applied"], "status": left_out(m, a, run.done)}
             for m in run.methods
             if m.name not in {r["name"] for r in rows}
+        ]
+        + [  # a stage not finished has no scheme yet, so no memory
+            {"name": f"validated {b}", "memory_bytes": None, "status": "its validation stage is not finished"}
+            for b in run.stages
+            if f"validated {b}" not in {m.name for m in run.methods}
         ],
         "report_wall_s": round(time.perf_counter() - t_start, 1),
         "total_run_wall_s": round(sum(r["wall_s"] for r in rows), 1),

@@ -223,7 +223,12 @@ def markdown(
             )
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
     if missing:
-        said = [f"{m['name']} ({m['memory_bytes']:,} B; {m['status']})" for m in missing]
+        said = [
+            f"{m['name']} ({m['status']})"
+            if m["memory_bytes"] is None
+            else f"{m['name']} ({m['memory_bytes']:,} B; {m['status']})"
+            for m in missing
+        ]
         out += [f"Not in the table: {'; '.join(said)}", ""]
     devices = ", ".join(f"{d} {n}" for d, n in header.get("runs_by_device", {}).items())
     out += [f"Machine: {header['machine']}; runs by device: {devices or 'none yet'}", ""]

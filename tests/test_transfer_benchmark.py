@@ -90,9 +90,13 @@ def test_the_report_says_why_a_method_is_not_in_the_table(transfer, tmp_path):
     assert transfer.left_out(method, a, both) == "every rate it trained diverged"
     done = run("0.01", 100, False) | run("0.1", 100, True) | run("0.01", 2, False, "final")
     assert transfer.left_out(method, a, done) == "1 of 3 test seeds finished"
-    missing = [{"name": "full fine-tuning", "memory_bytes": 279_124_196, "status": "not trained"}]
-    assert "Not in the table: full fine-tuning (279,124,196 B; not trained)" in transfer.markdown(
-        [], header, [], [], missing
+    missing = [
+        {"name": "full fine-tuning", "memory_bytes": 279_124_196, "status": "not trained"},
+        {"name": "validated 30MB", "memory_bytes": None, "status": "its validation stage is not finished"},
+    ]
+    assert (
+        "Not in the table: full fine-tuning (279,124,196 B; not trained); validated 30MB (its validation stage is "
+        "not finished)" in transfer.markdown([], header, [], [], missing)
     )
 
 
