@@ -74,6 +74,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections import Counter
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,6 @@ from transfer_runs import (
     scheme_method,
     share_runs,
     strategy_method,
-    try_claim,
     validated,
 )
 from transfer_stats import mean_ci, pareto_front
@@ -117,7 +117,7 @@ from memplan.contrib.protocol import Protocol
 from memplan.contrib.runner import linear_probe, resolve_device
 from memplan.contrib.setup import build_setup
 from memplan.errors import MemplanError
-from memplan.io import save_state, write_text
+from memplan.io import exclusive, save_state, write_text
 from memplan.optim import OPTIMIZERS
 from memplan.plan import load_scheme
 from memplan.rates import Rates
@@ -361,8 +361,8 @@ def train(run: Run, t_start: float) -> None:
     """The jobs, in order: every method that chooses its own rate and fits the largest budget, every
     stage (``memplan search --validate`` at a budget, then its row's test seeds), then the methods
     that fit no budget (the verdicts need none of them). A job is claimed before it runs
-    (``transfer_runs.try_claim``), so workers sharing the checkpoint take the jobs in turn; a job
-    another live worker holds is left to it. The report is rewritten after each job."""
+    (a lock: ``transfer_runs.claim_path``), so workers sharing the checkpoint take the jobs in turn;
+    a job another live worker holds is left to it. The report is rewritten after each job."""
     a = run.a
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
     own = [m for m in run.methods if m.lr is None]
@@ -376,16 +376,14 @@ def train(run: Run, t_start: float) -> None:
         bar = progress.add_task("transfer", total=len(jobs))
         for job in jobs:
             name = job.name if isinstance(job, Method) else f"validated {job}"
-            claim = claim_path(run, f"job {name}")
             progress.update(bar, description=name)
-            if try_claim(claim):
-                try:
+            with exclusive(claim_path(run, f"job {name}"), wait=False) as mine:
+                if mine:
                     if isinstance(job, str):  # the stage, then its row
                         job = validated(run, bench, run.cap_at(None, 1), job)
                         describe(run, job)
                     train_method(run, bench, job)
-                finally:
-                    claim.unlink(missing_ok=True)
+            if mine:
                 report(run, t_start, echo=False)
             progress.advance(bar)
 
@@ -473,10 +471,7 @@ def header_of(run: Run) -> dict[str, Any]:
 def runs_by_device(done: dict[str, dict]) -> dict[str, int]:
     """How many finished runs each device trained (a run recorded before runs named their device
     ran on this benchmark's CPU)."""
-    out: dict[str, int] = {}
-    for r in done.values():
-        out[r.get("device", "cpu")] = out.get(r.get("device", "cpu"), 0) + 1
-    return out
+    return dict(Counter(r.get("device", "cpu") for r in done.values()))
 
 
 def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:

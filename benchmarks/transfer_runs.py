@@ -9,8 +9,6 @@ import argparse
 import copy
 import hashlib
 import math
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +26,7 @@ from memplan.contrib.setup import Setup
 from memplan.errors import MemplanError
 from memplan.graph import LayerGraph, conv_layers
 from memplan.graph.kinds import NORM_KINDS
+from memplan.io import exclusive
 from memplan.plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from memplan.rates import Rates, distinct
 from memplan.search import run_search
@@ -356,77 +355,23 @@ def record(run: Run, rid: str, result: dict[str, Any]) -> None:
     run.ckpt.append(run.done[rid])
 
 
-def _started(pid: int) -> str:
-    """When process ``pid`` started (clock ticks since boot, from /proc; "" where there is none):
-    with the pid, it names the process, so a pid reused after the claimant died (a later session's
-    process) does not hold its claims."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def _claimant() -> str:
-    return f"{os.getpid()} {_started(os.getpid())}"
-
-
-def _holds(text: str) -> bool:
-    """Whether the process a claim names (``pid start``, :func:`_claimant`) is still running; a
-    claim being written (empty) holds, an unreadable one does not."""
-    if not text.strip():
-        return True
-    pid, _, start = text.partition(" ")
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return not start.strip() or start.strip() == _started(int(pid))  # a pid alone: alive is enough
-
-
 def claim_path(run: Run, name: str) -> Path:
-    """The claim file of ``name`` (a run id, or a job of the benchmark) beside the checkpoint."""
+    """The lock file that claims ``name`` (a run id, or a job of the benchmark) beside the checkpoint
+    (``memplan.io.exclusive``: released when its holder leaves the block or dies)."""
     claims = run.ckpt.path.parent / "claims"
     claims.mkdir(exist_ok=True)
     return claims / hashlib.sha1(name.encode()).hexdigest()[:16]
 
 
-def try_claim(path: Path) -> bool:
-    """Claim ``path`` for this process (created exclusively, naming it: :func:`_claimant`): True,
-    or False while another live process holds it. The claim of a process that is gone (its pid
-    free, or reused by a later process) is taken over."""
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                if _holds(path.read_text()):
-                    return False
-            except FileNotFoundError:  # released meanwhile
-                continue
-            path.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(_claimant())
-        return True
-
-
-def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]], poll_s: float = 10.0) -> dict[str, Any]:
+def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run ``rid``'s record: from the checkpoint, else trained by ``train()`` and recorded. Processes
     sharing one checkpoint (workers, or runs of ``--methods`` side by side) claim a run before
-    training it (:func:`try_claim`): a run another live process has claimed is waited for, never
-    trained twice."""
-    claim = claim_path(run, rid)
-    while rid not in refresh(run):
-        if not try_claim(claim):
-            time.sleep(poll_s)
-            continue
-        try:
-            if rid not in refresh(run):  # finished between the check and the claim
+    training it (:func:`claim_path`): a run another process is training is waited for, then read,
+    never trained twice."""
+    if rid not in refresh(run):
+        with exclusive(claim_path(run, rid)):
+            if rid not in refresh(run):  # not finished by the process this one waited for
                 record(run, rid, train())
-        finally:
-            claim.unlink(missing_ok=True)
     return run.done[rid]
 
 

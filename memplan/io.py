@@ -121,14 +121,15 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def exclusive(path: str | os.PathLike, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold an exclusive lock on the file ``path`` (created if missing) inside the block: a second
-    process that asks for it waits (``on_wait()`` called first) until the first leaves the block or
-    dies. Where the platform has no ``fcntl`` (Windows), no lock is taken."""
+def exclusive(path: str | os.PathLike, on_wait: Callable[[], None] | None = None, wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive lock on the file ``path`` (created if missing) inside the block, which gets
+    True: a second process that asks for it waits (``on_wait()`` called first) until the first
+    leaves the block or dies; with ``wait=False`` it gets False at once instead, holding nothing.
+    Where the platform has no ``fcntl`` (Windows), no lock is taken."""
     try:
         import fcntl  # POSIX only
     except ImportError:
-        yield
+        yield True
         return
     try:
         f = open(path, "a+b")  # closed below, which releases the lock
@@ -138,10 +139,13 @@ def exclusive(path: str | os.PathLike, on_wait: Callable[[], None] | None = None
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if not wait:
+                yield False
+                return
             if on_wait is not None:
                 on_wait()
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        yield
+        yield True
     finally:
         f.close()
 

@@ -225,12 +225,36 @@ def test_a_run_another_process_finished_meanwhile_is_not_trained_again(transfer,
     assert result["rows"][0]["accuracy"] == [40.0, 50.0, 40.0]
 
 
-def test_a_job_another_live_worker_holds_is_left_to_it(transfer, tmp_path, monkeypatch):
-    """Workers take the jobs in turn: a method whose job claim names another live process is not
-    trained here (its runs are that worker's), and the rest are."""
+#: a process that takes the lock on argv[1] (as memplan.io.exclusive does), says so, then (with argv[2])
+#: appends a finished run to the checkpoint argv[2] and leaves, or holds the lock until killed
+HOLDER = """
+import fcntl, json, sys, time
+f = open(sys.argv[1], "a+b")
+fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+print("held", flush=True)
+if len(sys.argv) > 2:
+    time.sleep(0.3)
+    with open(sys.argv[2], "a") as c:
+        c.write(json.dumps({"run": json.loads(sys.argv[3])}) + "\\n")
+    sys.exit(0)
+time.sleep(60)
+"""
+
+
+def hold(path, *finish):
+    """A process holding the claim ``path`` (:data:`HOLDER`), once it holds it."""
     import subprocess
     import sys
 
+    argv = [sys.executable, "-c", HOLDER, str(path), *map(str, finish)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_job_another_live_worker_holds_is_left_to_it(transfer, tmp_path, monkeypatch):
+    """Workers take the jobs in turn: a method whose job claim another live process holds is not
+    trained here (its runs are that worker's), and the rest are."""
     npz, _ = tiny_profile(tmp_path)
     out = tmp_path / "bench"
     argv = [
@@ -244,18 +268,14 @@ def test_a_job_another_live_worker_holds_is_left_to_it(transfer, tmp_path, monke
         return dict(accuracy=40.0, diverged=False, train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
 
     monkeypatch.setattr(transfer.Bench, "run", run)
-    runs = sys.modules["transfer_runs"]
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (out / "claims").mkdir(parents=True)
+    other = hold(out / "claims" / hashlib.sha1(b"job bias only").hexdigest()[:16])
     try:
-        (out / "claims").mkdir(parents=True)
-        claim = out / "claims" / hashlib.sha1(b"job bias only").hexdigest()[:16]
-        claim.write_text(f"{other.pid} {runs._started(other.pid)}")
         result = transfer.main(argv)
     finally:
         other.kill()
         other.wait()
     assert set(trained) == {"classifier only"} and [r["name"] for r in result["rows"]] == ["classifier only"]
-    assert claim.exists() and len(list((out / "claims").iterdir())) == 1  # its own claims released
 
 
 def test_jobs_run_the_methods_that_fit_then_the_stages_then_the_rest(transfer, tmp_path, monkeypatch):
@@ -304,24 +324,19 @@ def test_two_workers_train_every_run_once(tmp_path):
 
 
 def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_taken_over(transfer, tmp_path):
-    """Two processes never train one run at once: a run whose claim file names a live process is
-    read from the checkpoint once that process records it (never trained here); a claim whose
-    process is gone, or whose pid a later process reuses, is taken over, and a finished run leaves
-    no claim behind."""
-    import os
-    import subprocess
+    """Two processes never train one run at once: a run another live process has claimed is read
+    from the checkpoint once that process records it (never trained here); the claim of a process
+    that died is taken over; a finished run's claim is free again."""
     import sys
-    import threading
 
     from memplan.contrib.checkpoint import Checkpoint
+    from memplan.io import exclusive
 
     runs = sys.modules["transfer_runs"]
     ckpt = Checkpoint(tmp_path / "transfer.runs.jsonl", {"x": 1})
     ckpt.start()
     run = runs.Run(None, None, None, ckpt, {}, 0.0)
     times = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
-    claim = lambda rid: tmp_path / "claims" / hashlib.sha1(rid.encode()).hexdigest()[:16]  # noqa: E731
-    (tmp_path / "claims").mkdir()
     trained = []
 
     def train(acc):
@@ -331,28 +346,19 @@ def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_
 
         return go
 
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        claim("a").write_text(f"{other.pid} {runs._started(other.pid)}")
-
-        def finish():  # the other process records its run and gives its claim up
-            ckpt.append({"id": "a", "accuracy": 50.0, "diverged": False, **times})
-            claim("a").unlink()
-
-        later = threading.Timer(0.3, finish)
-        later.start()
-        assert runs.obtain(run, "a", train(40.0), poll_s=0.05)["accuracy"] == 50.0
-        later.join()
-    finally:
-        other.kill()
-        other.wait()
-    claim("b").write_text(f"{other.pid} {runs._started(other.pid)}")  # its process is gone
-    assert runs.obtain(run, "b", train(60.0), poll_s=0.05)["accuracy"] == 60.0
-    # a live pid that started after the claim was written (a later session's process) holds nothing
-    claim("c").write_text(f"{os.getpid()} 1")
-    assert runs.obtain(run, "c", train(70.0), poll_s=0.05)["accuracy"] == 70.0
-    assert trained == [60.0, 70.0] and not any((tmp_path / "claims").iterdir())
-    assert [r["id"] for r in ckpt.finished().values()] == ["a", "b", "c"]
+    record = json.dumps({"id": "a", "accuracy": 50.0, "diverged": False, **times})
+    other = hold(runs.claim_path(run, "a"), ckpt.path, record)  # records "a" after 0.3 s, then leaves
+    assert runs.obtain(run, "a", train(40.0))["accuracy"] == 50.0
+    assert other.wait() == 0
+    dead = hold(runs.claim_path(run, "b"))
+    dead.kill()
+    dead.wait()
+    assert runs.obtain(run, "b", train(60.0))["accuracy"] == 60.0
+    assert trained == [60.0]
+    assert [r["id"] for r in ckpt.finished().values()] == ["a", "b"]
+    for rid in ("a", "b"):
+        with exclusive(runs.claim_path(run, rid), wait=False) as free:
+            assert free
 
 
 def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_path, monkeypatch):
