@@ -53,23 +53,51 @@ PROTOCOL = {
 }
 
 
+#: Figure 9's families of rows (each row's ``family`` in the report): the two last-k sweeps, the
+#: schemes ``memplan search`` found (each with its budget), the rest
+BIASES_LAST_K, WEIGHTS_LAST_K, SEARCHED, OTHER = (
+    "biases of the last k convs",
+    "weights+biases of the last k convs",
+    "memplan search",
+    "other",
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of an experiment: how it trains (``form``: int8 | fp32, the update, the optimizer),
+    its family and, for a searched scheme, the budget it was searched under (bytes, 1000-based kB)."""
+
+    form: str
+    update: Update
+    optimizer: str
+    family: str = OTHER
+    budget_bytes: int | None = None
+
+    @property
+    def spec(self) -> tuple[str, Update, str]:
+        return self.form, self.update, self.optimizer
+
+
+def fig9_rows() -> dict[str, Row]:
+    """Figure 9's rows: the classifier, the two last-k sweeps, full update, the paper's 100 KB scheme
+    and every shipped searched scheme."""
+    rows = {"classifier only": Row("int8", Update(), "sgd-qas")}
+    for k in (6, 12, 22, N_CONVS):
+        rows[f"biases of the last {k} convs"] = Row("int8", Update(bias_last=k), "sgd-qas", BIASES_LAST_K)
+    for k in (2, 4, 6, 12, 22):
+        update = Update(bias_last=k, weights=last_k_weights(N_CONVS, k))
+        rows[f"weights+biases of the last {k} convs"] = Row("int8", update, "sgd-qas", WEIGHTS_LAST_K)
+    rows["full update"] = Row("int8", Update(full=True), "sgd-qas")
+    rows["paper's 100 KB scheme"] = Row("int8", PAPER_SCHEMES["mcunet-5fps-paper-100KB"], "sgd-qas")
+    rows.update(searched_schemes())
+    return rows
+
+
 def methods(p: dict | None = None) -> dict[str, dict[str, tuple[str, Update, str]]]:
     """experiment -> method name -> (form, update, optimizer) under protocol ``p`` (its profile grid;
     default :data:`PROTOCOL`)."""
     last2 = Update(blocks=2, description="last two blocks")
-    fig9: dict[str, tuple[str, Update, str]] = {"classifier only": ("int8", Update(), "sgd-qas")}
-    for k in (6, 12, 22, N_CONVS):
-        fig9[f"biases of the last {k} convs"] = ("int8", Update(bias_last=k), "sgd-qas")
-    for k in (2, 4, 6, 12, 22):
-        fig9[f"weights+biases of the last {k} convs"] = (
-            "int8",
-            Update(bias_last=k, weights=last_k_weights(N_CONVS, k)),
-            "sgd-qas",
-        )
-    fig9["full update"] = ("int8", Update(full=True), "sgd-qas")
-    fig9["paper's 100 KB scheme"] = ("int8", PAPER_SCHEMES["mcunet-5fps-paper-100KB"], "sgd-qas")
-    for name, (update, optimizer) in searched_schemes().items():
-        fig9[name] = ("int8", update, optimizer)
     return {
         "profile": {name: ("int8", u, "sgd-qas") for name, u in profile_entries((p or PROTOCOL)["profile"]).items()},
         "table1": {
@@ -82,7 +110,7 @@ def methods(p: dict | None = None) -> dict[str, dict[str, tuple[str, Update, str
             "fp32 classifier only (SGD-M)": ("fp32", Update(), "sgd-momentum"),
             "int8 classifier only (SGD-M)": ("int8", Update(), "sgd-momentum"),
         },
-        "fig9": fig9,
+        "fig9": {name: row.spec for name, row in fig9_rows().items()},
     }
 
 
@@ -90,8 +118,8 @@ def methods(p: dict | None = None) -> dict[str, dict[str, tuple[str, Update, str
 SCHEME_GLOB = "mcunet-5fps-int8-cifar10-*.json"
 
 
-def searched_schemes() -> dict[str, tuple[Update, str]]:
-    """Row name ("memplan 100 kB") -> (update, optimizer) of every shipped scheme searched from the profile."""
+def searched_schemes() -> dict[str, Row]:
+    """Row name ("memplan 100 kB") -> row of every shipped scheme searched from the profile."""
     from memplan.io import shipped
     from memplan.plan.scheme import load_scheme
 
@@ -103,7 +131,10 @@ def searched_schemes() -> dict[str, tuple[Update, str]]:
             weights=tuple((w.conv_index, w.ratio) for w in scheme.weight_updates),
             description=path.name,
         )
-        out[f"memplan {scheme.budget_bytes / 1000:g} kB"] = (update, scheme.optimizer or "sgd-qas")
+        optimizer = scheme.optimizer or "sgd-qas"
+        out[f"memplan {scheme.budget_bytes / 1000:g} kB"] = Row(
+            "int8", update, optimizer, SEARCHED, scheme.budget_bytes
+        )
     return out
 
 

@@ -9,7 +9,19 @@ import math
 from pathlib import Path
 
 import numpy as np
-from mcu_protocol import MODEL, N_CONVS, SCHEME_GLOB, collapsed, job_id, methods, select
+from mcu_protocol import (
+    BIASES_LAST_K,
+    MODEL,
+    N_CONVS,
+    SCHEME_GLOB,
+    SEARCHED,
+    WEIGHTS_LAST_K,
+    collapsed,
+    fig9_rows,
+    job_id,
+    methods,
+    select,
+)
 from mcu_runs import build, trained_elements
 
 from memplan.io import write_text
@@ -201,16 +213,16 @@ def plot(rows: dict, path: Path) -> None:
     from memplan.io import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for kind, marker in (("biases of the last", "o"), ("weights+biases of the last", "s"), ("", "*")):
+    for kind, marker in ((BIASES_LAST_K, "o"), (WEIGHTS_LAST_K, "s"), ("", "*")):
         pts = [(r["memory"]["tinytraining_bytes"] / 1000, r["mean"], r["ci95"], m) for m, r in rows.items()
-               if (m.startswith(kind) if kind else not m.startswith(("biases", "weights")))]  # fmt: skip
+               if (r["family"] == kind if kind else r["family"] not in (BIASES_LAST_K, WEIGHTS_LAST_K))]  # fmt: skip
         if not pts:
             continue
         pts.sort()
         xs, ys, es, names = zip(*pts)
         es = [0 if math.isnan(e) else e for e in es]
         ax.errorbar(xs, ys, yerr=es, marker=marker, ms=9 if marker == "*" else 5, capsize=3,
-                    ls="-" if kind else "none", label=f"{kind} k convs" if kind else "other")  # fmt: skip
+                    ls="-" if kind else "none", label=kind or "other")  # fmt: skip
         for x, y, name in zip(xs, ys, names):
             if not kind:
                 ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, -10), fontsize=7)
@@ -314,21 +326,20 @@ def apart(a: dict, b: dict) -> bool:
 
 
 def claims(rows: dict) -> dict:
-    """Figure 9's acceptance claims from its rows: per memplan row, the row ``memplan search
-    --validate`` would pick on the selection seed among it and the hand-made rows within its budget,
-    the best hand-made row within the budget on test (the paper's scheme listed too) and whether
-    memplan beats it / loses to one, CIs apart; and the paper's "4.5-7.5x smaller": the best
-    last-k row against the least memory of a memplan row within 1 point of it and with no more
-    memory (None where there is none). Bytes are
-    ``tinytraining`` bytes."""
+    """Figure 9's acceptance claims from its rows (each with its ``family`` and, searched, its
+    ``budget_bytes``): per searched row, the row ``memplan search --validate`` would pick on the
+    selection seed among it and the hand-made rows within its budget, the best hand-made row within
+    the budget on test (the paper's scheme listed too) and whether the searched row beats it / loses
+    to one, CIs apart; and the paper's "4.5-7.5x smaller": per last-k family, its best row against
+    the least memory of a searched row within 1 point of it and with no more memory (None where
+    there is none). Bytes are ``tinytraining`` bytes."""
     mem = {m: r["memory"]["tinytraining_bytes"] for m, r in rows.items()}
-    hand = {m: r for m, r in rows.items() if not m.startswith("memplan")}
+    searched = {m: r for m, r in rows.items() if r["family"] == SEARCHED}
+    hand = {m: r for m, r in rows.items() if m not in searched}
+    paper = rows.get("paper's 100 KB scheme")
     out: dict = {"budgets": {}}
-    for m, r in rows.items():
-        if not m.startswith("memplan"):
-            continue
-        budget = float(m.split()[1]) * 1000
-        within = {b: h for b, h in hand.items() if mem[b] <= budget}
+    for m, r in searched.items():
+        within = {b: h for b, h in hand.items() if mem[b] <= r["budget_bytes"]}
         best = max(within, key=lambda b: within[b]["mean"]) if within else None
         pool = {m: r, **within}  # what memplan search --validate compares: the searched scheme and the baselines
         out["budgets"][m] = {
@@ -336,18 +347,16 @@ def claims(rows: dict) -> dict:
             "best_baseline": best,
             "beats_best": best is not None and apart(r, within[best]),
             "loses_to": [b for b, h in within.items() if apart(h, r)],
-            "vs_paper_scheme": None if "paper's 100 KB scheme" not in rows else (
-                "above" if apart(r, rows["paper's 100 KB scheme"]) else
-                "below" if apart(rows["paper's 100 KB scheme"], r) else "within the CIs"),
+            "vs_paper_scheme": None if paper is None else (
+                "above" if apart(r, paper) else "below" if apart(paper, r) else "within the CIs"),
         }  # fmt: skip
     out["smaller"] = {}
-    for family in ("weights+biases of the last", "biases of the last"):
-        last_k = {m: r for m, r in rows.items() if m.startswith(family)}
+    for family in (WEIGHTS_LAST_K, BIASES_LAST_K):
+        last_k = {m: r for m, r in rows.items() if r["family"] == family}
         if not last_k:
             continue
         top = max(last_k, key=lambda m: last_k[m]["mean"])
-        near = [m for m, r in rows.items()
-                if m.startswith("memplan") and r["mean"] >= last_k[top]["mean"] - 1 and mem[m] <= mem[top]]  # fmt: skip
+        near = [m for m, r in searched.items() if r["mean"] >= last_k[top]["mean"] - 1 and mem[m] <= mem[top]]
         cheapest = min(near, key=lambda m: mem[m]) if near else None
         out["smaller"][family] = {"best_last_k": top, "row": cheapest,
                                   "ratio": None if cheapest is None else mem[top] / mem[cheapest]}  # fmt: skip
@@ -365,6 +374,7 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
     out: dict = {"protocol": p, "experiments": {}}
+    kinds = fig9_rows()
     for e in experiments:
         rows = {}
         for m, (_, _, opt) in methods(p)[e].items():
@@ -388,5 +398,7 @@ def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
                        "mean": mean, "abandoned": sel.abandoned,
                        "ci95": ci, "diverged_seeds": sum(map(collapsed, tests)),
                        "device": " + ".join(devices), "memory": memory(update, opt)}  # fmt: skip
+            if e == "fig9":
+                rows[m] |= {"family": kinds[m].family, "budget_bytes": kinds[m].budget_bytes}
         out["experiments"][e] = rows
     return out

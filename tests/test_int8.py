@@ -354,6 +354,52 @@ def test_paper_setting_table1_gap_split_matches_welch():
     assert list(rep.gaps(rows)) == [rep.GAPS[0][0]]
 
 
+def test_paper_setting_fig9_claims_follow_row_families():
+    """Figure 9's claims read each row's family and budget, not its name: a searched row is compared
+    with the hand-made rows within its own budget (the best, the ones above it with CIs apart, the
+    paper's scheme) and the "x smaller" ratio is the best last-k row's memory over the cheapest
+    searched row within 1 point of it."""
+    rep = load_benchmark("mcu_report")
+    proto = load_benchmark("mcu_protocol")
+
+    def row(family, mem, mean, ci, val, budget=None):
+        return {"family": family, "budget_bytes": budget, "memory": {"tinytraining_bytes": mem},
+                "mean": mean, "ci95": ci, "val": val}  # fmt: skip
+
+    rows = {
+        "memplan-named hand row": row(proto.OTHER, 50_000, 60.0, 0.5, 60.0),
+        "short": row(proto.BIASES_LAST_K, 80_000, 65.0, 0.5, 65.0),
+        "w small": row(proto.WEIGHTS_LAST_K, 150_000, 70.0, 0.5, 70.0),
+        "w big": row(proto.WEIGHTS_LAST_K, 400_000, 74.0, 0.5, 74.0),
+        "paper's 100 KB scheme": row(proto.OTHER, 100_000, 68.0, 0.5, 68.0),
+        "A": row(proto.SEARCHED, 90_000, 73.5, 0.4, 73.0, budget=100_000),
+        "B": row(proto.SEARCHED, 30_000, 55.0, 0.4, 55.0, budget=30_000),
+        "C": row(proto.SEARCHED, 75_000, 62.0, 0.4, 64.0, budget=80_000),
+    }
+    c = rep.claims(rows)
+    assert list(c["budgets"]) == ["A", "B", "C"]
+    a, b, cc = c["budgets"]["A"], c["budgets"]["B"], c["budgets"]["C"]
+    assert (a["validated"], a["best_baseline"], a["beats_best"], a["loses_to"], a["vs_paper_scheme"]) == (
+        "A",
+        "paper's 100 KB scheme",
+        True,
+        [],
+        "above",
+    )
+    assert (b["validated"], b["best_baseline"], b["beats_best"], b["loses_to"]) == ("B", None, False, [])
+    # C: 80 kB holds the hand rows of 50 and 80 kB; "short" is above it with CIs apart and wins validation
+    assert (cc["validated"], cc["best_baseline"], cc["beats_best"], cc["loses_to"], cc["vs_paper_scheme"]) == (
+        "short",
+        "short",
+        False,
+        ["short"],
+        "below",
+    )
+    w = c["smaller"][proto.WEIGHTS_LAST_K]
+    assert (w["best_last_k"], w["row"]) == ("w big", "A") and w["ratio"] == pytest.approx(400 / 90)
+    assert c["smaller"][proto.BIASES_LAST_K] == {"best_last_k": "short", "row": None, "ratio": None}
+
+
 def test_paper_setting_at_rate_needs_methods(tmp_path):
     mt = load_benchmark("mcu_transfer")
     with pytest.raises(SystemExit, match="--methods"):
