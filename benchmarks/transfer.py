@@ -357,18 +357,32 @@ def train_method(run: Run, bench: Bench, m: Method) -> None:
         obtain(run, run_id("final", m.key, best, seed), partial(bench.run, m, best, seed, "test"))
 
 
+def job_order(own: list[Method], applied: dict[str, int], budgets: list[str], stages: list[str]) -> list[Method | str]:
+    """The jobs budget by budget, the smallest first, so that each budget's verdict is complete
+    before the next budget's work starts: the methods choosing their own rate that fit it
+    (``applied`` bytes) and no smaller budget, then its stage (a budget of ``stages``); then the
+    methods that fit no budget (the verdicts need none of them). Methods keep their order within a
+    budget."""
+    jobs: list[Method | str] = []
+    left = list(own)
+    for b in sorted(budgets, key=parse_bytes):
+        jobs += [m for m in left if applied[m.name] <= parse_bytes(b)]
+        left = [m for m in left if applied[m.name] > parse_bytes(b)]
+        jobs += [b] if b in stages else []
+    return [*jobs, *left]
+
+
 def train(run: Run, t_start: float) -> None:
-    """The jobs, in order: every method that chooses its own rate and fits the largest budget, every
-    stage (``memplan search --validate`` at a budget, then its row's test seeds), then the methods
-    that fit no budget (the verdicts need none of them). A job is claimed before it runs
+    """The jobs of :func:`job_order`: each method that chooses its own rate (its grid, then its test
+    seeds), each stage (``memplan search --validate`` at a budget, then its row's test seeds). A
+    job is claimed before it runs
     (a lock: ``transfer_runs.claim_path``), so workers sharing the checkpoint take the jobs in turn;
     a job another live worker holds is left to it. The report is rewritten after each job."""
     a = run.a
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
     own = [m for m in run.methods if m.lr is None]
-    top = max((parse_bytes(b) for b in filter(None, a.budgets.split(","))), default=None)
-    fits = [m for m in own if top is None or run.memory[m.name]["applied"] <= top]
-    jobs: list[Method | str] = [*fits, *run.stages, *(m for m in own if m not in fits)]
+    applied = {m.name: run.memory[m.name]["applied"] for m in own}
+    jobs = job_order(own, applied, list(filter(None, a.budgets.split(","))), run.stages)
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=a.no_progress
     )

@@ -278,9 +278,23 @@ def test_a_job_another_live_worker_holds_is_left_to_it(transfer, tmp_path, monke
     assert set(trained) == {"classifier only"} and [r["name"] for r in result["rows"]] == ["classifier only"]
 
 
+def test_job_order_completes_each_budget_before_the_next(transfer):
+    """Budget by budget, the smallest first (whatever order the protocol lists them in): the methods
+    that fit it and no smaller one, then its stage; a budget without a stage has only its methods;
+    the methods that fit no budget last, each group in the methods' order."""
+    from types import SimpleNamespace
+
+    own = [SimpleNamespace(name=n) for n in ("full", "head", "mid", "small", "big")]
+    applied = {"full": 90_000, "head": 10, "mid": 25_000, "small": 12, "big": 31_000}
+    names = lambda jobs: [j if isinstance(j, str) else j.name for j in jobs]  # noqa: E731
+    assert names(transfer.job_order(own, applied, ["30kB", "20B", "25kB"], ["20B", "30kB"])) == [
+        "head", "small", "20B", "mid", "30kB", "full", "big"]  # fmt: skip
+    assert names(transfer.job_order(own, applied, [], [])) == ["full", "head", "mid", "small", "big"]
+
+
 def test_jobs_run_the_methods_that_fit_then_the_stages_then_the_rest(transfer, tmp_path, monkeypatch):
-    """The verdicts' work first: the methods that fit the largest budget, then each budget's stage
-    and its row, then the methods that fit no budget (full fine-tuning at 300 KB)."""
+    """The verdicts' work first: the methods that fit the budget, then its stage and its row, then
+    the methods that fit no budget (full fine-tuning at 300 KB)."""
     npz, profile = tiny_profile(tmp_path)
     fields = dict(data=str(npz), profile=str(profile), budgets=["300KB"], val_seeds=[100], seeds=[0])
     argv = [
