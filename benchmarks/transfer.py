@@ -212,7 +212,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _with_protocol(ap, a)
     a.lrs = [Rates.parse(x) for x in a.lrs]
     a.stage_lrs = [Rates.parse(x) for x in a.stage_lrs]
-    a.budgets = ",".join(a.budgets)
     if a.workers < 1:
         ap.error(f"--workers must be at least 1, got {a.workers}")
     if a.profile is not None and not Path(a.profile).is_file():
@@ -299,7 +298,7 @@ def choose_methods(run: Run) -> None:
 
     run.cap_at = cap_at
     cap = cap_at(None, 1)
-    budgets = list(filter(None, a.budgets.split(",")))
+    budgets = a.budgets
 
     def applied(scheme: Any) -> int:  # as the budgets count: applied mode at the training batch
         prof = profile_captured(
@@ -382,7 +381,7 @@ def train(run: Run, t_start: float) -> None:
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
     own = [m for m in run.methods if m.lr is None]
     applied = {m.name: run.memory[m.name]["applied"] for m in own}
-    jobs = job_order(own, applied, list(filter(None, a.budgets.split(","))), run.stages)
+    jobs = job_order(own, applied, a.budgets, run.stages)
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=a.no_progress
     )
