@@ -494,7 +494,26 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     out, res = Path(a.out), a.resolution
     rows = assemble(run.methods, run.memory, a, refresh(run))
     front = pareto_front(rows)
-    lines = verdicts(rows)
+    missing = [
+        {
+            "name": m.name,
+            "method": m.family,
+            "memory_bytes": run.memory[m.name]["applied"],
+            "status": left_out(m, a, run.done),
+        }
+        for m in run.methods
+        if m.name not in {r["name"] for r in rows}
+    ] + [  # a stage not finished has no scheme yet, so no memory
+        {
+            "name": f"validated {b}",
+            "method": VALIDATED,
+            "memory_bytes": None,
+            "status": "its validation stage is not finished",
+        }
+        for b in run.stages
+        if f"validated {b}" not in {m.name for m in run.methods}
+    ]
+    lines = verdicts(rows, missing)
     header = header_of(run)
     result = {
         **header,
@@ -502,18 +521,9 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "profile": str(run.profile) if run.profile else None,
         "rows": rows,
         "pareto_front": front,
-        "comparisons": comparisons(rows),
+        "comparisons": comparisons(rows, missing),
         "verdicts": lines,
-        "missing": [
-            {"name": m.name, "memory_bytes": run.memory[m.name]["applied"], "status": left_out(m, a, run.done)}
-            for m in run.methods
-            if m.name not in {r["name"] for r in rows}
-        ]
-        + [  # a stage not finished has no scheme yet, so no memory
-            {"name": f"validated {b}", "memory_bytes": None, "status": "its validation stage is not finished"}
-            for b in run.stages
-            if f"validated {b}" not in {m.name for m in run.methods}
-        ],
+        "missing": missing,
         "report_wall_s": round(time.perf_counter() - t_start, 1),
         "total_run_wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }

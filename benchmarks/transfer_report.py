@@ -99,14 +99,21 @@ def assemble(methods: list[Method], memory: dict[str, dict[str, int]], a: argpar
     return rows
 
 
-def comparisons(rows: list[dict]) -> list[dict[str, Any]]:
+def comparisons(rows: list[dict], missing: Sequence[dict] = ()) -> list[dict[str, Any]]:
     """Each validated row against the best baseline (highest mean) whose applied memory fits its
     budget: the CI verdict, the paired per-seed difference (points) with its 95% CI and paired-t
-    p-value, and the Holm-adjusted p-value and verdict over every validated row of the report (one
-    backbone's budgets); ``loses_to``: every baseline with no more memory than the validated row
-    that beats it with the CIs apart (the acceptance check: it should be empty; a baseline below
-    the best mean can be apart where the best is not, by a narrower CI)."""
+    p-value, and the Holm-adjusted p-value and verdict over the report's budgets (one backbone's);
+    ``loses_to``: every baseline with no more memory than the validated row that beats it with the
+    CIs apart (the acceptance check: it should be empty; a baseline below the best mean can be apart
+    where the best is not, by a narrower CI).
+
+    ``missing``: the methods without a row yet (``name``, ``method``, ``memory_bytes``). A baseline
+    among them that fits a budget is listed in that comparison's ``pending`` (its verdict is
+    provisional), and every unfinished stage counts in Holm's family at p = 1, so that an adjusted
+    p-value never shrinks when the stage finishes (``holm_family``: how many p-values it counts)."""
     base = [r for r in rows if r["method"] not in (VALIDATED, "scheme")]
+    waiting = [m for m in missing if m["method"] not in (VALIDATED, "scheme")]
+    unfinished = sum(m["method"] == VALIDATED for m in missing)
     out = []
     for r in (x for x in rows if x["method"] == VALIDATED):
         budget = parse_bytes(r["budget"])
@@ -115,24 +122,27 @@ def comparisons(rows: list[dict]) -> list[dict[str, Any]]:
         c["loses_to"] = [
             b["name"] for b in base if b["memory_bytes"] <= r["memory_bytes"] and compare(r, b).startswith("LOSES")
         ]
+        c["pending"] = [m["name"] for m in waiting if m["memory_bytes"] <= budget]
         if fits:
             best = max(fits, key=lambda b: b["accuracy_mean"])
             d = paired(dict(zip(r["seeds"], r["accuracy"])), dict(zip(best["seeds"], best["accuracy"])))
             c |= {"baseline": best["name"], "ci_verdict": compare(r, best), **d}
         out.append(c)
     tested = [c for c in out if c["baseline"] is not None]
-    for c, p in zip(tested, holm([c["p"] for c in tested])):
+    adjusted = holm([c["p"] for c in tested] + [1.0] * unfinished)
+    for c, p in zip(tested, adjusted):
         c["p_holm"], c["holm_verdict"] = p, holm_verdict(c["difference"], p)
+        c["holm_family"] = len(tested) + unfinished
     return out
 
 
-def verdicts(rows: list[dict]) -> list[str]:
+def verdicts(rows: list[dict], missing: Sequence[dict] = ()) -> list[str]:
     """The acceptance checks, in words (:func:`comparisons`), and, at <= 1/10 of full fine-tuning's
     memory, each validated row's gap to full fine-tuning."""
     lines = []
     by_name = {r["name"]: r for r in rows}
     full = next((r for r in rows if r["method"] == "full fine-tuning"), None)
-    for c in comparisons(rows):
+    for c in comparisons(rows, missing):
         r = by_name[c["name"]]
         head = (
             f"{r['name']} (chose {r['chosen']}): {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f}% "
@@ -140,6 +150,10 @@ def verdicts(rows: list[dict]) -> list[str]:
         )
         if c["loses_to"]:
             lines.append(f"{r['name']} LOSES (CIs apart) to a baseline with no more memory: {', '.join(c['loses_to'])}")
+        if c["pending"]:
+            lines.append(
+                f"{r['name']}: PROVISIONAL, baselines that fit its budget are not finished: {', '.join(c['pending'])}"
+            )
         if c["baseline"] is None:
             lines.append(f"{head}; no baseline fits {c['budget_bytes']:,} B")
             continue
@@ -148,7 +162,7 @@ def verdicts(rows: list[dict]) -> list[str]:
             f"{head} vs the best baseline that fits {c['budget_bytes']:,} B, {b['name']}: {b['accuracy_mean']:.2f} ± "
             f"{b['accuracy_ci']:.2f}% at {b['memory_bytes']:,} B -> {c['ci_verdict']}; paired over "
             f"{len(c['seeds'])} seeds {c['difference']:+.2f} ± {c['ci']:.2f} points, p = {c['p']:.3g}, "
-            f"Holm p = {c['p_holm']:.3g} -> {c['holm_verdict']} (at {ALPHA:g})"
+            f"Holm p = {c['p_holm']:.3g} over {c['holm_family']} budgets -> {c['holm_verdict']} (at {ALPHA:g})"
         )
         if full is not None and r["memory_bytes"] <= full["memory_bytes"] / 10:
             gap = full["accuracy_mean"] - r["accuracy_mean"]

@@ -87,3 +87,34 @@ def test_a_validated_row_is_checked_against_every_baseline_with_no_more_memory()
     (c,) = report.comparisons(rows)
     # "dearer" fits the budget but needs more memory than the validated row: the best baseline, not a loss
     assert c["baseline"] == "dearer" and c["loses_to"] == ["narrow"]
+
+
+def test_a_partial_report_marks_pending_baselines_and_counts_unfinished_stages_in_holm():
+    """While runs are under way: a baseline that fits a budget but has no row yet makes that
+    budget's verdict provisional (``pending``), and each unfinished stage counts in Holm's family
+    at p = 1, so the adjusted p-value can only fall when it finishes (a smaller p of its own ranks
+    first and lowers the others' multiplier); with nothing missing the family is the rows'."""
+    from scipy import stats
+
+    report = load_benchmark("transfer_report")
+    st = load_benchmark("transfer_stats")
+    seeds = list(range(5))
+    v = {"name": "validated 15MB", "method": report.VALIDATED, "budget": "15MB", "memory_bytes": 14_000_000,
+         "seeds": seeds, "accuracy": [84.0, 84.3, 84.1, 84.6, 84.2]}  # fmt: skip
+    b = {"name": "head", "method": "classifier only", "memory_bytes": 13_000_000, "seeds": seeds,
+         "accuracy": [83.0, 83.9, 83.6, 83.7, 83.1]}  # fmt: skip
+    for r in (v, b):
+        r["accuracy_mean"], r["accuracy_ci"] = st.mean_ci(r["accuracy"])
+    missing = [
+        {"name": "biases of the last 39", "method": "biases of the last k convs", "memory_bytes": 14_900_000},
+        {"name": "bias only", "method": "bias only", "memory_bytes": 16_100_000},
+        {"name": "validated 20MB", "method": report.VALIDATED, "memory_bytes": None},
+        {"name": "validated 30MB", "method": report.VALIDATED, "memory_bytes": None},
+    ]
+    p = stats.ttest_rel(v["accuracy"], b["accuracy"]).pvalue
+    (c,) = report.comparisons([v, b], missing)
+    assert c["pending"] == ["biases of the last 39"]  # bias only does not fit 15 MB
+    assert c["holm_family"] == 3 and c["p_holm"] == pytest.approx(min(1.0, 3 * p))
+    (c,) = report.comparisons([v, b])
+    assert c["pending"] == [] and c["holm_family"] == 1 and c["p_holm"] == pytest.approx(p)
+    assert any("PROVISIONAL" in line for line in report.verdicts([v | {"chosen": "x"}, b], missing))
