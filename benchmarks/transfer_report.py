@@ -158,12 +158,15 @@ def verdicts(rows: list[dict], missing: Sequence[dict] = ()) -> list[str]:
             lines.append(f"{head}; no baseline fits {c['budget_bytes']:,} B")
             continue
         b = by_name[c["baseline"]]
-        lines.append(
-            f"{head} vs the best baseline that fits {c['budget_bytes']:,} B, {b['name']}: {b['accuracy_mean']:.2f} ± "
-            f"{b['accuracy_ci']:.2f}% at {b['memory_bytes']:,} B -> {c['ci_verdict']}; paired over "
-            f"{len(c['seeds'])} seeds {c['difference']:+.2f} ± {c['ci']:.2f} points, p = {c['p']:.3g}, "
-            f"Holm p = {c['p_holm']:.3g} over {c['holm_family']} budgets -> {c['holm_verdict']} (at {ALPHA:g})"
-        )
+        if r.get("same_runs_as") == b["name"]:
+            lines.append(f"{head}: the stage chose the best baseline that fits {c['budget_bytes']:,} B, {b['name']}")
+        else:
+            lines.append(
+                f"{head} vs the best baseline that fits {c['budget_bytes']:,} B, {b['name']}: {b['accuracy_mean']:.2f} "
+                f"± {b['accuracy_ci']:.2f}% at {b['memory_bytes']:,} B -> {c['ci_verdict']}; paired over "
+                f"{len(c['seeds'])} seeds {c['difference']:+.2f} ± {c['ci']:.2f} points, p = {c['p']:.3g}, "
+                f"Holm p = {c['p_holm']:.3g} over {c['holm_family']} budgets -> {c['holm_verdict']} (at {ALPHA:g})"
+            )
         if full is not None and r["memory_bytes"] <= full["memory_bytes"] / 10:
             gap = full["accuracy_mean"] - r["accuracy_mean"]
             lines.append(

@@ -118,3 +118,17 @@ def test_a_partial_report_marks_pending_baselines_and_counts_unfinished_stages_i
     (c,) = report.comparisons([v, b])
     assert c["pending"] == [] and c["holm_family"] == 1 and c["p_holm"] == pytest.approx(p)
     assert any("PROVISIONAL" in line for line in report.verdicts([v | {"chosen": "x"}, b], missing))
+
+
+def test_a_stage_that_chose_the_best_baseline_says_so():
+    """A validated row trained as the best baseline that fits (the same runs) is stated as that
+    choice, not as a tie of a comparison with itself."""
+    report = load_benchmark("transfer_report")
+    seeds = [0, 1, 2]
+    b = {"name": "biases of the last 39", "method": "biases of the last k convs", "memory_bytes": 14_900_000,
+         "seeds": seeds, "accuracy": [83.9, 84.0, 83.95], "accuracy_mean": 83.95, "accuracy_ci": 0.1}  # fmt: skip
+    v = b | {"name": "validated 15MB", "method": report.VALIDATED, "budget": "15MB", "chosen": b["name"],
+             "same_runs_as": b["name"]}  # fmt: skip
+    (line,) = report.verdicts([v, b])
+    assert "the stage chose the best baseline that fits 15,000,000 B, biases of the last 39" in line
+    assert "ties" not in line and "Holm" not in line
