@@ -79,10 +79,12 @@ def what_trains(method: Method, graph: LayerGraph) -> tuple:
 
 def share_runs(methods: list[Method], graph: LayerGraph) -> None:
     """A method that trains exactly what an earlier one trains (a searched scheme that is the
-    classifier only, the same scheme under two objectives) records and reads that one's runs."""
+    classifier only, the same scheme under two objectives) records and reads that one's runs. A
+    method that already names its runs keeps them where it trains what no earlier one trains (a
+    validated row: the runs of the candidate its stage chose, recorded under the candidate's name)."""
     first: dict[tuple, str] = {}
     for m in methods:
-        m.runs_as = first.setdefault(what_trains(m, graph), m.name)
+        m.runs_as = first.setdefault(what_trains(m, graph), m.key)
         if m.runs_as == m.name:
             m.runs_as = None
 

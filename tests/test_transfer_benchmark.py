@@ -443,3 +443,26 @@ def test_the_benchmark_refuses_to_run_without_a_protocol(transfer, tmp_path, cap
     a = transfer.parse_args(["--protocol", path, "--epochs", "1", "--seeds", "0,1"])  # repeating it is fine
     assert a.epochs == 1 and a.seeds == [0, 1] and a.val_seeds == [100, 101]
     assert a.protocol_sha256 == hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_a_validated_row_keeps_its_candidates_runs_when_methods_are_shared_again(monkeypatch):
+    """A stage's row records its test runs under the chosen candidate's name; the report process
+    rebuilds the methods and shares runs again, and must read them there: a row that trains what
+    no earlier method trains keeps its candidate's runs, one that trains a baseline's reads the
+    baseline's, and a method naming no runs gets none (or the earlier one it repeats)."""
+    runs = load_benchmark("transfer_runs")
+    monkeypatch.setattr(runs, "what_trains", lambda m, graph: m.detail["trains"])
+
+    def method(name, trains, runs_as=None):
+        return runs.Method(name, "f", None, "bias", detail={"trains": trains}, runs_as=runs_as)
+
+    ms = [
+        method("bias only", "b"),
+        method("biases of the last 49", "b"),
+        method("last-4", "w"),
+        method("validated 20MB", "searched", runs_as="candidate abcf"),
+        method("validated 15MB", "w", runs_as="last-4"),
+    ]
+    for _ in range(2):  # sharing again changes nothing
+        runs.share_runs(ms, graph=None)
+        assert [m.key for m in ms] == ["bias only", "bias only", "last-4", "candidate abcf", "last-4"]
