@@ -216,8 +216,9 @@ def markdown(
         "| method | applied (B) | tinytraining (B) | test acc % | seeds | lr | trainable params | wall s | P |",
         "|---|---:|---:|---:|---:|---:|---:|---:|:-:|",
     ]
-    for r in sorted(rows, key=lambda r: r["memory_bytes"]):
-        alias = f" (= {r['same_runs_as']})" if r.get("same_runs_as") else ""
+    names = {r["name"] for r in rows}
+    for r in sorted(rows, key=lambda r: r["memory_bytes"]):  # "(= row)": the runs of another row (not a candidate's)
+        alias = f" (= {r['same_runs_as']})" if r.get("same_runs_as") in names else ""
         out.append(
             f"| {r['name']}{alias} | {r['memory']['applied']:,} | {r['memory']['tinytraining']:,} | "
             f"{r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f} | "
