@@ -374,10 +374,10 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
     out: dict = {"protocol": p, "experiments": {}}
-    kinds = fig9_rows()
+    table, kinds = methods(p), fig9_rows()  # each reads every shipped scheme: once per report
     for e in experiments:
         rows = {}
-        for m, (_, _, opt) in methods(p)[e].items():
+        for m, (_, update, opt) in table[e].items():
             sel = select(runs, e, m, opt, p)
             best = sel.lr
             if best is None:
@@ -386,7 +386,6 @@ def report(runs: dict[str, dict], experiments: list[str], p: dict) -> dict:
             if not tests:
                 continue
             mean, ci = mean_ci([r["acc"] for r in tests])
-            _, update, _ = methods(p)[e][m]
             devices = sorted({r["device"] for r in tests})
             val = float(np.mean([runs[job_id(e, m, best, s)]["acc"] for s in p["selection_seeds"]]))
             at = {

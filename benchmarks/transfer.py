@@ -365,8 +365,9 @@ def job_order(own: list[Method], applied: dict[str, int], budgets: list[str], st
     jobs: list[Method | str] = []
     left = list(own)
     for b in sorted(budgets, key=parse_bytes):
-        jobs += [m for m in left if applied[m.name] <= parse_bytes(b)]
-        left = [m for m in left if applied[m.name] > parse_bytes(b)]
+        limit = parse_bytes(b)
+        jobs += [m for m in left if applied[m.name] <= limit]
+        left = [m for m in left if applied[m.name] > limit]
         jobs += [b] if b in stages else []
     return [*jobs, *left]
 
@@ -374,9 +375,9 @@ def job_order(own: list[Method], applied: dict[str, int], budgets: list[str], st
 def train(run: Run, t_start: float) -> None:
     """The jobs of :func:`job_order`: each method that chooses its own rate (its grid, then its test
     seeds), each stage (``memplan search --validate`` at a budget, then its row's test seeds). A
-    job is claimed before it runs
-    (a lock: ``transfer_runs.claim_path``), so workers sharing the checkpoint take the jobs in turn;
-    a job another live worker holds is left to it. The report is rewritten after each job."""
+    job is claimed before it runs (a lock: ``transfer_runs.claim_path``), so workers sharing the
+    checkpoint take the jobs in turn; a job another live worker holds is left to it. The report is
+    rewritten after each job."""
     a = run.a
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
     own = [m for m in run.methods if m.lr is None]
@@ -494,6 +495,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     out, res = Path(a.out), a.resolution
     rows = assemble(run.methods, run.memory, a, refresh(run))
     front = pareto_front(rows)
+    shown, described = {r["name"] for r in rows}, {m.name for m in run.methods}
     missing = [
         {
             "name": m.name,
@@ -502,7 +504,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
             "status": left_out(m, a, run.done),
         }
         for m in run.methods
-        if m.name not in {r["name"] for r in rows}
+        if m.name not in shown
     ] + [  # a stage not finished has no scheme yet, so no memory
         {
             "name": f"validated {b}",
@@ -511,7 +513,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
             "status": "its validation stage is not finished",
         }
         for b in run.stages
-        if f"validated {b}" not in {m.name for m in run.methods}
+        if f"validated {b}" not in described
     ]
     lines = verdicts(rows, missing)
     header = header_of(run)
