@@ -108,6 +108,7 @@ from transfer_runs import (
     share_runs,
     strategy_method,
     validated,
+    what_trains,
 )
 from transfer_stats import mean_ci, pareto_front
 
@@ -313,7 +314,7 @@ def choose_methods(run: Run) -> None:
     ]
     methods += natural_methods(cap, budgets, applied)
     share_runs(methods, cap.graph)
-    run.methods = methods
+    run.runs_of = {what_trains(m, cap.graph): m.key for m in methods}
     stages = {f"validated {b}": b for b in budgets} if run.profile is not None else {}
     keep = None
     if a.methods:

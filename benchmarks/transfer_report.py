@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from transfer_protocol import TIES, method_grid, run_id
-from transfer_runs import MEMORY_COLUMNS, Method
+from transfer_runs import MEMORY_COLUMNS, Method, trains_of
 from transfer_stats import ALPHA, compare, holm, holm_verdict, mean_ci, paired, pareto_front
 
 from memplan.io import save_figure
@@ -93,6 +93,7 @@ def assemble(methods: list[Method], memory: dict[str, dict[str, int]], a: argpar
                 "cpu_s": round(sum(r["cpu_s"] for r in runs), 1),
                 "devices": sorted({r.get("device", "cpu") for r in runs}),
                 "same_runs_as": m.runs_as,
+                "trains": trains_of(m),
                 **m.detail,
             }
         )

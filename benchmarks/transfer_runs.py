@@ -127,6 +127,23 @@ def scheme_method(name: str, family: str, scheme: Scheme, **detail: Any) -> Meth
     return Method(name, family, lambda g: scheme_to_plan(g, scheme, method="sparse"), scheme, detail=detail)
 
 
+def trains_of(m: Method) -> dict[str, Any]:
+    """What ``m`` trains as a report row records it (``trains``): a strategy of
+    ``memplan.strategies`` or a scheme (its JSON without when and how it was made: the report states
+    that), with the architecture transform it gets first."""
+    if isinstance(m.cost, Scheme):
+        return {"scheme": m.cost.model_dump(mode="json", exclude={"provenance", "validation"}), "arch": m.arch}
+    return {"strategy": m.cost, "arch": m.arch}
+
+
+def method_of(row: dict[str, Any]) -> Method:
+    """The method a report row trained, rebuilt from its ``trains`` (:func:`trains_of`)."""
+    t = row["trains"]
+    if "strategy" in t:
+        return strategy_method(row["name"], row["method"], t["strategy"], arch=t["arch"])
+    return scheme_method(row["name"], row["method"], Scheme.model_validate(t["scheme"]))
+
+
 def baselines(cap) -> list[Method]:
     return [
         strategy_method("classifier only", "classifier only", "last"),
@@ -157,7 +174,6 @@ class BenchTrainer:
 
     def __init__(self, run: Run, bench: Bench, graph: LayerGraph, train_missing: bool = True):
         self.run, self.bench, self.graph, self.train_missing = run, bench, graph, train_missing
-        self.known = {what_trains(m, graph): m.key for m in run.methods}
         p = run.protocol
         self.optimizer, self.epochs, self.batch_size = p.optimizer, p.epochs, p.batch_size
         self.data = f"{run.setup.task.name} (validation split)"
@@ -173,7 +189,7 @@ class BenchTrainer:
             m = strategy_method(name, "candidate", own.method, arch=own.method)
         else:
             m = scheme_method(name, "candidate", candidate.scheme)
-        m.runs_as = self.known.get(what_trains(m, self.graph))
+        m.runs_as = self.run.runs_of.get(what_trains(m, self.graph))
         m.families = candidate.families
         return m
 
@@ -349,6 +365,9 @@ class Run:
     sha: str = ""  # the protocol file's sha256, recorded with every run
     stages: list[str] = field(default_factory=list)  # the budgets whose validation stage is a job
     cap_at: Callable[[str | None, int], Any] | None = None  # (architecture, batch) -> the captured model
+    #: what each method trains (``what_trains``) -> the key its runs are recorded under, over every
+    #: method before ``--methods`` keeps some: a stage's candidate reads a left-out baseline's runs too
+    runs_of: dict[tuple, str] = field(default_factory=dict)
 
 
 def record(run: Run, rid: str, result: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,23 @@ def test_the_report_says_why_a_method_is_not_in_the_table(transfer, tmp_path):
     )
 
 
+def check_report_rebuilds_rows(transfer, argv: list[str], rows: list[dict]) -> None:
+    """``--report`` rebuilds every row from the checkpoint alone, the stage's too (under --methods its
+    candidates' runs are keyed as in training, over every method, kept or not)."""
+    assert transfer.main([*argv, "--report"])["rows"] == rows
+    # each row records what it trains: rebuilt from that alone, it trains the same tensors and costs the
+    # same bytes (what a reader of the report, benchmarks/joint_plan.py, rebuilds plans from)
+    runs = sys.modules["transfer_runs"]
+    run = transfer.start(transfer.parse_args([*argv, "--report"]))
+    transfer.choose_methods(run)
+    by_name = {m.name: m for m in run.methods}
+    graph = run.cap_at(None, 1).graph
+    for r in rows:
+        rebuilt = runs.method_of(r)
+        assert runs.what_trains(rebuilt, graph) == runs.what_trains(by_name[r["name"]], graph)
+        assert runs.memory_of(run.cap_at, rebuilt, "adam", 8) == r["memory"]
+
+
 def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch):
     npz, profile = tiny_profile(tmp_path, seeds=(0, 1))
     out = tmp_path / "bench"
@@ -142,6 +160,7 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     for r in result["rows"]:
         if r["same_runs_as"] is not None:
             assert r["accuracy"] == rows[r["same_runs_as"]]["accuracy"]
+    check_report_rebuilds_rows(transfer, argv, result["rows"])
     table = (out / "transfer.md").read_text()
     assert "| method | applied (B) | tinytraining (B) |" in table and "adam" in table
     assert (out / "transfer.png").stat().st_size > 10_000
