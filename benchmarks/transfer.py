@@ -162,6 +162,12 @@ def _arguments(ap: argparse.ArgumentParser) -> None:
         help="a checkpoint of the same setup written elsewhere (a GPU machine's copy): its runs this one lacks are "
         "appended, then the report is rewritten",
     )
+    ap.add_argument(
+        "--verdicts-only",
+        action="store_true",
+        help="train only the jobs the verdicts need: the methods that fit a budget and the stages (the rest, "
+        "full fine-tuning among them, in a later run without it)",
+    )
     ap.add_argument("--no-progress", action="store_true")
 
 
@@ -357,12 +363,14 @@ def train_method(run: Run, bench: Bench, m: Method) -> None:
         obtain(run, run_id("final", m.key, best, seed), partial(bench.run, m, best, seed, "test"))
 
 
-def job_order(own: list[Method], applied: dict[str, int], budgets: list[str], stages: list[str]) -> list[Method | str]:
+def job_order(
+    own: list[Method], applied: dict[str, int], budgets: list[str], stages: list[str], rest: bool = True
+) -> list[Method | str]:
     """The jobs budget by budget, the smallest first, so that each budget's verdict is complete
     before the next budget's work starts: the methods choosing their own rate that fit it
-    (``applied`` bytes) and no smaller budget, then its stage (a budget of ``stages``); then the
-    methods that fit no budget (the verdicts need none of them). Methods keep their order within a
-    budget."""
+    (``applied`` bytes) and no smaller budget, then its stage (a budget of ``stages``); then, with
+    ``rest``, the methods that fit no budget (the verdicts need none of them). Methods keep their
+    order within a budget."""
     jobs: list[Method | str] = []
     left = list(own)
     for b in sorted(budgets, key=parse_bytes):
@@ -370,7 +378,7 @@ def job_order(own: list[Method], applied: dict[str, int], budgets: list[str], st
         jobs += [m for m in left if applied[m.name] <= limit]
         left = [m for m in left if applied[m.name] > limit]
         jobs += [b] if b in stages else []
-    return [*jobs, *left]
+    return [*jobs, *left] if rest else jobs
 
 
 def train(run: Run, t_start: float) -> None:
@@ -383,7 +391,7 @@ def train(run: Run, t_start: float) -> None:
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
     own = [m for m in run.methods if m.lr is None]
     applied = {m.name: run.memory[m.name]["applied"] for m in own}
-    jobs = job_order(own, applied, a.budgets, run.stages)
+    jobs = job_order(own, applied, a.budgets, run.stages, rest=not a.verdicts_only)
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=a.no_progress
     )

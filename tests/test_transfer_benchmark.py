@@ -309,11 +309,14 @@ def test_job_order_completes_each_budget_before_the_next(transfer):
     assert names(transfer.job_order(own, applied, ["30kB", "20B", "25kB"], ["20B", "30kB"])) == [
         "head", "small", "20B", "mid", "30kB", "full", "big"]  # fmt: skip
     assert names(transfer.job_order(own, applied, [], [])) == ["full", "head", "mid", "small", "big"]
+    assert names(transfer.job_order(own, applied, ["30kB", "20B"], ["30kB"], rest=False)) == [
+        "head", "small", "mid", "30kB"]  # fmt: skip
 
 
 def test_jobs_run_the_methods_that_fit_then_the_stages_then_the_rest(transfer, tmp_path, monkeypatch):
     """The verdicts' work first: the methods that fit the budget, then its stage and its row, then
-    the methods that fit no budget (full fine-tuning at 300 KB)."""
+    the methods that fit no budget (full fine-tuning at 300 KB), which --verdicts-only leaves for a
+    later run."""
     npz, profile = tiny_profile(tmp_path)
     fields = dict(data=str(npz), profile=str(profile), budgets=["300KB"], val_seeds=[100], seeds=[0])
     argv = [
@@ -329,8 +332,10 @@ def test_jobs_run_the_methods_that_fit_then_the_stages_then_the_rest(transfer, t
         return dict(accuracy=40.0, diverged=False, train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
 
     monkeypatch.setattr(transfer.Bench, "run", run)
-    transfer.main(argv)
-    assert order[0] == "classifier only" and order[-1] == "full fine-tuning" and "stage" in order
+    transfer.main([*argv, "--verdicts-only"])  # the verdict's jobs alone
+    assert order[0] == "classifier only" and "stage" in order and "full fine-tuning" not in order
+    transfer.main(argv)  # then the rest
+    assert order[-1] == "full fine-tuning" and order.count("classifier only") == 1
 
 
 def test_two_workers_train_every_run_once(tmp_path):
