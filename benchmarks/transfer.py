@@ -524,7 +524,8 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         for b in run.stages
         if f"validated {b}" not in described
     ]
-    lines = verdicts(rows, missing)
+    compared = comparisons(rows, missing)
+    lines = verdicts(rows, compared)
     header = header_of(run)
     result = {
         **header,
@@ -532,7 +533,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "profile": str(run.profile) if run.profile else None,
         "rows": rows,
         "pareto_front": front,
-        "comparisons": comparisons(rows, missing),
+        "comparisons": compared,
         "verdicts": lines,
         "missing": missing,
         "report_wall_s": round(time.perf_counter() - t_start, 1),

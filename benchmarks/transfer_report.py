@@ -137,13 +137,13 @@ def comparisons(rows: list[dict], missing: Sequence[dict] = ()) -> list[dict[str
     return out
 
 
-def verdicts(rows: list[dict], missing: Sequence[dict] = ()) -> list[str]:
-    """The acceptance checks, in words (:func:`comparisons`), and, at <= 1/10 of full fine-tuning's
-    memory, each validated row's gap to full fine-tuning."""
+def verdicts(rows: list[dict], compared: list[dict[str, Any]]) -> list[str]:
+    """The acceptance checks in words (``compared``: :func:`comparisons` of ``rows``), and, at <= 1/10
+    of full fine-tuning's memory, each validated row's gap to full fine-tuning."""
     lines = []
     by_name = {r["name"]: r for r in rows}
     full = next((r for r in rows if r["method"] == "full fine-tuning"), None)
-    for c in comparisons(rows, missing):
+    for c in compared:
         r = by_name[c["name"]]
         head = (
             f"{r['name']} (chose {r['chosen']}): {r['accuracy_mean']:.2f} ± {r['accuracy_ci']:.2f}% "

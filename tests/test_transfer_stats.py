@@ -117,7 +117,9 @@ def test_a_partial_report_marks_pending_baselines_and_counts_unfinished_stages_i
     assert c["holm_family"] == 3 and c["p_holm"] == pytest.approx(min(1.0, 3 * p))
     (c,) = report.comparisons([v, b])
     assert c["pending"] == [] and c["holm_family"] == 1 and c["p_holm"] == pytest.approx(p)
-    assert any("PROVISIONAL" in line for line in report.verdicts([v | {"chosen": "x"}, b], missing))
+    assert any(
+        "PROVISIONAL" in line for line in report.verdicts([v | {"chosen": "x"}, b], report.comparisons([v, b], missing))
+    )
 
 
 def test_a_stage_that_chose_the_best_baseline_says_so():
@@ -129,6 +131,6 @@ def test_a_stage_that_chose_the_best_baseline_says_so():
          "seeds": seeds, "accuracy": [83.9, 84.0, 83.95], "accuracy_mean": 83.95, "accuracy_ci": 0.1}  # fmt: skip
     v = b | {"name": "validated 15MB", "method": report.VALIDATED, "budget": "15MB", "chosen": b["name"],
              "same_runs_as": b["name"]}  # fmt: skip
-    (line,) = report.verdicts([v, b])
+    (line,) = report.verdicts([v, b], report.comparisons([v, b]))
     assert "the stage chose the best baseline that fits 15,000,000 B, biases of the last 39" in line
     assert "ties" not in line and "Holm" not in line
