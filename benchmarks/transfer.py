@@ -108,7 +108,6 @@ from transfer_runs import (
     share_runs,
     strategy_method,
     validated,
-    what_trains,
 )
 from transfer_stats import mean_ci, pareto_front
 
@@ -319,8 +318,7 @@ def choose_methods(run: Run) -> None:
         scheme_method(Path(f).stem, "scheme", load_scheme(f), file=f) for f in filter(None, a.schemes.split(","))
     ]
     methods += natural_methods(cap, budgets, applied)
-    share_runs(methods, cap.graph)
-    run.runs_of = {what_trains(m, cap.graph): m.key for m in methods}
+    run.runs_of = share_runs(methods, cap.graph)
     stages = {f"validated {b}": b for b in budgets} if run.profile is not None else {}
     keep = None
     if a.methods:

@@ -77,16 +77,18 @@ def what_trains(method: Method, graph: LayerGraph) -> tuple:
     return method.arch, tuple(train), *(tuple(sorted(x)) for x in (plan.norm_train, plan.approx, plan.reestimate))
 
 
-def share_runs(methods: list[Method], graph: LayerGraph) -> None:
+def share_runs(methods: list[Method], graph: LayerGraph) -> dict[tuple, str]:
     """A method that trains exactly what an earlier one trains (a searched scheme that is the
     classifier only, the same scheme under two objectives) records and reads that one's runs. A
     method that already names its runs keeps them where it trains what no earlier one trains (a
-    validated row: the runs of the candidate its stage chose, recorded under the candidate's name)."""
+    validated row: the runs of the candidate its stage chose, recorded under the candidate's name).
+    Returns what each trains (``what_trains``) -> the key its runs are recorded under."""
     first: dict[tuple, str] = {}
     for m in methods:
         m.runs_as = first.setdefault(what_trains(m, graph), m.key)
         if m.runs_as == m.name:
             m.runs_as = None
+    return first
 
 
 def last_k_scheme(cap, k: int) -> Scheme:
