@@ -75,6 +75,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -83,9 +84,12 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from transfer_protocol import (
     CLI_FIELDS,
+    REFERENCE_DEVICE,
     ROOT,
     TIES,
     BenchProtocol,
+    device_of,
+    device_pairs,
     grid_rungs,
     load_protocol,
     missing_runs,
@@ -99,7 +103,9 @@ from transfer_runs import (
     Method,
     Run,
     baselines,
+    checkpoint_lines,
     claim_path,
+    device_name,
     memory_of,
     natural_methods,
     obtain,
@@ -109,7 +115,7 @@ from transfer_runs import (
     strategy_method,
     validated,
 )
-from transfer_stats import mean_ci, pareto_front
+from transfer_stats import mean_ci, paired, pareto_front
 
 from memplan.api import capture, profile_captured
 from memplan.contrib.checkpoint import Checkpoint
@@ -271,7 +277,9 @@ def start(a: argparse.Namespace) -> Run:
         probe = linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
         save_state(head_path, {"head": head.state_dict(), "accuracy": torch.tensor(probe)})
         ckpt.start()
-    return Run(a, setup, protocol, ckpt, previous or {}, probe, sha=a.protocol_sha256)
+    run = Run(a, setup, protocol, ckpt, {}, probe, sha=a.protocol_sha256, device=device_name(a.device))
+    refresh(run)
+    return run
 
 
 def split_names(text: str, names: set[str]) -> set[str]:
@@ -420,27 +428,19 @@ def in_workers(a: argparse.Namespace, argv: list[str]) -> None:
 
 
 def merge(run: Run, path: Path) -> int:
-    """Append to ``run``'s checkpoint every run of the checkpoint at ``path`` that it lacks (by id;
-    the same identity, else a one-line error); returns how many."""
-    other = Checkpoint(path, run.ckpt.identity).finished(repair=False)
-    if other is None:
+    """Append to ``run``'s checkpoint every run of the checkpoint at ``path`` that it lacks (by id
+    and device: a run this one holds from another device is a device pair, kept); the same
+    identity, else a one-line error; returns how many."""
+    if Checkpoint(path, run.ckpt.identity).finished(repair=False) is None:
         raise MemplanError(f"--merge {path}: not a checkpoint of this benchmark (no identity line)")
-    new = [r for rid, r in other.items() if rid not in refresh(run)]
+    have = {(r["id"], device_of(r)) for r in checkpoint_lines(run.ckpt.path)}
+    new = {(r["id"], device_of(r)): r for r in checkpoint_lines(path)}  # the last of each
+    new = [r for key, r in new.items() if key not in have]
     for r in new:
         run.ckpt.append(r)
     refresh(run)
     print(f"merged {len(new)} runs from {path}", file=sys.stderr)
     return len(new)
-
-
-def checkpoint_lines(path: Path) -> list[dict]:
-    """Every run record of the checkpoint, in file order, repeats included (a torn line skipped)."""
-    out = []
-    for line in path.read_text().splitlines()[1:] if path.is_file() else []:
-        with contextlib.suppress(json.JSONDecodeError):
-            if "run" in (rec := json.loads(line)):
-                out.append(rec["run"])
-    return out
 
 
 def runs_redone(run: Run) -> list[dict[str, str]]:
@@ -485,19 +485,30 @@ def header_of(run: Run) -> dict[str, Any]:
         "lrs": [str(x) for x in a.lrs],
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} torch thread(s) per process, "
         f"torch {torch.__version__}",
-        "runs_by_device": runs_by_device(run.done),
+        **devices(checkpoint_lines(run.ckpt.path)),
     }
 
 
-def runs_by_device(done: dict[str, dict]) -> dict[str, int]:
-    """How many finished runs each device trained (a run recorded before runs named their device
-    ran on this benchmark's CPU)."""
-    return dict(Counter(r.get("device", "cpu") for r in done.values()))
+def devices(records: list[dict]) -> dict[str, Any]:
+    """``runs_by_device``: the finished runs each device trained (one per id and device; a record
+    that names none ran on the CPU); ``device_effect``: per other device, its final runs' test
+    accuracy minus the same runs' on the CPU (``transfer_stats.paired`` over the run ids trained on
+    both: points, Student-t CI, p), the check that keeps the report to the CPU's runs."""
+    by = Counter(device_of(r) for r in {(r["id"], device_of(r)): r for r in records}.values())
+    pairs = [(c, o) for c, o in device_pairs(records) if c["id"].startswith("final|")]
+    effect = {}
+    for dev in sorted({device_of(o) for _, o in pairs}):
+        on = [(c, o) for c, o in pairs if device_of(o) == dev]
+        effect[dev] = paired({o["id"]: o["accuracy"] for _, o in on}, {c["id"]: c["accuracy"] for c, _ in on})
+        effect[dev]["runs"] = effect[dev].pop("seeds")
+    return {"runs_by_device": dict(by), "counted_device": REFERENCE_DEVICE, "device_effect": effect}
 
 
 def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     """Write NAME.json / .md / .png from every finished run in the checkpoint (other workers' too);
-    returns the JSON."""
+    returns the JSON. It counts the CPU's runs (``transfer_protocol.counted``), wherever it is built."""
+    if run.device != REFERENCE_DEVICE:
+        run = replace(run, device=REFERENCE_DEVICE, done={})
     a, setup, task = run.a, run.setup, run.setup.task
     out, res = Path(a.out), a.resolution
     rows = assemble(run.methods, run.memory, a, refresh(run))

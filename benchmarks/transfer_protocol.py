@@ -10,6 +10,9 @@
 * grids without edges (:func:`method_grid`): a rate chosen at an edge of its grid, and better
   than its neighbour there (a tie is a plateau), widens the grid one step beyond it
   (``memplan.rates.outward``) until the choice is interior, at most ``widen`` times;
+* the device that counts (:func:`counted`): the CPU's runs, as memplan's ``pytorch`` mode is eager
+  PyTorch on the CPU; a run trained on a GPU as well pairs with its CPU run as the device effect
+  (:func:`device_pairs`);
 * the runs redone (:func:`redone`): what the checkpoint holds twice, under another protocol, or
   at a rate no longer chosen.
 """
@@ -34,6 +37,10 @@ TIES = (
     "the higher mean validation accuracy wins; a tie goes to the smaller rate (rates compared family by family: "
     "classifier, bias, norm, weight) and, in the validation stage, first to the cheaper candidate"
 )
+
+
+#: the device whose runs the report counts (a record that names none ran on the CPU)
+REFERENCE_DEVICE = "cpu"
 
 
 class BenchProtocol(BaseModel):
@@ -194,24 +201,62 @@ def missing_runs(
     return []
 
 
+# ----------------------------------------------------------------------------- devices
+def device_of(rec: dict) -> str:
+    """The device a run record trained on: ``cpu`` or a GPU's name (none recorded: the CPU)."""
+    return rec.get("device", REFERENCE_DEVICE)
+
+
+def counted(records: Sequence[dict], device: str = REFERENCE_DEVICE) -> dict[str, dict]:
+    """Run id -> the record that counts, of the checkpoint's ``records`` (file order), for a
+    process that trains on ``device`` (``cpu`` or a GPU's name; the report counts for the CPU).
+
+    The report's numbers are the CPU's: a GPU's float kernels (TF32 convolutions under cuDNN among
+    them) give another accuracy for one seed, and on Lite0 the paired GPU - CPU difference was not
+    shown to be nil (the report's device line), so a verdict never sets a GPU row against a CPU
+    one. A record of another device counts only for a process on that device (it does not train
+    its own runs twice); a CPU record wins over it; among one device's records the last counts."""
+    out: dict[str, dict] = {}
+    for rec in records:
+        d = device_of(rec)
+        if d not in (REFERENCE_DEVICE, device):
+            continue
+        prev = out.get(rec["id"])
+        if prev is None or d == REFERENCE_DEVICE or device_of(prev) != REFERENCE_DEVICE:
+            out[rec["id"]] = rec
+    return out
+
+
+def device_pairs(records: Sequence[dict]) -> list[tuple[dict, dict]]:
+    """(CPU record, other device's record) of every run id trained on both (the last of each
+    device; file order of the CPU records): the same run, so their difference is the device's."""
+    last: dict[tuple[str, str], dict] = {(r["id"], device_of(r)): r for r in records}
+    return [
+        (last[(rid, REFERENCE_DEVICE)], rec)
+        for (rid, dev), rec in last.items()
+        if dev != REFERENCE_DEVICE and (rid, REFERENCE_DEVICE) in last
+    ]
+
+
 # ----------------------------------------------------------------------------- runs redone
 def redone(lines: Sequence[dict], sha: str, chosen: Callable[[str], set[str]]) -> list[dict[str, str]]:
     """The runs of the checkpoint's ``lines`` (its ``run`` records, in file order) that are redone
-    or superseded, each with why: an id recorded more than once (a second process or a rerun
-    trained it again; the last record counts), a run recorded under another protocol (its
-    ``protocol_sha256``; kept when the id is the same, since an id fixes the training), and a
-    final run at a rate no method recorded under its name chooses now (``chosen(key)``: the rates,
-    as text, the methods recorded as ``key`` choose now; empty while none has chosen)."""
+    or superseded, each with why: an id recorded more than once on one device (a second process or
+    a rerun trained it again; the last record counts; a run on two devices is a device pair, not a
+    rerun), a run recorded under another protocol (its ``protocol_sha256``; kept when the id is the
+    same, since an id fixes the training), and a final run at a rate no method recorded under its
+    name chooses now (``chosen(key)``: the rates, as text, the methods recorded as ``key`` choose
+    now; empty while none has chosen)."""
     out, seen = [], {}
     for rec in lines:
         rid = rec["id"]
-        if rid in seen:
+        if (rid, device_of(rec)) in seen:
             out.append({"id": rid, "why": "recorded twice: trained again (a process beside another, or a rerun)"})
-        seen[rid] = rec
+        seen[(rid, device_of(rec))] = rec
         other = rec.get("protocol_sha256")
         if other is not None and other != sha:
             out.append({"id": rid, "why": f"trained under protocol {other[:12]}, not this one"})
-    for rid in seen:
+    for rid in dict.fromkeys(rid for rid, _ in seen):
         stage, rest = rid.split("|", 1)
         method, lr, _ = rest.rsplit("|", 2)
         now = chosen(method) if stage == "final" else set()

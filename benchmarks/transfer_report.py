@@ -251,7 +251,26 @@ def markdown(
         out += [f"Not in the table: {'; '.join(said)}", ""]
     devices = ", ".join(f"{d} {n}" for d, n in header.get("runs_by_device", {}).items())
     out += [f"Machine: {header['machine']}; runs by device: {devices or 'none yet'}", ""]
+    out += _device_lines(header)
     return "\n".join(out)
+
+
+def _device_lines(header: dict[str, Any]) -> list[str]:
+    """What the report counts when runs trained on more than one device, and the device effect."""
+    counted, by = header.get("counted_device", "cpu"), header.get("runs_by_device", {})
+    if set(by) <= {counted}:
+        return []
+    out = [
+        f"The table and the verdicts count the {counted.upper()}'s runs only: a GPU's float kernels give "
+        "another accuracy for one seed, so no verdict sets a GPU run against a CPU one. A GPU run waits for "
+        "its CPU run, and the two pair as the device effect:"
+    ]
+    for dev, e in header.get("device_effect", {}).items():
+        out.append(
+            f"- {dev} - {counted}, final runs trained on both ({len(e['runs'])}): {e['difference']:+.2f} ± "
+            f"{e['ci']:.2f} points (95% CI), paired p = {e['p']:.3g}"
+        )
+    return [*out, ""]
 
 
 def plot(rows: list[dict], front: list[str], path: Path, title: str, xlabels: dict[str, str]) -> None:

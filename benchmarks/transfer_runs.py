@@ -6,8 +6,10 @@ validation and test splits, each one line of the checkpoint."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transfer_protocol import run_id
+from transfer_protocol import REFERENCE_DEVICE, counted, run_id
 
 from memplan.api import profile_captured
 from memplan.contrib.checkpoint import Checkpoint
@@ -278,12 +280,17 @@ def natural_methods(cap: Any, budgets: list[str], memory: Callable[[Scheme], int
 
 
 # ----------------------------------------------------------------------------- the runs
+def device_name(device: str) -> str:
+    """What a run records as its device: ``cpu``, or the GPU's name for a ``cuda`` device."""
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else REFERENCE_DEVICE
+
+
 class Bench:
     """The setup, the probe head and one worker per (architecture, evaluation split)."""
 
     def __init__(self, setup: Setup, protocol: Protocol, threads: int, device: str = "cpu"):
         self.setup, self.protocol, self.threads, self.device = setup, protocol, threads, device
-        self.device_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+        self.device_name = device_name(device)
         task = setup.task
         self.splits = {
             "validation": task.validation_task(),
@@ -370,6 +377,7 @@ class Run:
     #: what each method trains (``what_trains``) -> the key its runs are recorded under, over every
     #: method before ``--methods`` keeps some: a stage's candidate reads a left-out baseline's runs too
     runs_of: dict[tuple, str] = field(default_factory=dict)
+    device: str = REFERENCE_DEVICE  # the device name this process's runs record (transfer_protocol.counted)
 
 
 def record(run: Run, rid: str, result: dict[str, Any]) -> None:
@@ -400,6 +408,20 @@ def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> dict[str,
 
 def refresh(run: Run) -> dict:
     """``run.done`` brought up to date with the checkpoint: read before every run, so that processes
-    sharing it (workers, a stage beside a method) never train a run twice."""
-    run.done.update(run.ckpt.finished(repair=False) or {})
+    sharing it (workers, a stage beside a method) never train a run twice; the records that count
+    for this process's device (``transfer_protocol.counted``: a GPU's runs count for a process on
+    that GPU, the CPU's for every process)."""
+    fresh = counted(checkpoint_lines(run.ckpt.path), run.device)
+    run.done.clear()
+    run.done.update(fresh)
     return run.done
+
+
+def checkpoint_lines(path: Path) -> list[dict]:
+    """Every run record of the checkpoint, in file order, repeats included (a torn line skipped)."""
+    out = []
+    for line in path.read_text().splitlines()[1:] if path.is_file() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            if "run" in (rec := json.loads(line)):
+                out.append(rec["run"])
+    return out
