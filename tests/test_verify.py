@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
@@ -45,6 +47,12 @@ def test_verify_reports_mismatch(monkeypatch):
     assert "mismatch" in rendered(report)
     assert EXIT_MISMATCH == 1
     assert verify("mcunet-5fps", "last", batch=2, resolution=32, classes=10, steps=1, tolerance=3).ok
+    assert "CUDA" not in rendered(report)  # the CPU's run: pytorch mode is its convention
+    monkeypatch.setattr(verify_module, "saved_bytes", lambda *a: SavedMeasurement(real(*a).bytes - 7680))
+    on_gpu = dataclasses.replace(
+        verify("mcunet-5fps", "last", batch=2, resolution=32, classes=10, steps=1), device="cuda"
+    )
+    assert "predicts eager PyTorch on the CPU" in rendered(on_gpu)
 
 
 def test_verify_sparse_scheme_option_and_module_input_left_untouched():
