@@ -75,7 +75,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -84,7 +83,6 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from transfer_protocol import (
     CLI_FIELDS,
-    REFERENCE_DEVICE,
     ROOT,
     TIES,
     BenchProtocol,
@@ -162,6 +160,12 @@ def _arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu | cuda | auto: where the runs train (each run records it)")
     ap.add_argument(
+        "--runs-of",
+        default=None,
+        help="the device whose runs count, as runs record it: cpu or a GPU's name (default: --device's); each "
+        "device's runs are a replicate of their own, e.g. --report --runs-of 'NVIDIA H200' --name transfer-h200",
+    )
+    ap.add_argument(
         "--merge",
         default=None,
         help="a checkpoint of the same setup written elsewhere (a GPU machine's copy): its runs this one lacks are "
@@ -232,6 +236,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.device = resolve_device(a.device)
     except MemplanError as exc:
         ap.error(str(exc))
+    if a.runs_of is not None and not a.report and a.runs_of != device_name(a.device):
+        ap.error(f"--runs-of {a.runs_of!r} counts another device's runs than --device trains: only with --report")
     if a.merge is not None and not Path(a.merge).is_file():
         ap.error(f"--merge {a.merge}: no such file")
     return a
@@ -277,7 +283,7 @@ def start(a: argparse.Namespace) -> Run:
         probe = linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
         save_state(head_path, {"head": head.state_dict(), "accuracy": torch.tensor(probe)})
         ckpt.start()
-    run = Run(a, setup, protocol, ckpt, {}, probe, sha=a.protocol_sha256, device=device_name(a.device))
+    run = Run(a, setup, protocol, ckpt, {}, probe, sha=a.protocol_sha256, device=a.runs_of or device_name(a.device))
     refresh(run)
     return run
 
@@ -485,6 +491,7 @@ def header_of(run: Run) -> dict[str, Any]:
         "lrs": [str(x) for x in a.lrs],
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} torch thread(s) per process, "
         f"torch {torch.__version__}",
+        "counted_device": run.device,
         **devices(checkpoint_lines(run.ckpt.path)),
     }
 
@@ -501,14 +508,12 @@ def devices(records: list[dict]) -> dict[str, Any]:
         on = [(c, o) for c, o in pairs if device_of(o) == dev]
         effect[dev] = paired({o["id"]: o["accuracy"] for _, o in on}, {c["id"]: c["accuracy"] for c, _ in on})
         effect[dev]["runs"] = effect[dev].pop("seeds")
-    return {"runs_by_device": dict(by), "counted_device": REFERENCE_DEVICE, "device_effect": effect}
+    return {"runs_by_device": dict(by), "device_effect": effect}
 
 
 def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     """Write NAME.json / .md / .png from every finished run in the checkpoint (other workers' too);
-    returns the JSON. It counts the CPU's runs (``transfer_protocol.counted``), wherever it is built."""
-    if run.device != REFERENCE_DEVICE:
-        run = replace(run, device=REFERENCE_DEVICE, done={})
+    returns the JSON. It counts the runs of one device (``run.device``: ``transfer_protocol.counted``)."""
     a, setup, task = run.a, run.setup, run.setup.task
     out, res = Path(a.out), a.resolution
     rows = assemble(run.methods, run.memory, a, refresh(run))

@@ -3,9 +3,10 @@
 # processes side by side taking the jobs in turn (a run at 64 px is launch-bound, so processes
 # share the GPU well), for at most SECONDS, then the checkpoint goes to $OUT. Merge it here with
 #     python benchmarks/transfer.py --protocol P --out DIR --merge FILES_AT/transfer.runs.jsonl
-# Every run records its device ("cpu" or the GPU's name): their float kernels differ, so the report
-# counts the CPU's runs only, and a GPU run of an id the CPU trained too pairs with it as the device
-# effect (transfer_protocol.counted, device_pairs). A process cut off by SECONDS loses only its run in flight.
+# Every run records its device ("cpu" or the GPU's name): their float kernels differ, so each device's
+# runs are a replicate of their own (the report here counts the CPU's; --report --runs-of 'NVIDIA H200'
+# --name transfer-h200 the GPU's), and a run trained on both pairs as the device effect
+# (transfer_protocol.counted, device_pairs). A process cut off by SECONDS loses only its run in flight.
 #
 #   benchmarks/transfer_device.sh prepare PROTOCOL_NAME
 #       here, once: .carry/ (git-ignored through .git/info/exclude) gets the wheels the machine

@@ -10,9 +10,9 @@
 * grids without edges (:func:`method_grid`): a rate chosen at an edge of its grid, and better
   than its neighbour there (a tie is a plateau), widens the grid one step beyond it
   (``memplan.rates.outward``) until the choice is interior, at most ``widen`` times;
-* the device that counts (:func:`counted`): the CPU's runs, as memplan's ``pytorch`` mode is eager
-  PyTorch on the CPU; a run trained on a GPU as well pairs with its CPU run as the device effect
-  (:func:`device_pairs`);
+* the device that counts (:func:`counted`): one device's runs per report (the CPU's by default,
+  as memplan's ``pytorch`` mode is eager PyTorch on the CPU); a run trained on two devices pairs as
+  the device effect (:func:`device_pairs`);
 * the runs redone (:func:`redone`): what the checkpoint holds twice, under another protocol, or
   at a rate no longer chosen.
 """
@@ -39,7 +39,7 @@ TIES = (
 )
 
 
-#: the device whose runs the report counts (a record that names none ran on the CPU)
+#: the device whose runs a report counts unless told another (a record that names none ran on the CPU)
 REFERENCE_DEVICE = "cpu"
 
 
@@ -208,23 +208,15 @@ def device_of(rec: dict) -> str:
 
 
 def counted(records: Sequence[dict], device: str = REFERENCE_DEVICE) -> dict[str, dict]:
-    """Run id -> the record that counts, of the checkpoint's ``records`` (file order), for a
-    process that trains on ``device`` (``cpu`` or a GPU's name; the report counts for the CPU).
+    """Run id -> the record that counts, of the checkpoint's ``records`` (file order): the last of
+    ``device``'s (``cpu`` or a GPU's name as runs record it).
 
-    The report's numbers are the CPU's: a GPU's float kernels (TF32 convolutions under cuDNN among
-    them) give another accuracy for one seed, and on Lite0 the paired GPU - CPU difference was not
-    shown to be nil (the report's device line), so a verdict never sets a GPU row against a CPU
-    one. A record of another device counts only for a process on that device (it does not train
-    its own runs twice); a CPU record wins over it; among one device's records the last counts."""
-    out: dict[str, dict] = {}
-    for rec in records:
-        d = device_of(rec)
-        if d not in (REFERENCE_DEVICE, device):
-            continue
-        prev = out.get(rec["id"])
-        if prev is None or d == REFERENCE_DEVICE or device_of(prev) != REFERENCE_DEVICE:
-            out[rec["id"]] = rec
-    return out
+    Each device's runs are a replicate of the protocol of their own, and a report counts one
+    device's: a GPU's float kernels (TF32 convolutions under cuDNN among them) give another
+    accuracy for one seed, and the paired difference was not shown to be nil (the report's device
+    line), so no verdict sets a GPU run against a CPU one. A process trains what its own device
+    lacks; a run trained on two devices pairs as the device effect (:func:`device_pairs`)."""
+    return {rec["id"]: rec for rec in records if device_of(rec) == device}
 
 
 def device_pairs(records: Sequence[dict]) -> list[tuple[dict, dict]]:

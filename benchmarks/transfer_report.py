@@ -261,13 +261,13 @@ def _device_lines(header: dict[str, Any]) -> list[str]:
     if set(by) <= {counted}:
         return []
     out = [
-        f"The table and the verdicts count the {counted.upper()}'s runs only: a GPU's float kernels give "
-        "another accuracy for one seed, so no verdict sets a GPU run against a CPU one. A GPU run waits for "
-        "its CPU run, and the two pair as the device effect:"
+        f"The table and the verdicts count the runs on {counted} only: each device's runs are a replicate of "
+        "their own (`--runs-of`), since a GPU's float kernels give another accuracy for one seed; the runs "
+        "trained on two devices pair as the device effect:"
     ]
     for dev, e in header.get("device_effect", {}).items():
         out.append(
-            f"- {dev} - {counted}, final runs trained on both ({len(e['runs'])}): {e['difference']:+.2f} ± "
+            f"- {dev} - cpu, final runs trained on both ({len(e['runs'])}): {e['difference']:+.2f} ± "
             f"{e['ci']:.2f} points (95% CI), paired p = {e['p']:.3g}"
         )
     return [*out, ""]

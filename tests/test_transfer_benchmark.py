@@ -402,9 +402,10 @@ def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_
 def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_path, monkeypatch):
     """A GPU machine's copy of the checkpoint (the runs it had, then its own, each naming its
     device) merges into this one: the runs this one lacks by id and device are appended, nothing
-    trains; a GPU run of an id the CPU trained too is kept as a device pair and does not count; a
-    GPU-only run does not count either, and a CPU process trains it; the report counts the runs
-    by device and states the paired device effect; a checkpoint of another setup is refused in one line."""
+    trains. Each device's runs are a replicate of their own: the report counts the CPU's, or with
+    --runs-of a GPU's; the runs trained on both pair as the device effect; a run the GPU alone
+    trained is trained on the CPU before the CPU's report counts it; a checkpoint of another setup
+    is refused in one line."""
     npz, _ = tiny_profile(tmp_path)
     out = tmp_path / "bench"
     argv = [
@@ -412,47 +413,44 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
         "--methods", "classifier only", "--out", str(out), "--no-progress",
     ]  # fmt: skip
     times = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
-    monkeypatch.setattr(
-        transfer.Bench, "run", lambda self, m, lr, seed, split: dict(accuracy=40.0 + seed, diverged=False, **times)
-    )
+    trained = []
+
+    def run(self, m, lr, seed, split):
+        trained.append((split, seed))
+        return dict(accuracy=40.0 + seed, diverged=False, **times)
+
+    monkeypatch.setattr(transfer.Bench, "run", run)
     ckpt = out / "transfer.runs.jsonl"
-    first = transfer.main(argv)
-    (row,) = first["rows"]
+    (row,) = transfer.main(argv)["rows"]
     lines = ckpt.read_text().splitlines()
-    finals = [json.loads(x)["run"]["id"] for x in lines[1:] if '"final|' in x]
+    cpu_runs = [json.loads(x)["run"] for x in lines[1:]]
+    finals = sorted(r["id"] for r in cpu_runs if r["id"].startswith("final|"))
+    # the GPU replicate: every run again, 2.5 points higher
+    extra = [{"run": {**r, "accuracy": r["accuracy"] + 2.5, "device": "NVIDIA H200"}} for r in cpu_runs]
     elsewhere = tmp_path / "gpu.runs.jsonl"
-    gpu = dict(diverged=False, device="NVIDIA H200", **times)
-    extra = [  # the two finals again on the GPU, 3 and 2 points higher; one run the CPU lacks
-        {"run": {"id": finals[0], "accuracy": 43.0, **gpu}},
-        {"run": {"id": finals[1], "accuracy": 43.0, **gpu}},
-        {"run": {"id": "final|classifier only|0.01|7", "accuracy": 90.0, **gpu}},
-    ]
     elsewhere.write_text("\n".join([*lines, *map(json.dumps, extra)]) + "\n")
-    monkeypatch.setattr(transfer.Bench, "run", lambda *a, **k: pytest.fail("merging trains nothing"))
+    trained.clear()
     result = transfer.main([*argv, "--merge", str(elsewhere)])
-    assert ckpt.read_text().splitlines() == [*lines, *map(json.dumps, extra)]
-    assert result["runs_by_device"] == {"cpu": len(lines) - 1, "NVIDIA H200": 3}
+    assert trained == [] and ckpt.read_text().splitlines() == [*lines, *map(json.dumps, extra)]
+    assert result["runs_by_device"] == {"cpu": len(cpu_runs), "NVIDIA H200": len(cpu_runs)}
     assert [r["accuracy_mean"] for r in result["rows"]] == [row["accuracy_mean"]]  # the CPU's runs count
     effect = result["device_effect"]["NVIDIA H200"]
-    assert effect["runs"] == sorted(finals) and effect["difference"] == pytest.approx(2.5)
-    assert "NVIDIA H200 - cpu, final runs trained on both (2): +2.50" in (out / "transfer.md").read_text()
+    assert effect["runs"] == finals and effect["difference"] == pytest.approx(2.5)
+    assert f"NVIDIA H200 - cpu, final runs trained on both ({len(finals)}): +2.50" in (out / "transfer.md").read_text()
     assert result["redone"] == []  # a device pair is not a rerun
+    gpu = transfer.main([*argv, "--report", "--runs-of", "NVIDIA H200", "--name", "h200"])
+    assert [r["accuracy_mean"] for r in gpu["rows"]] == [row["accuracy_mean"] + 2.5]
+    assert (out / "h200.md").is_file() and gpu["counted_device"] == "NVIDIA H200"
     transfer.main([*argv, "--merge", str(elsewhere)])  # again: nothing new
     assert len(ckpt.read_text().splitlines()) == len(lines) + len(extra)
     # a final the GPU alone trained: a CPU process trains it before it counts
-    ckpt.write_text("\n".join(x for x in ckpt.read_text().splitlines() if x != lines[lines.index(
-        next(x for x in lines if f'"{finals[1]}"' in x))]) + "\n")  # fmt: skip
-    trained = []
-    monkeypatch.setattr(
-        transfer.Bench,
-        "run",
-        lambda self, m, lr, seed, split: (
-            trained.append((split, seed)) or dict(accuracy=40.0 + seed, diverged=False, **times)
-        ),
-    )
+    gone = next(x for x in lines if f'"{finals[1]}"' in x)
+    ckpt.write_text("\n".join(x for x in ckpt.read_text().splitlines() if x != gone) + "\n")
     again = transfer.main(argv)
     assert trained == [("test", int(finals[1].rsplit("|", 1)[1]))]
     assert [r["accuracy_mean"] for r in again["rows"]] == [row["accuracy_mean"]]
+    with pytest.raises(SystemExit):  # counting another device's runs than it trains: only a report
+        transfer.main([*argv, "--runs-of", "NVIDIA H200"])
     other = tmp_path / "other.runs.jsonl"
     other.write_text(json.dumps({"identity": {"model": "another"}}) + "\n")
     with pytest.raises(MemplanError, match="another configuration"):
@@ -460,9 +458,8 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
 
 
 def test_which_device_counts(transfer):
-    """The CPU's record counts over a GPU's whatever the order; a GPU's counts only for a process on
-    that GPU (it does not train its own run twice); among one device's records the last counts;
-    an id trained on both devices is a pair."""
+    """Each device's records are a replicate of their own: a report or a process counts one
+    device's, the last of each id; an id trained on two devices is a pair."""
     proto = load_benchmark("transfer_protocol")
     g, h = "NVIDIA H200", "NVIDIA H100"
     recs = [
@@ -476,8 +473,8 @@ def test_which_device_counts(transfer):
     ]
     acc = lambda done: {k: r["accuracy"] for k, r in done.items()}  # noqa: E731
     assert acc(proto.counted(recs)) == {"a": 2, "c": 6}
-    assert acc(proto.counted(recs, g)) == {"a": 2, "b": 4, "c": 6}
-    assert acc(proto.counted(recs, h)) == {"a": 2, "c": 6, "d": 7}
+    assert acc(proto.counted(recs, g)) == {"a": 3, "b": 4}
+    assert acc(proto.counted(recs, h)) == {"d": 7}
     assert [(c["accuracy"], o["accuracy"]) for c, o in proto.device_pairs(recs)] == [(2, 3)]
 
 
