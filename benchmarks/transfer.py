@@ -500,14 +500,22 @@ def devices(records: list[dict]) -> dict[str, Any]:
     """``runs_by_device``: the finished runs each device trained (one per id and device; a record
     that names none ran on the CPU); ``device_effect``: per other device, its final runs' test
     accuracy minus the same runs' on the CPU (``transfer_stats.paired`` over the run ids trained on
-    both: points, Student-t CI, p), the check that keeps the report to the CPU's runs."""
+    both: points, Student-t CI, p), over all of them and ``by_method`` (the key runs are recorded
+    under): why each device's runs are a replicate of their own."""
     by = Counter(device_of(r) for r in {(r["id"], device_of(r)): r for r in records}.values())
     pairs = [(c, o) for c, o in device_pairs(records) if c["id"].startswith("final|")]
+
+    def effect_of(on: list[tuple[dict, dict]]) -> dict[str, Any]:
+        e = paired({o["id"]: o["accuracy"] for _, o in on}, {c["id"]: c["accuracy"] for c, _ in on})
+        return {**e, "runs": e.pop("seeds")}
+
     effect = {}
     for dev in sorted({device_of(o) for _, o in pairs}):
         on = [(c, o) for c, o in pairs if device_of(o) == dev]
-        effect[dev] = paired({o["id"]: o["accuracy"] for _, o in on}, {c["id"]: c["accuracy"] for c, _ in on})
-        effect[dev]["runs"] = effect[dev].pop("seeds")
+        methods = sorted({c["id"].split("|")[1] for c, _ in on})
+        effect[dev] = effect_of(on) | {
+            "by_method": {m: effect_of([(c, o) for c, o in on if c["id"].split("|")[1] == m]) for m in methods}
+        }
     return {"runs_by_device": dict(by), "device_effect": effect}
 
 

@@ -266,11 +266,16 @@ def _device_lines(header: dict[str, Any]) -> list[str]:
         "trained on two devices pair as the device effect:"
     ]
     for dev, e in header.get("device_effect", {}).items():
-        out.append(
-            f"- {dev} - cpu, final runs trained on both ({len(e['runs'])}): {e['difference']:+.2f} ± "
-            f"{e['ci']:.2f} points (95% CI), paired p = {e['p']:.3g}"
-        )
+        out.append(f"- {dev} - cpu, final runs trained on both ({len(e['runs'])}): {_effect(e)}")
+        out += [f"  - {m} ({len(x['runs'])}): {_effect(x)}" for m, x in e.get("by_method", {}).items()]
     return [*out, ""]
+
+
+def _effect(e: dict[str, Any]) -> str:
+    """A paired device difference as the report prints it (one run: its difference alone)."""
+    if len(e["runs"]) < 2:
+        return f"{e['difference']:+.2f} points"
+    return f"{e['difference']:+.2f} ± {e['ci']:.2f} points (95% CI), paired p = {e['p']:.3g}"
 
 
 def plot(rows: list[dict], front: list[str], path: Path, title: str, xlabels: dict[str, str]) -> None:

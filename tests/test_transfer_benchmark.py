@@ -436,6 +436,7 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
     assert [r["accuracy_mean"] for r in result["rows"]] == [row["accuracy_mean"]]  # the CPU's runs count
     effect = result["device_effect"]["NVIDIA H200"]
     assert effect["runs"] == finals and effect["difference"] == pytest.approx(2.5)
+    assert effect["by_method"]["classifier only"]["runs"] == finals
     assert f"NVIDIA H200 - cpu, final runs trained on both ({len(finals)}): +2.50" in (out / "transfer.md").read_text()
     assert result["redone"] == []  # a device pair is not a rerun
     gpu = transfer.main([*argv, "--report", "--runs-of", "NVIDIA H200", "--name", "h200"])
