@@ -281,8 +281,18 @@ def natural_methods(cap: Any, budgets: list[str], memory: Callable[[Scheme], int
 
 # ----------------------------------------------------------------------------- the runs
 def device_name(device: str) -> str:
-    """What a run records as its device: ``cpu``, or the GPU's name for a ``cuda`` device."""
-    return torch.cuda.get_device_name(device) if device.startswith("cuda") else REFERENCE_DEVICE
+    """What a run records as its device: ``cpu``, or for a ``cuda`` device the GPU's name and
+    ``fp32``: the benchmark trains there with TF32 off (:func:`full_precision`), to learn whether
+    the device effect is TF32's. The first H200 runs (2026-11-27) record the name alone: cuDNN's
+    default TF32 convolutions."""
+    return f"{torch.cuda.get_device_name(device)} fp32" if device.startswith("cuda") else REFERENCE_DEVICE
+
+
+def full_precision() -> None:
+    """fp32 convolutions and matmuls on CUDA, in this process (torch's defaults let cuDNN convolve in
+    TF32, a 10-bit mantissa)."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 class Bench:
@@ -291,6 +301,8 @@ class Bench:
     def __init__(self, setup: Setup, protocol: Protocol, threads: int, device: str = "cpu"):
         self.setup, self.protocol, self.threads, self.device = setup, protocol, threads, device
         self.device_name = device_name(device)
+        if device.startswith("cuda"):
+            full_precision()
         task = setup.task
         self.splits = {
             "validation": task.validation_task(),

@@ -458,6 +458,20 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
         transfer.main([*argv, "--merge", str(other)])
 
 
+def test_gpu_runs_are_fp32_and_say_so(transfer, monkeypatch):
+    """A GPU run records its device as the GPU's name and fp32, and trains with TF32 off."""
+    runs = load_benchmark("transfer_runs")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert runs.device_name("cuda") == "NVIDIA H200 fp32" and runs.device_name("cpu") == "cpu"
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        runs.full_precision()
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def test_which_device_counts(transfer):
     """Each device's records are a replicate of their own: a report or a process counts one
     device's, the last of each id; an id trained on two devices is a pair."""
