@@ -60,6 +60,12 @@ front marked). ``--workers N`` runs N processes on one checkpoint: each takes th
 method, or a budget's stage and its row) that no other holds, and a run is claimed before it
 trains, so none trains twice; ``--report`` only assembles the outputs from the checkpoint.
 
+Devices: every run records where it trained (``cpu``, or a GPU's name: ``--device cuda``, TF32
+off). Each device's runs are a replicate of the protocol of their own (``transfer_protocol.counted``):
+a process trains what its device lacks, a report counts one device's runs (the CPU's; ``--runs-of``
+another's), and the runs trained on two devices pair as the device effect the report states.
+``--merge`` joins a checkpoint written on another machine (``benchmarks/transfer_device.sh``).
+
 Run: python benchmarks/transfer.py --protocol benchmarks/protocols/lite0-fashion-mnist.json
 --out DIR [--workers 2] [--report]
 """

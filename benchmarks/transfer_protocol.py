@@ -214,8 +214,9 @@ def counted(records: Sequence[dict], device: str = REFERENCE_DEVICE) -> dict[str
     Each device's runs are a replicate of the protocol of their own, and a report counts one
     device's: a GPU's float kernels (TF32 convolutions under cuDNN among them) give another
     accuracy for one seed, and on Lite0 an H200 scored higher than the CPU on the same runs (the
-    report's device lines), so no verdict sets a GPU run against a CPU one. A process trains what its own device
-    lacks; a run trained on two devices pairs as the device effect (:func:`device_pairs`)."""
+    report's device lines), so no verdict sets a GPU run against a CPU one. A process trains what
+    its own device lacks; a run trained on two devices pairs as the device effect
+    (:func:`device_pairs`)."""
     return {rec["id"]: rec for rec in records if device_of(rec) == device}
 
 

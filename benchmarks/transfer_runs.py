@@ -389,7 +389,7 @@ class Run:
     #: what each method trains (``what_trains``) -> the key its runs are recorded under, over every
     #: method before ``--methods`` keeps some: a stage's candidate reads a left-out baseline's runs too
     runs_of: dict[tuple, str] = field(default_factory=dict)
-    device: str = REFERENCE_DEVICE  # the device name this process's runs record (transfer_protocol.counted)
+    device: str = REFERENCE_DEVICE  # whose runs count, as runs record it (transfer_protocol.counted)
 
 
 def record(run: Run, rid: str, result: dict[str, Any]) -> None:
@@ -420,9 +420,8 @@ def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> dict[str,
 
 def refresh(run: Run) -> dict:
     """``run.done`` brought up to date with the checkpoint: read before every run, so that processes
-    sharing it (workers, a stage beside a method) never train a run twice; the records that count
-    for this process's device (``transfer_protocol.counted``: a GPU's runs count for a process on
-    that GPU, the CPU's for every process)."""
+    sharing it (workers, a stage beside a method) never train a run twice; the records of
+    ``run.device`` (``transfer_protocol.counted``)."""
     fresh = counted(checkpoint_lines(run.ckpt.path), run.device)
     run.done.clear()
     run.done.update(fresh)
