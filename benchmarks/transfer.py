@@ -63,7 +63,8 @@ trains, so none trains twice; ``--report`` only assembles the outputs from the c
 Devices: every run records where it trained (``cpu``, or a GPU's name: ``--device cuda``, TF32
 off). Each device's runs are a replicate of the protocol of their own (``transfer_protocol.counted``):
 a process trains what its device lacks, a report counts one device's runs (the CPU's; ``--runs-of``
-another's), and the runs trained on two devices pair as the device effect the report states.
+another's), and the runs trained on two devices pair as the device effect the report states
+(``--pairs-of DEVICE`` trains here DEVICE's final runs at its choices, for pairs alone).
 ``--merge`` joins a checkpoint written on another machine (``benchmarks/transfer_device.sh``).
 
 Run: python benchmarks/transfer.py --protocol benchmarks/protocols/lite0-fashion-mnist.json
@@ -172,6 +173,13 @@ def _arguments(ap: argparse.ArgumentParser) -> None:
         "device's runs are a replicate of their own, e.g. --report --runs-of 'NVIDIA H200' --name transfer-h200",
     )
     ap.add_argument(
+        "--pairs-of",
+        default=None,
+        help="the device whose final runs to train again here, each method at the rate that device chose (its "
+        "stages' schemes too), no choice made here: pairs for the device effect (e.g. --device cuda --pairs-of cpu "
+        "--methods 'validated 30MB')",
+    )
+    ap.add_argument(
         "--merge",
         default=None,
         help="a checkpoint of the same setup written elsewhere (a GPU machine's copy): its runs this one lacks are "
@@ -244,6 +252,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(str(exc))
     if a.runs_of is not None and not a.report and a.runs_of != device_name(a.device):
         ap.error(f"--runs-of {a.runs_of!r} counts another device's runs than --device trains: only with --report")
+    if a.pairs_of is not None and (a.report or a.runs_of is not None):
+        ap.error("--pairs-of trains here what another device trained: not with --report or --runs-of")
+    if a.pairs_of is not None and a.pairs_of == device_name(a.device):
+        ap.error(f"--pairs-of {a.pairs_of!r} is the device these runs train on: name another (cpu, or a GPU's name)")
     if a.merge is not None and not Path(a.merge).is_file():
         ap.error(f"--merge {a.merge}: no such file")
     return a
@@ -289,7 +301,8 @@ def start(a: argparse.Namespace) -> Run:
         probe = linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
         save_state(head_path, {"head": head.state_dict(), "accuracy": torch.tensor(probe)})
         ckpt.start()
-    run = Run(a, setup, protocol, ckpt, {}, probe, sha=a.protocol_sha256, device=a.runs_of or device_name(a.device))
+    counts = a.runs_of or a.pairs_of or device_name(a.device)  # --pairs-of: the methods chosen from its runs
+    run = Run(a, setup, protocol, ckpt, {}, probe, sha=a.protocol_sha256, device=counts)
     refresh(run)
     return run
 
@@ -427,6 +440,23 @@ def train(run: Run, t_start: float) -> None:
             if mine:
                 report(run, t_start, echo=False)
             progress.advance(bar)
+
+
+def train_pairs(run: Run) -> None:
+    """``--pairs-of DEVICE``: on this process's device, the final runs ``DEVICE`` recorded that this
+    device lacks, each method at the rate ``DEVICE`` chose (``run.methods`` were chosen from its
+    runs: its stages' schemes too); no grid, no choice here, so each run pairs with ``DEVICE``'s as
+    the device effect. Each method is a job claimed like :func:`train`'s."""
+    a, here = run.a, device_name(run.a.device)
+    bench = Bench(run.setup, run.protocol, a.threads, a.device)
+    theirs = dict(refresh(run))  # run.device is DEVICE here
+    run.device = here
+    for m in run.methods:
+        lr = m.lr if m.lr is not None else chosen_lr(m, a, theirs)[1]
+        seeds = [s for s in a.seeds if lr is not None and run_id("final", m.key, lr, s) in theirs]
+        with exclusive(claim_path(run, f"pairs {m.name}"), wait=False) as mine:
+            for seed in seeds if mine else []:
+                obtain(run, run_id("final", m.key, lr, seed), partial(bench.run, m, lr, seed, "test"))
 
 
 def in_workers(a: argparse.Namespace, argv: list[str]) -> None:
@@ -593,8 +623,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     elif a.workers > 1 and not a.report:
         in_workers(a, argv)
     choose_methods(run)
-    if not a.report and a.merge is None and a.workers == 1:
+    if a.pairs_of is not None and a.merge is None and a.workers == 1:
+        train_pairs(run)
+    elif not a.report and a.merge is None and a.workers == 1:
         train(run, t_start)
+    run.device = a.runs_of or device_name(a.device)  # --pairs-of chose from another device's runs
     return report(run, t_start)
 
 

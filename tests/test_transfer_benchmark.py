@@ -458,6 +458,44 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
         transfer.main([*argv, "--merge", str(other)])
 
 
+def test_pairs_of_trains_another_devices_finals_at_its_choices(transfer, tmp_path, monkeypatch):
+    """--pairs-of cpu on another device trains exactly the CPU's final runs, at the rate the CPU
+    chose, and no grid run: the report pairs them as the device effect; it is refused where it
+    names this process's own device or comes with --report."""
+    npz, _ = tiny_profile(tmp_path)
+    out = tmp_path / "bench"
+    argv = [
+        "--protocol", protocol(tmp_path / "protocol.json", data=str(npz), val_seeds=[100], seeds=[0, 1]),
+        "--methods", "classifier only", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    times = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
+    trained = []
+
+    def run_on(device, shift):
+        def run(self, m, lr, seed, split):
+            trained.append((split, str(lr), seed))
+            return dict(accuracy=40.0 + seed + shift, diverged=False, device=device, **times)
+
+        return run
+
+    monkeypatch.setattr(transfer.Bench, "run", run_on("cpu", 0.0))
+    transfer.main(argv)
+    cpu_finals = [x for x in trained if x[0] == "test"]
+    assert cpu_finals and len(trained) > len(cpu_finals)  # a grid, then the finals
+    trained.clear()
+    monkeypatch.setattr(transfer, "device_name", lambda device: "GPU X")
+    monkeypatch.setattr(transfer.Bench, "run", run_on("GPU X", 1.0))
+    result = transfer.main([*argv, "--pairs-of", "cpu"])
+    assert trained == cpu_finals
+    assert result["device_effect"]["GPU X"]["difference"] == pytest.approx(1.0)
+    trained.clear()
+    transfer.main([*argv, "--pairs-of", "cpu"])  # again: nothing left to pair
+    assert trained == []
+    for bad in (["--pairs-of", "GPU X"], ["--pairs-of", "cpu", "--report"]):
+        with pytest.raises(SystemExit):
+            transfer.main([*argv, *bad])
+
+
 def test_gpu_runs_are_fp32_and_say_so(transfer, monkeypatch):
     """A GPU run records its device as the GPU's name and fp32, and trains with TF32 off."""
     runs = load_benchmark("transfer_runs")
