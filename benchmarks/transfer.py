@@ -486,13 +486,15 @@ def merge(run: Run, path: Path) -> int:
 
 
 def runs_redone(run: Run) -> list[dict[str, str]]:
-    """The checkpoint's runs redone or superseded, and why (``transfer_protocol.redone``)."""
+    """The counted device's runs redone or superseded, and why (``transfer_protocol.redone``);
+    another device's runs are its own replicate, with its own choices."""
     chosen: dict[str, set[str]] = {}
     for m in run.methods:
         lr = chosen_lr(m, run.a, run.done)[1]
         if lr is not None:
             chosen.setdefault(m.key, set()).add(str(lr))
-    return redone(checkpoint_lines(run.ckpt.path), run.sha, lambda key: chosen.get(key, set()))
+    mine = [r for r in checkpoint_lines(run.ckpt.path) if device_of(r) == run.device]
+    return redone(mine, run.sha, lambda key: chosen.get(key, set()))
 
 
 def header_of(run: Run) -> dict[str, Any]:

@@ -439,6 +439,10 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
     assert effect["by_method"]["classifier only"]["runs"] == finals
     assert f"NVIDIA H200 - cpu, final runs trained on both ({len(finals)}): +2.50" in (out / "transfer.md").read_text()
     assert result["redone"] == []  # a device pair is not a rerun
+    other_choice = {"run": {**extra[-1]["run"], "id": finals[0].replace("|0.", "|9.")}}  # the GPU's own rate
+    ckpt.write_text(ckpt.read_text() + json.dumps(other_choice) + "\n")
+    assert transfer.main([*argv, "--report"])["redone"] == []  # another replicate's choice: not superseded here
+    ckpt.write_text("\n".join(ckpt.read_text().splitlines()[:-1]) + "\n")
     gpu = transfer.main([*argv, "--report", "--runs-of", "NVIDIA H200", "--name", "h200"])
     assert [r["accuracy_mean"] for r in gpu["rows"]] == [row["accuracy_mean"] + 2.5]
     assert (out / "h200.md").is_file() and gpu["counted_device"] == "NVIDIA H200"
