@@ -96,6 +96,7 @@ from transfer_protocol import (
     device_of,
     device_pairs,
     grid_rungs,
+    latest,
     load_protocol,
     missing_runs,
     redone,
@@ -475,9 +476,8 @@ def merge(run: Run, path: Path) -> int:
     identity, else a one-line error; returns how many."""
     if Checkpoint(path, run.ckpt.identity).finished(repair=False) is None:
         raise MemplanError(f"--merge {path}: not a checkpoint of this benchmark (no identity line)")
-    have = {(r["id"], device_of(r)) for r in checkpoint_lines(run.ckpt.path)}
-    new = {(r["id"], device_of(r)): r for r in checkpoint_lines(path)}  # the last of each
-    new = [r for key, r in new.items() if key not in have]
+    have = latest(checkpoint_lines(run.ckpt.path))
+    new = [r for key, r in latest(checkpoint_lines(path)).items() if key not in have]
     for r in new:
         run.ckpt.append(r)
     refresh(run)
@@ -540,7 +540,7 @@ def devices(records: list[dict]) -> dict[str, Any]:
     accuracy minus the same runs' on the CPU (``transfer_stats.paired`` over the run ids trained on
     both: points, Student-t CI, p), over all of them and ``by_method`` (the key runs are recorded
     under): why each device's runs are a replicate of their own."""
-    by = Counter(device_of(r) for r in {(r["id"], device_of(r)): r for r in records}.values())
+    by = Counter(device_of(r) for r in latest(records).values())
     pairs = [(c, o) for c, o in device_pairs(records) if c["id"].startswith("final|")]
 
     def effect_of(on: list[tuple[dict, dict]]) -> dict[str, Any]:

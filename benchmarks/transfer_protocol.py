@@ -220,10 +220,15 @@ def counted(records: Sequence[dict], device: str = REFERENCE_DEVICE) -> dict[str
     return {rec["id"]: rec for rec in records if device_of(rec) == device}
 
 
+def latest(records: Sequence[dict]) -> dict[tuple[str, str], dict]:
+    """(run id, device) -> the last record of that run on that device, in file order."""
+    return {(r["id"], device_of(r)): r for r in records}
+
+
 def device_pairs(records: Sequence[dict]) -> list[tuple[dict, dict]]:
     """(CPU record, other device's record) of every run id trained on both (the last of each
     device; file order of the CPU records): the same run, so their difference is the device's."""
-    last: dict[tuple[str, str], dict] = {(r["id"], device_of(r)): r for r in records}
+    last = latest(records)
     return [
         (last[(rid, REFERENCE_DEVICE)], rec)
         for (rid, dev), rec in last.items()
@@ -234,22 +239,22 @@ def device_pairs(records: Sequence[dict]) -> list[tuple[dict, dict]]:
 # ----------------------------------------------------------------------------- runs redone
 def redone(lines: Sequence[dict], sha: str, chosen: Callable[[str], set[str]]) -> list[dict[str, str]]:
     """The runs of the checkpoint's ``lines`` (its ``run`` records, in file order) that are redone
-    or superseded, each with why: an id recorded more than once on one device (a second process or
-    a rerun trained it again; the last record counts; a run on two devices is a device pair, not a
-    rerun), a run recorded under another protocol (its ``protocol_sha256``; kept when the id is the
-    same, since an id fixes the training), and a final run at a rate no method recorded under its
+    or superseded, each with why (``lines``: one device's, ``counted``'s replicate): an id recorded
+    more than once (a second process or a rerun trained it again; the last record counts), a run
+    recorded under another protocol (its ``protocol_sha256``; kept when the id is the same, since
+    an id fixes the training), and a final run at a rate no method recorded under its
     name chooses now (``chosen(key)``: the rates, as text, the methods recorded as ``key`` choose
     now; empty while none has chosen)."""
     out, seen = [], {}
     for rec in lines:
         rid = rec["id"]
-        if (rid, device_of(rec)) in seen:
+        if rid in seen:
             out.append({"id": rid, "why": "recorded twice: trained again (a process beside another, or a rerun)"})
-        seen[(rid, device_of(rec))] = rec
+        seen[rid] = rec
         other = rec.get("protocol_sha256")
         if other is not None and other != sha:
             out.append({"id": rid, "why": f"trained under protocol {other[:12]}, not this one"})
-    for rid in dict.fromkeys(rid for rid, _ in seen):
+    for rid in seen:
         stage, rest = rid.split("|", 1)
         method, lr, _ = rest.rsplit("|", 2)
         now = chosen(method) if stage == "final" else set()
