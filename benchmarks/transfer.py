@@ -94,6 +94,7 @@ from transfer_protocol import (
     TIES,
     BenchProtocol,
     device_of,
+    device_order,
     device_pairs,
     grid_rungs,
     latest,
@@ -530,29 +531,42 @@ def header_of(run: Run) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} torch thread(s) per process, "
         f"torch {torch.__version__}",
         "counted_device": run.device,
-        **devices(checkpoint_lines(run.ckpt.path)),
+        **devices(checkpoint_lines(run.ckpt.path), method_names(run.methods)),
     }
 
 
-def devices(records: list[dict]) -> dict[str, Any]:
+def method_names(methods: list[Method]) -> dict[str, str]:
+    """Key runs are recorded under -> the names of the methods that train it, joined by " = "."""
+    names: dict[str, list[str]] = {}
+    for m in methods:
+        names.setdefault(m.key, []).append(m.name)
+    return {k: " = ".join(v) for k, v in names.items()}
+
+
+def devices(records: list[dict], names: dict[str, str] | None = None) -> dict[str, Any]:
     """``runs_by_device``: the finished runs each device trained (one per id and device; a record
-    that names none ran on the CPU); ``device_effect``: per other device, its final runs' test
-    accuracy minus the same runs' on the CPU (``transfer_stats.paired`` over the run ids trained on
-    both: points, Student-t CI, p), over all of them and ``by_method`` (the key runs are recorded
-    under): why each device's runs are a replicate of their own."""
+    that names none ran on the CPU); ``device_effect``: per pair of devices ``"B - A"``
+    (``transfer_protocol.device_pairs``), B's final runs' test accuracy minus the same runs' on A
+    (``transfer_stats.paired`` over the run ids trained on both: points, Student-t CI, p), over all
+    of them and ``by_method`` (the key runs are recorded under, named by ``names``: key -> the
+    methods' names): why each device's runs are a replicate of their own."""
     by = Counter(device_of(r) for r in latest(records).values())
-    pairs = [(c, o) for c, o in device_pairs(records) if c["id"].startswith("final|")]
+    pairs = [(a, b) for a, b in device_pairs(records) if a["id"].startswith("final|")]
+    key_of = lambda rec: rec["id"].split("|")[1]  # noqa: E731
+    name_of = lambda key: (names or {}).get(key, key)  # noqa: E731
 
     def effect_of(on: list[tuple[dict, dict]]) -> dict[str, Any]:
-        e = paired({o["id"]: o["accuracy"] for _, o in on}, {c["id"]: c["accuracy"] for c, _ in on})
+        e = paired({b["id"]: b["accuracy"] for _, b in on}, {a["id"]: a["accuracy"] for a, _ in on})
         return {**e, "runs": e.pop("seeds")}
 
     effect = {}
-    for dev in sorted({device_of(o) for _, o in pairs}):
-        on = [(c, o) for c, o in pairs if device_of(o) == dev]
-        methods = sorted({c["id"].split("|")[1] for c, _ in on})
-        effect[dev] = effect_of(on) | {
-            "by_method": {m: effect_of([(c, o) for c, o in on if c["id"].split("|")[1] == m]) for m in methods}
+    for da, db in sorted({(device_of(a), device_of(b)) for a, b in pairs}, key=lambda d: [*map(device_order, d)]):
+        on = [(a, b) for a, b in pairs if (device_of(a), device_of(b)) == (da, db)]
+        effect[f"{db} - {da}"] = effect_of(on) | {
+            "by_method": {
+                name_of(k): effect_of([(a, b) for a, b in on if key_of(a) == k])
+                for k in sorted({key_of(a) for a, _ in on}, key=name_of)
+            }
         }
     return {"runs_by_device": dict(by), "device_effect": effect}
 

@@ -225,14 +225,21 @@ def latest(records: Sequence[dict]) -> dict[tuple[str, str], dict]:
     return {(r["id"], device_of(r)): r for r in records}
 
 
+def device_order(device: str) -> tuple[bool, str]:
+    """Sort key of devices: the CPU first, then the others by name."""
+    return device != REFERENCE_DEVICE, device
+
+
 def device_pairs(records: Sequence[dict]) -> list[tuple[dict, dict]]:
-    """(CPU record, other device's record) of every run id trained on both (the last of each
-    device; file order of the CPU records): the same run, so their difference is the device's."""
+    """(record on device A, record on device B) of every run id trained on two devices, A before B
+    in :func:`device_order` (the CPU first), the last record of each: the same run, so B's accuracy
+    minus A's is the difference the devices make (in file order of B's records)."""
     last = latest(records)
     return [
-        (last[(rid, REFERENCE_DEVICE)], rec)
-        for (rid, dev), rec in last.items()
-        if dev != REFERENCE_DEVICE and (rid, REFERENCE_DEVICE) in last
+        (last[(rid, a)], rec)
+        for (rid, b), rec in last.items()
+        for a in sorted({d for r, d in last if r == rid}, key=device_order)
+        if device_order(a) < device_order(b)
     ]
 
 

@@ -266,7 +266,7 @@ def _device_lines(header: dict[str, Any]) -> list[str]:
         "trained on two devices pair as the device effect:"
     ]
     for dev, e in header.get("device_effect", {}).items():
-        out.append(f"- {dev} - cpu, final runs trained on both ({len(e['runs'])}): {_effect(e)}")
+        out.append(f"- {dev}, final runs trained on both ({len(e['runs'])}): {_effect(e)}")
         out += [f"  - {m} ({len(x['runs'])}): {_effect(x)}" for m, x in e.get("by_method", {}).items()]
     return [*out, ""]
 

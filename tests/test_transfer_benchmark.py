@@ -434,7 +434,7 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
     assert trained == [] and ckpt.read_text().splitlines() == [*lines, *map(json.dumps, extra)]
     assert result["runs_by_device"] == {"cpu": len(cpu_runs), "NVIDIA H200": len(cpu_runs)}
     assert [r["accuracy_mean"] for r in result["rows"]] == [row["accuracy_mean"]]  # the CPU's runs count
-    effect = result["device_effect"]["NVIDIA H200"]
+    effect = result["device_effect"]["NVIDIA H200 - cpu"]
     assert effect["runs"] == finals and effect["difference"] == pytest.approx(2.5)
     assert effect["by_method"]["classifier only"]["runs"] == finals
     assert f"NVIDIA H200 - cpu, final runs trained on both ({len(finals)}): +2.50" in (out / "transfer.md").read_text()
@@ -491,7 +491,7 @@ def test_pairs_of_trains_another_devices_finals_at_its_choices(transfer, tmp_pat
     monkeypatch.setattr(transfer.Bench, "run", run_on("GPU X", 1.0))
     result = transfer.main([*argv, "--pairs-of", "cpu"])
     assert trained == cpu_finals
-    assert result["device_effect"]["GPU X"]["difference"] == pytest.approx(1.0)
+    assert result["device_effect"]["GPU X - cpu"]["difference"] == pytest.approx(1.0)
     trained.clear()
     transfer.main([*argv, "--pairs-of", "cpu"])  # again: nothing left to pair
     assert trained == []
@@ -532,7 +532,9 @@ def test_which_device_counts(transfer):
     assert acc(proto.counted(recs)) == {"a": 2, "c": 6}
     assert acc(proto.counted(recs, g)) == {"a": 3, "b": 4}
     assert acc(proto.counted(recs, h)) == {"d": 7}
-    assert [(c["accuracy"], o["accuracy"]) for c, o in proto.device_pairs(recs)] == [(2, 3)]
+    recs.append({"id": "a", "accuracy": 8, "device": h})
+    pairs = [(x["accuracy"], y["accuracy"]) for x, y in proto.device_pairs(recs)]
+    assert sorted(pairs) == [(2, 3), (2, 8), (8, 3)]  # the CPU first, then by name: H100 before H200
 
 
 @pytest.mark.parametrize(

@@ -124,7 +124,8 @@ def print_verify(report: VerifyReport, console: Console) -> None:
     if report.device.startswith("cuda") and abs(report.pytorch.saved_error) > report.tolerance:
         console.print(
             "note: `pytorch` mode predicts eager PyTorch on the CPU; CUDA kernels may keep other buffers "
-            "(measured on an H200: dropout's mask is 1 byte per element there, 4 on the CPU)"
+            "(measured on an H200: dropout's mask is 1 byte per element there, 4 on the CPU; attention's logsumexp "
+            "is padded to 32 positions; autocast keeps the logits once more; docs/concepts/accounting.md)"
         )
 
 
