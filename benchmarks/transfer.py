@@ -486,20 +486,22 @@ def merge(run: Run, path: Path) -> int:
     return len(new)
 
 
-def runs_redone(run: Run) -> list[dict[str, str]]:
-    """The counted device's runs redone or superseded, and why (``transfer_protocol.redone``);
-    another device's runs are its own replicate, with its own choices."""
+def runs_redone(run: Run, records: list[dict]) -> list[dict[str, str]]:
+    """The counted device's runs of the checkpoint's ``records`` redone or superseded, and why
+    (``transfer_protocol.redone``); another device's runs are its own replicate, with its own
+    choices."""
     chosen: dict[str, set[str]] = {}
     for m in run.methods:
         lr = chosen_lr(m, run.a, run.done)[1]
         if lr is not None:
             chosen.setdefault(m.key, set()).add(str(lr))
-    mine = [r for r in checkpoint_lines(run.ckpt.path) if device_of(r) == run.device]
+    mine = [r for r in records if device_of(r) == run.device]
     return redone(mine, run.sha, lambda key: chosen.get(key, set()))
 
 
-def header_of(run: Run) -> dict[str, Any]:
-    """What the report says about the setup, the protocol and the machine."""
+def header_of(run: Run, records: list[dict]) -> dict[str, Any]:
+    """What the report says about the setup, the protocol and the machine (``records``: the
+    checkpoint's run records)."""
     a, setup, task, res = run.a, run.setup, run.setup.task, run.a.resolution
     return {
         "model": setup.name,
@@ -518,7 +520,7 @@ def header_of(run: Run) -> dict[str, Any]:
         "ties": TIES,
         "widen": a.widen,
         "notes": a.notes,
-        "redone": runs_redone(run),
+        "redone": runs_redone(run, records),
         "memory_columns": {
             k: {"mode": v[0], "batch": a.batch_size if v[1] else 1, "state": v[3]} for k, v in MEMORY_COLUMNS.items()
         },
@@ -531,7 +533,7 @@ def header_of(run: Run) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} torch thread(s) per process, "
         f"torch {torch.__version__}",
         "counted_device": run.device,
-        **devices(checkpoint_lines(run.ckpt.path), method_names(run.methods)),
+        **devices(records, method_names(run.methods)),
     }
 
 
@@ -576,7 +578,8 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     returns the JSON. It counts the runs of one device (``run.device``: ``transfer_protocol.counted``)."""
     a, setup, task = run.a, run.setup, run.setup.task
     out, res = Path(a.out), a.resolution
-    rows = assemble(run.methods, run.memory, a, refresh(run))
+    records = checkpoint_lines(run.ckpt.path)  # read once: other processes append while this one reports
+    rows = assemble(run.methods, run.memory, a, refresh(run, records))
     front = pareto_front(rows)
     shown, described = {r["name"] for r in rows}, {m.name for m in run.methods}
     missing = [
@@ -600,7 +603,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     ]
     compared = comparisons(rows, missing)
     lines = verdicts(rows, compared)
-    header = header_of(run)
+    header = header_of(run, records)
     result = {
         **header,
         "probe_validation_accuracy": run.probe,

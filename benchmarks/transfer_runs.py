@@ -418,11 +418,11 @@ def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> dict[str,
     return run.done[rid]
 
 
-def refresh(run: Run) -> dict:
-    """``run.done`` brought up to date with the checkpoint: read before every run, so that processes
-    sharing it (workers, a stage beside a method) never train a run twice; the records of
-    ``run.device`` (``transfer_protocol.counted``)."""
-    fresh = counted(checkpoint_lines(run.ckpt.path), run.device)
+def refresh(run: Run, records: list[dict] | None = None) -> dict:
+    """``run.done`` brought up to date with the checkpoint (``records``: its run records, already read):
+    read before every run, so that processes sharing it (workers, a stage beside a method) never
+    train a run twice; the records of ``run.device`` (``transfer_protocol.counted``)."""
+    fresh = counted(checkpoint_lines(run.ckpt.path) if records is None else records, run.device)
     run.done.clear()
     run.done.update(fresh)
     return run.done

@@ -399,6 +399,21 @@ def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_
             assert free
 
 
+TIMES = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)  # a fake run's timings
+
+
+def classifier_only(tmp_path) -> tuple[list[str], Path]:
+    """(argv, out folder) of a benchmark of classifier only on the tiny profile's data, test seeds
+    0-1, validation seed 100: the device tests' setup."""
+    npz, _ = tiny_profile(tmp_path)
+    out = tmp_path / "bench"
+    argv = [
+        "--protocol", protocol(tmp_path / "protocol.json", data=str(npz), val_seeds=[100], seeds=[0, 1]),
+        "--methods", "classifier only", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    return argv, out
+
+
 def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_path, monkeypatch):
     """A GPU machine's copy of the checkpoint (the runs it had, then its own, each naming its
     device) merges into this one: the runs this one lacks by id and device are appended, nothing
@@ -406,18 +421,12 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
     --runs-of a GPU's; the runs trained on both pair as the device effect; a run the GPU alone
     trained is trained on the CPU before the CPU's report counts it; a checkpoint of another setup
     is refused in one line."""
-    npz, _ = tiny_profile(tmp_path)
-    out = tmp_path / "bench"
-    argv = [
-        "--protocol", protocol(tmp_path / "protocol.json", data=str(npz), val_seeds=[100], seeds=[0, 1]),
-        "--methods", "classifier only", "--out", str(out), "--no-progress",
-    ]  # fmt: skip
-    times = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
+    argv, out = classifier_only(tmp_path)
     trained = []
 
     def run(self, m, lr, seed, split):
         trained.append((split, seed))
-        return dict(accuracy=40.0 + seed, diverged=False, **times)
+        return dict(accuracy=40.0 + seed, diverged=False, **TIMES)
 
     monkeypatch.setattr(transfer.Bench, "run", run)
     ckpt = out / "transfer.runs.jsonl"
@@ -466,19 +475,13 @@ def test_pairs_of_trains_another_devices_finals_at_its_choices(transfer, tmp_pat
     """--pairs-of cpu on another device trains exactly the CPU's final runs, at the rate the CPU
     chose, and no grid run: the report pairs them as the device effect; it is refused where it
     names this process's own device or comes with --report."""
-    npz, _ = tiny_profile(tmp_path)
-    out = tmp_path / "bench"
-    argv = [
-        "--protocol", protocol(tmp_path / "protocol.json", data=str(npz), val_seeds=[100], seeds=[0, 1]),
-        "--methods", "classifier only", "--out", str(out), "--no-progress",
-    ]  # fmt: skip
-    times = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)
+    argv, out = classifier_only(tmp_path)
     trained = []
 
     def run_on(device, shift):
         def run(self, m, lr, seed, split):
             trained.append((split, str(lr), seed))
-            return dict(accuracy=40.0 + seed + shift, diverged=False, device=device, **times)
+            return dict(accuracy=40.0 + seed + shift, diverged=False, device=device, **TIMES)
 
         return run
 
