@@ -69,4 +69,4 @@ mkdir -p "$out" "${OUT:-/tmp/out}"
 timeout -s INT "$seconds" "${PYTHON:-python3}" benchmarks/transfer.py --protocol "$file" --out "$out" \
     --workers "$workers" --device "${DEVICE:-cuda}" --no-progress "$@" > "${OUT:-/tmp/out}/transfer.log" 2>&1 || true
 cp "$out/transfer.runs.jsonl" "$out/transfer.head.pt" "${OUT:-/tmp/out}/"  # the probe's head: a fresh protocol's
-grep -c '"run"' "$out/transfer.runs.jsonl"
+grep -c '"run"' "$out/transfer.runs.jsonl" || true  # how many runs (none: 0)
