@@ -290,8 +290,10 @@ def start(a: argparse.Namespace) -> Run:
     # widening the grid or adding seeds keeps the finished runs
     identity = {**setup.identity(), "protocol": protocol.identity(exclude={"seeds"})}
     ckpt = Checkpoint(out / "transfer.runs.jsonl", identity)
-    previous = ckpt.finished()  # None: no checkpoint yet
     head_path = out / "transfer.head.pt"
+    if a.merge is not None and ckpt.finished(repair=False) is None:
+        adopt(Path(a.merge), ckpt, head_path)
+    previous = ckpt.finished()  # None: no checkpoint yet
     head = setup.net.get_submodule(setup.head)
     if head_path.is_file() and previous is not None:
         stored = torch.load(head_path, map_location="cpu", weights_only=True)
@@ -307,6 +309,23 @@ def start(a: argparse.Namespace) -> Run:
     run = Run(a, setup, protocol, ckpt, {}, probe, sha=a.protocol_sha256, device=counts)
     refresh(run)
     return run
+
+
+def adopt(other: Path, ckpt: Checkpoint, head_path: Path) -> None:
+    """``--merge`` into a folder with no checkpoint yet: the other checkpoint and the probe's head
+    beside it become this folder's (its runs start from that head; its identity is checked as
+    this folder's is), so that a protocol a GPU started goes on here; a one-line error without
+    the head or for another setup."""
+    head = other.parent / head_path.name
+    if Checkpoint(other, ckpt.identity).finished(repair=False) is None:
+        raise MemplanError(f"--merge {other}: not a checkpoint of this benchmark (no identity line)")
+    if not head.is_file():
+        raise MemplanError(
+            f"--merge {other}: {ckpt.path.parent} has no checkpoint yet, and {head} is missing",
+            "copy the probe's head (transfer.head.pt) the other machine wrote beside its checkpoint",
+        )
+    write_text(ckpt.path, other.read_text())
+    save_state(head_path, torch.load(head, map_location="cpu", weights_only=True))
 
 
 def split_names(text: str, names: set[str]) -> set[str]:

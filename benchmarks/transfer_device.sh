@@ -3,6 +3,7 @@
 # processes side by side taking the jobs in turn (a run at 64 px is launch-bound, so processes
 # share the GPU well), for at most SECONDS, then the checkpoint goes to $OUT. Merge it here with
 #     python benchmarks/transfer.py --protocol P --out DIR --merge FILES_AT/transfer.runs.jsonl
+# (a DIR with no checkpoint yet adopts it and the probe's head beside it: a protocol the GPU started)
 # Every run records its device ("cpu" or the GPU's name): their float kernels differ, so each device's
 # runs are a replicate of their own (the report here counts the CPU's; --report --runs-of 'NVIDIA H200'
 # --name transfer-h200 the GPU's), and a run trained on both pairs as the device effect

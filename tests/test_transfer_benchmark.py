@@ -471,6 +471,31 @@ def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_
         transfer.main([*argv, "--merge", str(other)])
 
 
+def test_a_protocol_started_elsewhere_goes_on_here(transfer, tmp_path, monkeypatch):
+    """--merge into a folder with no checkpoint yet adopts the other checkpoint and the probe's head
+    beside it (a protocol a GPU started): nothing trains, the same runs and head; without the head
+    it is refused in one line and nothing is written."""
+    argv, out = classifier_only(tmp_path)
+    monkeypatch.setattr(
+        transfer.Bench, "run", lambda self, m, lr, seed, split: dict(accuracy=40.0 + seed, diverged=False, **TIMES)
+    )
+    first = transfer.main(argv)
+    fresh = tmp_path / "fresh"
+    here = [*argv[: argv.index("--out") + 1], str(fresh), *argv[argv.index("--out") + 2 :]]
+    monkeypatch.setattr(transfer.Bench, "run", lambda *args: pytest.fail("trained"))
+    lone = tmp_path / "lone" / "transfer.runs.jsonl"
+    lone.parent.mkdir()
+    lone.write_text((out / "transfer.runs.jsonl").read_text())
+    with pytest.raises(MemplanError, match="transfer.head.pt is missing"):
+        transfer.main([*here, "--merge", str(lone)])
+    assert not (fresh / "transfer.runs.jsonl").exists()
+    again = transfer.main([*here, "--merge", str(out / "transfer.runs.jsonl")])
+    assert (fresh / "transfer.runs.jsonl").read_text() == (out / "transfer.runs.jsonl").read_text()
+    heads = [torch.load(d / "transfer.head.pt", weights_only=True) for d in (fresh, out)]
+    assert all(torch.equal(heads[0]["head"][k], v) for k, v in heads[1]["head"].items())
+    assert again["rows"] == first["rows"] and again["probe_validation_accuracy"] == first["probe_validation_accuracy"]
+
+
 def test_pairs_of_trains_another_devices_finals_at_its_choices(transfer, tmp_path, monkeypatch):
     """--pairs-of cpu on another device trains exactly the CPU's final runs, at the rate the CPU
     chose, and no grid run: the report pairs them as the device effect; it is refused where it
