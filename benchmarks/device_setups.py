@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,23 +41,6 @@ AMP_SETUPS = (
 )
 
 
-class SmallCNN(nn.Module):
-    """Convs of stride 1 and 2, a BatchNorm, a depthwise conv, a linear classifier (tests/test_lora.py's)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.c2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
-        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
-        self.fc = nn.Linear(16, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.bn(self.c1(x)))
-        x = F.relu(self.dw(F.relu(self.c2(x))))
-        return self.fc(x.mean((2, 3)))
-
-
 def measure(build: Callable[[], nn.Module], shape: tuple[int, ...], amp: str, device: str) -> SavedMeasurement:
     """What one real step of a fresh model on ``device`` under autocast ``amp`` saves."""
     torch.manual_seed(0)
@@ -71,13 +53,13 @@ def measure(build: Callable[[], nn.Module], shape: tuple[int, ...], amp: str, de
 
 
 def peft_lora(rank: int = 8) -> nn.Module:
-    """peft's LoRA model of :class:`SmallCNN` (c1, c2 adapted; the classifier trained whole; the
+    """peft's LoRA model of the corpus' :class:`SmallCNN` (c1, c2 adapted; the classifier trained whole; the
     BatchNorm in eval mode, the frozen base's statistics)."""
     import peft
 
     torch.manual_seed(0)
     config = peft.LoraConfig(r=rank, lora_alpha=8, target_modules=["c1", "c2"], modules_to_save=["fc"])
-    pm = peft.get_peft_model(copy.deepcopy(SmallCNN()), config).train()
+    pm = peft.get_peft_model(copy.deepcopy(C.SmallCNN()), config).train()
     for m in pm.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.eval()
@@ -109,7 +91,7 @@ def rows() -> list[tuple[str, str, Callable[[], int], Callable[[str], SavedMeasu
         def lora_predicted(amp=amp) -> int:
             torch.manual_seed(0)
             p = memplan.profile(
-                SmallCNN(),
+                C.SmallCNN(),
                 "lora",
                 batch=2,
                 input_shape=(3, 16, 16),

@@ -86,6 +86,24 @@ class SequentialCNN(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+class SmallCNN(nn.Module):
+    """Convs of stride 1 and 2, a BatchNorm, a depthwise conv and a linear classifier: LoRA's CNN
+    (``tests/test_lora.py``, ``benchmarks/device_setups.py``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn(self.c1(x)))
+        x = F.relu(self.dw(F.relu(self.c2(x))))
+        return self.fc(x.mean((2, 3)))
+
+
 class StemCheckpointed(ResCNN):
     """The ResCNN with its stem under a reentrant checkpoint too: the stem's only input is the image,
     which needs no gradient, so torch runs it under ``no_grad`` and its parameters get none."""

@@ -11,7 +11,6 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import memplan
 from memplan.apply import apply_scheme, apply_strategy
@@ -22,6 +21,7 @@ from memplan.plan import Scheme, load_scheme
 from memplan.strategies import make_plan
 from memplan.verify.measure import saved_bytes
 
+from .setups_corpus import SmallCNN
 from .transformers_corpus import ENTRIES, MISSING
 
 try:  # the lora extra (in the test extra too); memplan's own LoRA needs nothing more
@@ -33,26 +33,9 @@ except ImportError as exc:  # pragma: no cover
 needs_peft = pytest.mark.skipif(bool(NO_PEFT), reason=NO_PEFT)
 
 
-class CNN(nn.Module):
-    """Convs of stride 1 and 2, a BatchNorm, a depthwise conv and a linear classifier."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.c2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
-        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
-        self.fc = nn.Linear(16, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.bn(self.c1(x)))
-        x = F.relu(self.dw(F.relu(self.c2(x))))
-        return self.fc(x.mean((2, 3)))
-
-
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
-    return CNN()
+    return SmallCNN()
 
 
 def _vit() -> nn.Module:
