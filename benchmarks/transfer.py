@@ -122,7 +122,7 @@ from transfer_runs import (
     strategy_method,
     validated,
 )
-from transfer_stats import mean_ci, paired, pareto_front
+from transfer_stats import mean_ci, paired, pareto_front, unstable_seeds
 
 from memplan.api import capture, profile_captured
 from memplan.contrib.checkpoint import Checkpoint
@@ -629,6 +629,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "profile": str(run.profile) if run.profile else None,
         "rows": rows,
         "pareto_front": front,
+        "unstable_seeds": unstable_seeds(rows),
         "comparisons": compared,
         "verdicts": lines,
         "missing": missing,

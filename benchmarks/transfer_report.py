@@ -13,7 +13,17 @@ from typing import Any
 
 from transfer_protocol import TIES, method_grid, run_id
 from transfer_runs import MEMORY_COLUMNS, Method, trains_of
-from transfer_stats import ALPHA, compare, holm, holm_verdict, mean_ci, paired, pareto_front
+from transfer_stats import (
+    ALPHA,
+    UNSTABLE_POINTS,
+    compare,
+    holm,
+    holm_verdict,
+    mean_ci,
+    paired,
+    pareto_front,
+    unstable_seeds,
+)
 
 from memplan.io import save_figure
 from memplan.optim import OPTIMIZERS
@@ -241,6 +251,17 @@ def markdown(
                 f"one after another ({r['stage_cpu_s']:,.0f} CPU s)"
             )
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
+    if odd := unstable_seeds(rows):
+        out += [
+            f"Unstable seeds (more than {UNSTABLE_POINTS:g} points below the median of the row's other seeds; "
+            "not diverged: the loss stayed finite and the run beat chance; each counts in its row's mean and CI):",
+            *[
+                f"- {u['name']}: seed {u['seed']} at {u['accuracy']:.2f}%, "
+                f"{u['others_median'] - u['accuracy']:.2f} points below the others' median ({u['others_median']:.2f}%)"
+                for u in odd
+            ],
+            "",
+        ]
     if missing:
         said = [
             f"{m['name']} ({m['status']})"

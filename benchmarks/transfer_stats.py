@@ -82,6 +82,25 @@ def holm_verdict(difference: float, p_holm: float, alpha: float = ALPHA) -> str:
     return "BEATS" if difference > 0 else "LOSES"
 
 
+#: points below the median of a row's other seeds that mark a seed as unstable (:func:`unstable_seeds`)
+UNSTABLE_POINTS = 5.0
+
+
+def unstable_seeds(rows: Sequence[Mapping[str, Any]], points: float = UNSTABLE_POINTS) -> list[dict[str, Any]]:
+    """Each seed of a row (``accuracy``: per seed, in ``seeds`` order; points) that fell more than
+    ``points`` below the median of the row's other seeds: a training that went wrong without
+    diverging (its loss stayed finite, it beat chance). It counts in the mean and CI like any
+    seed; the report lists it so that a reader sees where a wide CI comes from."""
+    out = []
+    for r in rows:
+        acc = list(r["accuracy"])
+        for i, (seed, a) in enumerate(zip(r["seeds"], acc)):
+            others = acc[:i] + acc[i + 1 :]
+            if len(others) >= 2 and (median := statistics.median(others)) - a > points:
+                out.append({"name": r["name"], "seed": seed, "accuracy": a, "others_median": median})
+    return out
+
+
 def pareto_front(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Names of the rows no other row dominates (no more memory and a higher mean accuracy)."""
     front = []

@@ -134,3 +134,14 @@ def test_a_stage_that_chose_the_best_baseline_says_so():
     (line,) = report.verdicts([v, b], report.comparisons([v, b]))
     assert "the stage chose the best baseline that fits 15,000,000 B, biases of the last 39" in line
     assert "ties" not in line and "Holm" not in line
+
+
+def test_a_seed_far_below_its_rows_others_is_listed_as_unstable(st):
+    """CIFAR-10's 20 MB scheme had one seed 11 points below the other nine: listed, with the others'
+    median; a row that is wide everywhere, or a seed 5 points or less below, is not."""
+    rows = [
+        {"name": "one bad seed", "seeds": [0, 1, 2, 3, 4], "accuracy": [65.0, 66.0, 54.0, 65.5, 64.0]},
+        {"name": "wide everywhere", "seeds": [0, 1, 2, 3, 4], "accuracy": [51.0, 59.0, 53.0, 56.0, 52.0]},
+        {"name": "just inside", "seeds": [0, 1, 2], "accuracy": [70.0, 65.0, 70.0]},
+    ]
+    assert st.unstable_seeds(rows) == [{"name": "one bad seed", "seed": 2, "accuracy": 54.0, "others_median": 65.25}]
