@@ -2,9 +2,9 @@
 memplan's ``pytorch``-mode prediction (eager PyTorch on the CPU) and the CPU's own measurement.
 
 The setups: the setups corpus (``tests/setups_corpus.py``: activation checkpointing in its forms,
-hand freezing, Hugging Face / timm switches; batch 4 at 3x64x64) in float32, the checkpointed
-CNNs under ``torch.autocast`` in bfloat16 and float16, and peft's LoRA on a small CNN (with and
-without autocast). Each runs one forward + cross-entropy + backward under
+hand freezing, Hugging Face / timm switches; batch 4 at 3x64x64) in float32, five of them
+(``AMP_SETUPS``) under ``torch.autocast`` in bfloat16 and float16 too, and peft's LoRA on a small
+CNN (with and without autocast). Each runs one forward + cross-entropy + backward under
 ``saved_tensors_hooks`` (``memplan.verify.measure.saved_bytes``: unique storages, parameters and
 buffers excluded) on the CPU and on CUDA, with autocast on that device's type. CUDA's autocast
 lists and kernels are not the CPU's: the table says where the CPU rule holds there. Bytes, exact.
