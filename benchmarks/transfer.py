@@ -112,6 +112,7 @@ from transfer_runs import (
     baselines,
     checkpoint_lines,
     claim_path,
+    counting,
     device_name,
     memory_of,
     natural_methods,
@@ -305,8 +306,7 @@ def start(a: argparse.Namespace) -> Run:
         probe = linear_probe(setup.net, setup.head, setup.task.validation_task(), protocol)
         save_state(head_path, {"head": head.state_dict(), "accuracy": torch.tensor(probe)})
         ckpt.start()
-    counts = a.runs_of or a.pairs_of or device_name(a.device)  # --pairs-of: the methods chosen from its runs
-    run = Run(a, setup, protocol, ckpt, {}, probe, sha=a.protocol_sha256, device=counts)
+    run = Run(a, setup, protocol, ckpt, {}, probe, sha=a.protocol_sha256, device=a.runs_of or device_name(a.device))
     refresh(run)
     return run
 
@@ -468,10 +468,10 @@ def train_pairs(run: Run) -> None:
     device lacks, each method at the rate ``DEVICE`` chose (``run.methods`` were chosen from its
     runs: its stages' schemes too); no grid, no choice here, so each run pairs with ``DEVICE``'s as
     the device effect. Each method is a job claimed like :func:`train`'s."""
-    a, here = run.a, device_name(run.a.device)
+    a = run.a
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
-    theirs = dict(refresh(run))  # run.device is DEVICE here
-    run.device = here
+    with counting(run, a.pairs_of) as done:
+        theirs = dict(done)
     for m in run.methods:
         lr = m.lr if m.lr is not None else chosen_lr(m, a, theirs)[1]
         seeds = [s for s in a.seeds if lr is not None and run_id("final", m.key, lr, s) in theirs]
@@ -661,12 +661,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         merge(run, Path(a.merge))
     elif a.workers > 1 and not a.report:
         in_workers(a, argv)
-    choose_methods(run)
+    with counting(run, a.pairs_of or run.device):  # --pairs-of: the methods chosen from its runs
+        choose_methods(run)
     if a.pairs_of is not None and a.merge is None and a.workers == 1:
         train_pairs(run)
     elif not a.report and a.merge is None and a.workers == 1:
         train(run, t_start)
-    run.device = a.runs_of or device_name(a.device)  # --pairs-of chose from another device's runs
     return report(run, t_start)
 
 

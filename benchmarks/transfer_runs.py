@@ -11,7 +11,7 @@ import copy
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -389,7 +389,7 @@ class Run:
     #: what each method trains (``what_trains``) -> the key its runs are recorded under, over every
     #: method before ``--methods`` keeps some: a stage's candidate reads a left-out baseline's runs too
     runs_of: dict[tuple, str] = field(default_factory=dict)
-    device: str = REFERENCE_DEVICE  # whose runs count, as runs record it (transfer_protocol.counted)
+    device: str = REFERENCE_DEVICE  # whose runs count (--runs-of, else its own); counting() switches it
 
 
 def record(run: Run, rid: str, result: dict[str, Any]) -> None:
@@ -426,6 +426,19 @@ def refresh(run: Run, records: list[dict] | None = None) -> dict:
     run.done.clear()
     run.done.update(fresh)
     return run.done
+
+
+@contextlib.contextmanager
+def counting(run: Run, device: str) -> Iterator[dict]:
+    """Inside: ``run.done`` (yielded) and every :func:`refresh` hold ``device``'s runs (``--pairs-of``
+    chooses the methods from another device's runs); after: this process's own again."""
+    mine = run.device
+    run.device = device
+    try:
+        yield refresh(run)
+    finally:
+        run.device = mine
+        refresh(run)
 
 
 def checkpoint_lines(path: Path) -> list[dict]:
