@@ -5,7 +5,7 @@
 #     python benchmarks/transfer.py --protocol P --out DIR --merge FILES_AT/transfer.runs.jsonl
 # (a DIR with no checkpoint yet adopts it and the probe's head beside it: a protocol the GPU started)
 # Every run records its device ("cpu" or the GPU's name): their float kernels differ, so each device's
-# runs are a replicate of their own (the report here counts the CPU's; --report --runs-of 'NVIDIA H200'
+# runs are a replicate of their own (the report here counts the CPU's; --report --runs-of 'NVIDIA H200 fp32'
 # --name transfer-h200 the GPU's), and a run trained on both pairs as the device effect
 # (transfer_protocol.counted, device_pairs). A process cut off by SECONDS loses only its run in flight.
 #
