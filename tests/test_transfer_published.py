@@ -1,6 +1,7 @@
 """The README's real-transfer tables print what the committed transfer reports hold: every row's
-memory in both columns, its test mean ± 95% CI and its learning rate. A one-digit edit of either
-the page or a report fails here."""
+memory in both columns, its test mean ± 95% CI and its learning rate; and the fair protocol's
+results table (docs/benchmarks/transfer.md) its verdicts: both means, the paired difference, p and
+Holm p. A one-digit edit of either the page or a report fails here."""
 
 import json
 import re
@@ -65,3 +66,61 @@ def test_the_readme_tables_are_the_committed_reports():
 )
 def test_published_names(cell, names):
     assert row_names(cell) == names
+
+
+#: the fair-results table's settings (docs/benchmarks/transfer.md) and the report each is drawn from
+FAIR = {
+    "Lite0, Fashion-MNIST": "benchmarks/transfer_results/fair/lite0-fashion-mnist/transfer.json",
+    "Lite0, CIFAR-10": "benchmarks/transfer_results/fair/lite0-cifar10/transfer.json",
+    "Lite2, Fashion-MNIST": "benchmarks/transfer_results/fair/lite2-fashion-mnist/transfer.json",
+}
+ACC = r"([\d.]+) ± ([\d.]+)%"
+
+
+def printed(value: float, text: str) -> bool:
+    """``text`` is ``value`` as printed: to its decimals ("0.042"), or to its significant digits
+    in exponent form ("2e-5")."""
+    if "e" in text:
+        mantissa, exp = text.split("e")
+        return abs(value - float(text)) <= 0.5 * 10 ** (int(exp) - len(mantissa.replace(".", "")) + 1)
+    return abs(value - float(text)) <= 0.5 * 10 ** -len(text.partition(".")[2]) + 1e-12
+
+
+def test_the_fair_results_table_is_the_committed_reports():
+    """Every row of the fair-results table: the validated scheme's and the best baseline's mean ±
+    CI, the paired difference ± CI, its p and Holm p, and the verdict, as the report holds them."""
+    text = (ROOT / "docs" / "benchmarks" / "transfer.md").read_text()
+    body = text.split("| setting | budget |")[1].split("\n\n")[0].splitlines()[2:]
+    assert body
+    for line in body:
+        setting, budget, scheme, baseline, paired, verdict = (c.strip() for c in line.strip().strip("|").split("|"))
+        report = json.loads((ROOT / FAIR[setting]).read_text())
+        rows = {r["name"]: r for r in report["rows"]}
+        name = f"validated {budget.replace(' ', '')}"
+        (c,) = [c for c in report["comparisons"] if c["name"] == name]
+        mean, ci = map(float, re.search(ACC, scheme).groups())
+        assert (mean, ci) == (round(rows[name]["accuracy_mean"], 2), round(rows[name]["accuracy_ci"], 2)), line
+        if verdict == "the baseline":  # the stage chose the best baseline: nothing to compare
+            assert rows[name]["chosen"] == c["baseline"], line
+            continue
+        base = rows[c["baseline"]]
+        assert tuple(map(float, re.search(ACC, baseline).groups())) == (
+            round(base["accuracy_mean"], 2),
+            round(base["accuracy_ci"], 2),
+        ), line
+        d, dci, p, *holm = re.fullmatch(
+            r"([-+]?[\d.]+) ± ([\d.]+), p = ([\de.-]+)(?:, Holm ([\de.-]+))?", paired
+        ).groups()
+        assert (float(d), float(dci)) == (round(c["difference"], 2), round(c["ci"], 2)), line
+        assert printed(c["p"], p) and (holm[0] is None or printed(c["p_holm"], holm[0])), line
+        assert ("beats" in verdict) == c["ci_verdict"].startswith("BEATS"), line
+        assert ("ties" in verdict) == c["ci_verdict"].startswith("ties"), line
+
+
+@pytest.mark.parametrize(
+    "value,text,ok",
+    [(0.0420, "0.042", True), (0.0425, "0.042", True), (0.0431, "0.042", False), (2.04e-05, "2e-5", True),
+     (3.1e-05, "2e-5", False), (0.1684, "0.17", True), (0.000122, "0.0001", True)],
+)  # fmt: skip
+def test_printed(value, text, ok):
+    assert printed(value, text) == ok
