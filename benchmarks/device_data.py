@@ -2,13 +2,14 @@
 
 The device tool carries at most 64 MiB. A protocol reads 3,500 of the training images (its
 validation images and its training subset), and which ones depends only on the labels and the
-seed (``memplan.contrib.data.core.prepare``). So this writes the training split with every image
-the protocol never reads blanked, the labels and the test split as they are:
+seed (``memplan.contrib.data.core.split_indices``, at the seed 0 ``build_setup`` uses). So this
+writes the training split with every image the protocol never reads blanked, the labels and the
+test split as they are:
 
 * Fashion-MNIST (26 MB of training images): the four idx files, unread images set to zero (runs of
   zeros compress to almost nothing): 6 MB;
 * CIFAR-10 (``benchmarks/transfer_data.py``, 46 MB of training JPEGs): the train npz compressed,
-  each unread image one black 32x32 JPEG: 13 MB with the test split.
+  each unread image one black 32x32 JPEG: 11 MB with the test split.
 
 Before writing, it checks that the task built from the new files is the task built from the
 originals, tensor for tensor (``data_digest``): a checkpoint's identity names that digest, so a
@@ -33,17 +34,9 @@ import numpy as np
 import transfer_data
 
 from memplan.contrib.checkpoint import data_digest
-from memplan.contrib.data import core
-from memplan.contrib.data.fashion_mnist import FASHION_MNIST_FILES, _idx_file, fashion_mnist_dir, read_idx
+from memplan.contrib.data.core import split_indices
+from memplan.contrib.data.fashion_mnist import FASHION_MNIST_FILES, fashion_mnist_dir, idx_file, read_idx
 from memplan.contrib.data.sources import load_data
-
-
-def read_indices(labels: np.ndarray, validation: int | None, train_per_class: int | None) -> np.ndarray:
-    """The training images a task with these options reads (validation, then training subset; seed 0,
-    as ``memplan.contrib.setup.build_setup`` loads a task), sorted."""
-    val_idx, rest = core._per_class(labels, validation, 0, "validation")
-    train_idx = rest[core._keep(labels[rest], train_per_class, 1, "train_per_class")]
-    return np.sort(np.concatenate([val_idx, train_idx]))
 
 
 def write_idx(path: Path, a: np.ndarray) -> None:
@@ -75,18 +68,18 @@ def task_digest(spec: str, env: str, folder: Path, p: dict) -> str:
 def kept_mask(labels: np.ndarray, p: dict) -> np.ndarray:
     """True for each training image the protocol ``p`` reads."""
     kept = np.zeros(len(labels), bool)
-    kept[read_indices(labels, p.get("validation"), p.get("train_per_class"))] = True
+    kept[np.concatenate(split_indices(labels, p.get("validation"), p.get("train_per_class")))] = True
     return kept
 
 
 def fashion_mnist_files(p: dict, new: Path) -> tuple[Path, int]:
     """Fashion-MNIST's idx files into ``new``, unread training images zeroed; (source folder, kept)."""
     src = fashion_mnist_dir()
-    images, labels = (read_idx(_idx_file(src, f)) for f in FASHION_MNIST_FILES[:2])
+    images, labels = (read_idx(idx_file(src, f)) for f in FASHION_MNIST_FILES[:2])
     kept = kept_mask(labels, p)
     write_idx(new / (FASHION_MNIST_FILES[0] + ".gz"), np.where(kept[:, None, None], images, 0).astype(np.uint8))
     for f in FASHION_MNIST_FILES[1:]:
-        shutil.copyfile(_idx_file(src, f), new / _idx_file(src, f).name)
+        shutil.copyfile(idx_file(src, f), new / idx_file(src, f).name)
     return src, int(kept.sum())
 
 

@@ -197,6 +197,17 @@ def _keep(labels: np.ndarray, per_class: int | None, seed: int, what: str) -> np
     )
 
 
+def split_indices(
+    labels: np.ndarray, validation: Validation | None, train_per_class: int | None, seed: int = 0, name: str = "data"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(validation, training) indices into a training split with these ``labels``, as
+    :func:`prepare` carves them: ``validation`` per class with seed ``seed``, then at most
+    ``train_per_class`` per class of the rest with seed ``seed + 1``. They depend on the labels
+    alone, not on the images."""
+    val_idx, rest = _per_class(labels, validation, seed, f"{name}: validation")
+    return val_idx, rest[_keep(labels[rest], train_per_class, seed + 1, f"{name}: train_per_class")]
+
+
 def _take(x: Any, idx: np.ndarray) -> Any:
     return x[torch.from_numpy(idx)] if isinstance(x, Tensor) else np.asarray(x)[idx]
 
@@ -226,8 +237,7 @@ def prepare(
     if classes < 2:
         raise BadData(f"{name}: needs at least 2 classes")
     labels = ytr.numpy()
-    val_idx, rest = _per_class(labels, validation, seed, f"{name}: validation")
-    train_idx = rest[_keep(labels[rest], train_per_class, seed + 1, f"{name}: train_per_class")]
+    val_idx, train_idx = split_indices(labels, validation, train_per_class, seed, name)
     test_idx = _keep(yte.numpy(), test_per_class, seed + 2, f"{name}: test_per_class")
     xtr = _as_nchw(_take(raw.x_train, train_idx), f"{name}: x_train")
     xte = _as_nchw(_take(raw.x_test, test_idx), f"{name}: x_test")

@@ -64,7 +64,7 @@ def fashion_mnist_dir() -> Path:
     """Where the Fashion-MNIST idx files are: ``$MEMPLAN_FASHION_MNIST``, else Debian's location."""
     env = os.environ.get("MEMPLAN_FASHION_MNIST", "").strip()
     for d in ([env] if env else []) + list(FASHION_MNIST_DIRS):
-        if all(_idx_file(Path(d), f) is not None for f in FASHION_MNIST_FILES):
+        if all(idx_file(Path(d), f) is not None for f in FASHION_MNIST_FILES):
             return Path(d)
     where = env or FASHION_MNIST_DIRS[0]
     raise BadData(
@@ -73,7 +73,8 @@ def fashion_mnist_dir() -> Path:
     )
 
 
-def _idx_file(d: Path, stem: str) -> Path | None:
+def idx_file(d: Path, stem: str) -> Path | None:
+    """The idx file ``stem`` in ``d``, gzip-compressed or not (None: neither is there)."""
     return next((d / n for n in (stem + ".gz", stem) if (d / n).is_file()), None)
 
 
@@ -83,7 +84,7 @@ def _idx_file(d: Path, stem: str) -> Path | None:
 )
 def fashion_mnist(spec: str, sample_shape: Sequence[int] | None) -> RawTask:
     d = fashion_mnist_dir()
-    xtr, ytr, xte, yte = (read_idx(_idx_file(d, f)) for f in FASHION_MNIST_FILES)
+    xtr, ytr, xte, yte = (read_idx(idx_file(d, f)) for f in FASHION_MNIST_FILES)
     desc = (
         f"Fashion-MNIST (Xiao et al. 2017) from {d}: {len(ytr)} train / {len(yte)} test 28x28 grey images, "
         f"10 classes ({', '.join(FASHION_MNIST_CLASSES)})"
