@@ -311,14 +311,19 @@ def start(a: argparse.Namespace) -> Run:
     return run
 
 
+def mergeable(other: Path, ckpt: Checkpoint) -> None:
+    """A one-line error unless ``other`` is a checkpoint of ``ckpt``'s setup (its identity line)."""
+    if Checkpoint(other, ckpt.identity).finished(repair=False) is None:
+        raise MemplanError(f"--merge {other}: not a checkpoint of this benchmark (no identity line)")
+
+
 def adopt(other: Path, ckpt: Checkpoint, head_path: Path) -> None:
     """``--merge`` into a folder with no checkpoint yet: the other checkpoint and the probe's head
     beside it become this folder's (its runs start from that head; its identity is checked as
     this folder's is), so that a protocol a GPU started goes on here; a one-line error without
     the head or for another setup."""
     head = other.parent / head_path.name
-    if Checkpoint(other, ckpt.identity).finished(repair=False) is None:
-        raise MemplanError(f"--merge {other}: not a checkpoint of this benchmark (no identity line)")
+    mergeable(other, ckpt)
     if not head.is_file():
         raise MemplanError(
             f"--merge {other}: {ckpt.path.parent} has no checkpoint yet, and {head} is missing",
@@ -494,8 +499,7 @@ def merge(run: Run, path: Path) -> int:
     """Append to ``run``'s checkpoint every run of the checkpoint at ``path`` that it lacks (by id
     and device: a run this one holds from another device is a device pair, kept); the same
     identity, else a one-line error; returns how many."""
-    if Checkpoint(path, run.ckpt.identity).finished(repair=False) is None:
-        raise MemplanError(f"--merge {path}: not a checkpoint of this benchmark (no identity line)")
+    mergeable(path, run.ckpt)
     have = latest(checkpoint_lines(run.ckpt.path))
     new = [r for key, r in latest(checkpoint_lines(path)).items() if key not in have]
     for r in new:
