@@ -115,6 +115,7 @@ def test_the_fair_results_table_is_the_committed_reports():
         assert printed(c["p"], p) and (holm[0] is None or printed(c["p_holm"], holm[0])), line
         assert ("beats" in verdict) == c["ci_verdict"].startswith("BEATS"), line
         assert ("ties" in verdict) == c["ci_verdict"].startswith("ties"), line
+        assert ("loses" in verdict) == c["ci_verdict"].startswith("LOSES"), line
 
 
 @pytest.mark.parametrize(
