@@ -62,7 +62,10 @@ def task_digest(spec: str, env: str, folder: Path, p: dict) -> str:
             )
         )
     finally:
-        os.environ.pop(env) if before is None else os.environ.__setitem__(env, before)
+        if before is None:
+            del os.environ[env]
+        else:
+            os.environ[env] = before
 
 
 def kept_mask(labels: np.ndarray, p: dict) -> np.ndarray:

@@ -235,11 +235,11 @@ def device_pairs(records: Sequence[dict]) -> list[tuple[dict, dict]]:
     in :func:`device_order` (the CPU first), the last record of each: the same run, so B's accuracy
     minus A's is the difference the devices make (in file order of B's records)."""
     last = latest(records)
+    on: dict[str, list[str]] = {}  # run id -> the devices that trained it, in device_order
+    for rid, dev in sorted(last, key=lambda k: device_order(k[1])):
+        on.setdefault(rid, []).append(dev)
     return [
-        (last[(rid, a)], rec)
-        for (rid, b), rec in last.items()
-        for a in sorted({d for r, d in last if r == rid}, key=device_order)
-        if device_order(a) < device_order(b)
+        (last[(rid, a)], rec) for (rid, b), rec in last.items() for a in on[rid] if device_order(a) < device_order(b)
     ]
 
 

@@ -22,7 +22,6 @@ from transfer_stats import (
     mean_ci,
     paired,
     pareto_front,
-    unstable_seeds,
 )
 
 from memplan.io import save_figure
@@ -204,10 +203,16 @@ def _protocol_lines(header: dict[str, Any]) -> list[str]:
 
 
 def markdown(
-    rows: list[dict], header: dict[str, Any], front: list[str], lines: list[str], missing: Sequence[dict] = ()
+    rows: list[dict],
+    header: dict[str, Any],
+    front: list[str],
+    lines: list[str],
+    missing: Sequence[dict] = (),
+    unstable: Sequence[dict] = (),
 ) -> str:
     """The table, the validation stages and the verdicts; ``missing``: the methods left out of the
-    table (not trained, or not every test seed finished), each with its applied memory, bytes."""
+    table (not trained, or not every test seed finished), each with its applied memory, bytes;
+    ``unstable``: the seeds ``transfer_stats.unstable_seeds`` lists."""
     tt = MEMORY_COLUMNS["tinytraining"][3]
     out = [
         f"# Transfer benchmark: {header['model']} -> {header['data']}",
@@ -251,14 +256,14 @@ def markdown(
                 f"one after another ({r['stage_cpu_s']:,.0f} CPU s)"
             )
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
-    if odd := unstable_seeds(rows):
+    if unstable:
         out += [
             f"Unstable seeds (more than {UNSTABLE_POINTS:g} points below the median of the row's other seeds; "
             "not diverged: the loss stayed finite and the run beat chance; each counts in its row's mean and CI):",
             *[
                 f"- {u['name']}: seed {u['seed']} at {u['accuracy']:.2f}%, "
                 f"{u['others_median'] - u['accuracy']:.2f} points below the others' median ({u['others_median']:.2f}%)"
-                for u in odd
+                for u in unstable
             ],
             "",
         ]
