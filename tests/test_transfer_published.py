@@ -87,11 +87,20 @@ def printed(value: float, text: str) -> bool:
 
 
 def test_the_fair_results_table_is_the_committed_reports():
-    """Every row of the fair-results table: the validated scheme's and the best baseline's mean ±
-    CI, the paired difference ± CI, its p and Holm p, and the verdict, as the report holds them."""
+    """The fair-results table has a row for every finished budget of the committed reports and no
+    other; each row's validated scheme's and best baseline's mean ± CI, the paired difference ± CI,
+    its p and Holm p, and the verdict are as the report holds them."""
     text = (ROOT / "docs" / "benchmarks" / "transfer.md").read_text()
     body = text.split("| setting | budget |")[1].split("\n\n")[0].splitlines()[2:]
     assert body
+    shown = {tuple(c.strip() for c in line.strip().strip("|").split("|")[:2]) for line in body}
+    finished = {
+        (setting, f"{c['budget_bytes'] // 1_000_000} MB")
+        for setting, path in FAIR.items()
+        if (ROOT / path).exists()
+        for c in json.loads((ROOT / path).read_text())["comparisons"]
+    }
+    assert shown == finished, f"table lacks {sorted(finished - shown)}, has unfinished {sorted(shown - finished)}"
     for line in body:
         setting, budget, scheme, baseline, paired, verdict = (c.strip() for c in line.strip().strip("|").split("|"))
         report = json.loads((ROOT / FAIR[setting]).read_text())
