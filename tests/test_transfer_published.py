@@ -12,7 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Results: real transfer learning"
 #: the section's tables in order, each with the report it is drawn from
-REPORTS = ["benchmarks/transfer_results/transfer.json", "benchmarks/transfer_results/lite2/transfer.json"]
+REPORTS = [
+    "benchmarks/transfer_results/fair/lite0-fashion-mnist/transfer.json",
+    "benchmarks/transfer_results/fair/lite0-cifar10/transfer.json",
+    "benchmarks/transfer_results/lite2/transfer.json",
+]
 
 
 def tables(text: str) -> list[list[list[str]]]:
