@@ -26,6 +26,7 @@ from transfer_stats import (
 
 from memplan.io import save_figure
 from memplan.optim import OPTIMIZERS
+from memplan.plan import Validation
 from memplan.rates import Rates
 from memplan.units import parse_bytes
 
@@ -249,11 +250,18 @@ def markdown(
             runners = ", ".join(
                 f"{x['name']} {x['accuracy']:.2f}" for x in val["runners_up"] if x["accuracy"] is not None
             )
+            margin = Validation(**val).margin()
+            over = (
+                ""
+                if margin is None
+                else f"; over the best baseline among them, {margin.baseline}: {margin.points:+.2f} ± {margin.se:.2f} "
+                f"points (SE), {'more than' if margin.resolved else 'inside'} twice its SE"
+            )
             out.append(
                 f"- {r['name']}: chose **{r['chosen']}** at lr {r['lr']} (grid {', '.join(r.get('grid', []))}), "
-                f"validation {val['accuracy']:.2f} ± {val['se']:.2f}% (seeds {val['seeds']}); runners-up: {runners}. "
-                f"The stage compared {r['stage_runs']} runs: {r['stage_run_s']:,.0f} s of training and evaluation "
-                f"one after another ({r['stage_cpu_s']:,.0f} CPU s)"
+                f"validation {val['accuracy']:.2f} ± {val['se']:.2f}% (seeds {val['seeds']}); runners-up: {runners}"
+                f"{over}. The stage compared {r['stage_runs']} runs: {r['stage_run_s']:,.0f} s of training and "
+                f"evaluation one after another ({r['stage_cpu_s']:,.0f} CPU s)"
             )
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
     if unstable:

@@ -70,6 +70,9 @@ def test_search_validate_end_to_end_and_resume(tmp_path):
     assert baselines and all(x["memory_bytes"] <= 30_000 for x in val.runners_up)
     # never worse on validation than a baseline that fits (both measured on the same seeds)
     assert all(val.accuracy >= x["accuracy"] for x in baselines if x["seeds"] == val.seeds)
+    # a searched choice inside twice its SE of the best baseline is said to be unresolved
+    said = "does not separate them" in " ".join(r.output.split())
+    assert said == (val.name.startswith("searched") and not val.margin().resolved), r.output
     runs = (folder / "validate.runs.jsonl").read_text().splitlines()
     # rerun: every run comes from the checkpoint, the same choice
     again = CliRunner().invoke(app, argv)
@@ -172,3 +175,31 @@ def test_union_trains_what_both_train_and_refuses_what_it_cannot_say():
     norm = next(iter(a.norm_modes))
     assert a.norm_modes[norm] == "train"
     assert union(a, a.model_copy(update={"norm_modes": {norm: "affine"}})) is None
+
+
+def _validation(accuracy, se, rivals):
+    from memplan.plan import Validation
+
+    runners = [{"name": n, "baseline": b, "accuracy": a, "se": e, "seeds": [100, 101]} for n, b, a, e in rivals]
+    return Validation(name="searched (lcb)", accuracy=accuracy, se=se, seeds=[100, 101], data="v", runners_up=runners)
+
+
+def test_margin_is_over_the_best_baseline_and_its_se_combines_both():
+    from memplan.render.validated import margin_warning
+
+    # Lite0 at 45 MB (fair protocol): 88.2 ± 0.6 over MobileTL's 88.1 ± 0.1; a searched runner-up
+    # above MobileTL is no baseline and does not count
+    val = _validation(88.2, 0.6, [("searched (mean)", False, 88.15, 0.2), ("MobileTL", True, 88.1, 0.1),
+                                  ("bias only", True, 85.1, 0.1)])  # fmt: skip
+    m = val.margin()
+    assert m.baseline == "MobileTL" and m.points == pytest.approx(0.1) and m.se == pytest.approx(math.hypot(0.6, 0.1))
+    assert not m.resolved
+    assert "MobileTL" in margin_warning(val, chosen_baseline=False) and "+0.10 ± 0.61" in margin_warning(val, False)
+    assert margin_warning(val, chosen_baseline=True) is None  # a baseline chosen: nothing to separate
+    wide = _validation(67.0, 0.6, [("biases of the last k convs (k=39)", True, 63.8, 0.8)])  # 3.2 > 2 x 1.0
+    assert wide.margin().resolved and margin_warning(wide, False) is None
+    edge = _validation(10.0, 1.0, [("b", True, 8.0, 0.0)])  # exactly twice its SE: not more, unresolved
+    assert not edge.margin().resolved
+    assert _validation(80.0, 0.5, [("searched (mean)", False, 79.0, 0.5)]).margin() is None  # no baseline
+    one = _validation(80.0, 0.0, [("b", True, 79.0, 0.0)]).model_copy(update={"seeds": [100]})
+    assert one.margin() is None  # one seed: no SE to judge by (the stage says so on its own)

@@ -32,7 +32,7 @@ LAZY = {
         ),
         "scheme",
     ),
-    **dict.fromkeys(("TestAccuracy", "Validation"), "evidence"),
+    **dict.fromkeys(("Margin", "TestAccuracy", "Validation"), "evidence"),
     **dict.fromkeys(("BackwardFlags", "is_backward_config"), "tinytraining"),
     "Execution": "execution",
 }

@@ -4,6 +4,8 @@ in % (0..100)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,3 +46,30 @@ class Validation(BaseModel):
     test: TestAccuracy | None = Field(
         None, description="the chosen scheme's accuracy on a test split over seeds no choice saw (None: not tested)"
     )
+
+    def margin(self) -> Margin | None:
+        """How far the chosen candidate is above the best baseline among the runners-up, on
+        validation; None when no baseline ran to a number (or none was a runner-up: the choice is
+        a baseline and beat the rest)."""
+        rivals = [r for r in self.runners_up if r.get("baseline") and r.get("accuracy") is not None]
+        if not rivals or len(self.seeds) < 2:
+            return None
+        best = max(rivals, key=lambda r: r["accuracy"])
+        return Margin(best["name"], self.accuracy - best["accuracy"], math.hypot(self.se, best["se"]))
+
+
+@dataclass(frozen=True)
+class Margin:
+    """The chosen candidate's validation accuracy minus the best baseline's (``baseline``), in
+    points, and the standard error of that difference (the two seed SEs combined, unpaired)."""
+
+    baseline: str
+    points: float
+    se: float
+
+    @property
+    def resolved(self) -> bool:
+        """The margin is more than twice its standard error (about 95% one-sided with many seeds;
+        with two seeds even that is optimistic). A margin inside it means validation does not
+        separate the choice from the baseline: on test either may come out ahead."""
+        return self.points > 2 * self.se

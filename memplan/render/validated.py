@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ..plan import Training
+from ..plan import Training, Validation
 from ..search.stage import Validated
 from ..units import fmt_bytes
 
@@ -35,6 +35,9 @@ def print_validated(v: Validated, console: Console) -> None:
         f"{tr.batch_size}): {accuracy_text(val.accuracy, val.se, len(val.seeds), '%')} on validation over seeds "
         f"{val.seeds}; {v.runs_trained} runs trained now, the rest from {v.checkpoint}; {v.seconds:.0f} s"
     )
+    warning = margin_warning(val, v.chosen.baseline)
+    if warning:
+        console.print(f"[yellow]warning:[/] {warning}")
     if v.at_edge:
         console.print(
             "[yellow]warning:[/] the chosen rate is still at an edge of the grid after widening it as far as "
@@ -46,6 +49,19 @@ def print_validated(v: Validated, console: Console) -> None:
             "e.g. --validate-seeds 0,1)",
             markup=False,
         )
+
+
+def margin_warning(val: Validation, chosen_baseline: bool) -> str | None:
+    """A searched choice that validation does not separate from the best baseline that fits
+    (:meth:`memplan.plan.Validation.margin`: inside twice its SE), said; None otherwise."""
+    margin = val.margin()
+    if chosen_baseline or margin is None or margin.resolved:
+        return None
+    return (
+        f"the choice is {margin.points:+.2f} ± {margin.se:.2f} points (SE) from the best baseline that fits, "
+        f"{margin.baseline}, on validation: inside twice its SE, so validation does not separate them and on "
+        "test either may come out ahead (more --validate-seeds or a larger validation split would)"
+    )
 
 
 def accuracy_text(mean: float, se: float, seeds: int, unit: str = "") -> str:
