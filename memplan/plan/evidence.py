@@ -49,9 +49,9 @@ class Validation(BaseModel):
 
     def margin(self) -> Margin | None:
         """How far the chosen candidate is above the best baseline among the runners-up, on
-        validation; None when no baseline ran to a number (or none was a runner-up: the choice is
-        a baseline and beat the rest)."""
-        rivals = [r for r in self.runners_up if r.get("baseline") and r.get("accuracy") is not None]
+        validation; None with one seed, or when no runner-up is a baseline with a mean and SE
+        (a scheme written before runners-up recorded both)."""
+        rivals = [r for r in self.runners_up if r.get("baseline") and None not in (r.get("accuracy"), r.get("se"))]
         if not rivals or len(self.seeds) < 2:
             return None
         best = max(rivals, key=lambda r: r["accuracy"])
