@@ -1,13 +1,16 @@
 """The README's real-transfer tables print what the committed transfer reports hold: every row's
 memory in both columns, its test mean ± 95% CI and its learning rate; and the fair protocol's
-results table (docs/benchmarks/transfer.md) its verdicts: both means, the paired difference, p and
-Holm p. A one-digit edit of either the page or a report fails here."""
+results table (docs/benchmarks/transfer.md) its verdicts: both means, the paired difference, p,
+Holm p and the stage's validation margin; and a row for every finished budget. A one-digit edit of
+either the page or a report fails here."""
 
 import json
 import re
 from pathlib import Path
 
 import pytest
+
+from memplan.plan import Validation
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Results: real transfer learning"
@@ -93,7 +96,7 @@ def printed(value: float, text: str) -> bool:
 def test_the_fair_results_table_is_the_committed_reports():
     """The fair-results table has a row for every finished budget of the committed reports and no
     other; each row's validated scheme's and best baseline's mean ± CI, the paired difference ± CI,
-    its p and Holm p, and the verdict are as the report holds them."""
+    its p and Holm p, the verdict and the stage's validation margin are as the report holds them."""
     text = (ROOT / "docs" / "benchmarks" / "transfer.md").read_text()
     body = text.split("| setting | budget |")[1].split("\n\n")[0].splitlines()[2:]
     assert body
@@ -106,13 +109,16 @@ def test_the_fair_results_table_is_the_committed_reports():
     }
     assert shown == finished, f"table lacks {sorted(finished - shown)}, has unfinished {sorted(shown - finished)}"
     for line in body:
-        setting, budget, scheme, baseline, paired, verdict = (c.strip() for c in line.strip().strip("|").split("|"))
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        setting, budget, scheme, baseline, paired, verdict, margin = cells
         report = json.loads((ROOT / FAIR[setting]).read_text())
         rows = {r["name"]: r for r in report["rows"]}
         name = f"validated {budget.replace(' ', '')}"
         (c,) = [c for c in report["comparisons"] if c["name"] == name]
         mean, ci = map(float, re.search(ACC, scheme).groups())
         assert (mean, ci) == (round(rows[name]["accuracy_mean"], 2), round(rows[name]["accuracy_ci"], 2)), line
+        m = Validation(**rows[name]["validation"]).margin()
+        assert margin == f"{m.points:+.2f} ± {m.se:.2f} over {m.baseline}", line
         if verdict == "the baseline":  # the stage chose the best baseline: nothing to compare
             assert rows[name]["chosen"] == c["baseline"], line
             continue
