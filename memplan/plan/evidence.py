@@ -69,7 +69,7 @@ class Margin:
 
     @property
     def resolved(self) -> bool:
-        """The margin is more than twice its standard error (about 95% one-sided with many seeds;
+        """The margin is more than twice its standard error (the usual 95% two-sided level with many seeds;
         with two seeds even that is optimistic). A margin inside it means validation does not
         separate the choice from the baseline: on test either may come out ahead."""
         return self.points > 2 * self.se
