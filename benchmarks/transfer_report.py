@@ -254,8 +254,8 @@ def markdown(
             over = (
                 ""
                 if margin is None
-                else f"; over the best baseline among them, {margin.baseline}: {margin.points:+.2f} ± {margin.se:.2f} "
-                f"points (SE), {'more than' if margin.resolved else 'inside'} twice its SE"
+                else f"; over the best baseline among them, {margin.baseline}: {margin}, "
+                f"{'more than' if margin.resolved else 'inside'} twice its SE"
             )
             out.append(
                 f"- {r['name']}: chose **{r['chosen']}** at lr {r['lr']} (grid {', '.join(r.get('grid', []))}), "

@@ -73,3 +73,6 @@ class Margin:
         with two seeds even that is optimistic). A margin inside it means validation does not
         separate the choice from the baseline: on test either may come out ahead."""
         return self.points > 2 * self.se
+
+    def __str__(self) -> str:
+        return f"{self.points:+.2f} ± {self.se:.2f} points (SE)"

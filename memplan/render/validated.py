@@ -52,13 +52,14 @@ def print_validated(v: Validated, console: Console) -> None:
 
 
 def margin_warning(val: Validation, chosen_baseline: bool) -> str | None:
-    """A searched choice that validation does not separate from the best baseline that fits
+    """A choice that is not itself a baseline (a searched scheme, or a union of two baselines) that
+    validation does not separate from the best baseline that fits
     (:meth:`memplan.plan.Validation.margin`: inside twice its SE), said; None otherwise."""
     margin = val.margin()
     if chosen_baseline or margin is None or margin.resolved:
         return None
     return (
-        f"the choice is {margin.points:+.2f} ± {margin.se:.2f} points (SE) from the best baseline that fits, "
+        f"the choice is {margin} from the best baseline that fits, "
         f"{margin.baseline}, on validation: inside twice its SE, so validation does not separate them and on "
         "test either may come out ahead (more --validate-seeds or a larger validation split would)"
     )
