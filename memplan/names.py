@@ -44,6 +44,12 @@ DATA_SOURCES = {
 SEARCH_METHODS = ("exact", "evolution", "random")
 #: how a profile's entries become the search's gains (``memplan.search.objective.OBJECTIVES``)
 OBJECTIVES = ("mean", "lcb", "shrink")
+#: how the validation stage chooses among what it trained (``memplan.search.rules.CHOICE_RULES``), with what each does
+CHOICE_RULES = {
+    "best": "the best mean validation accuracy",
+    "resolved": "the best, unless validation does not separate it from the best baseline that fits "
+    "(a margin within twice its SE): then that baseline",
+}
 #: what a memory budget bounds (``memplan.search.memory.METRICS``)
 METRICS = ("total", "peak")
 #: the training steps of the simulated peak (``memplan.costs.peak.SCHEDULES``)
@@ -69,6 +75,8 @@ DEFAULT_ESTIMATOR = "grid"
 DEFAULT_SELECT = "magnitude+"
 #: the training step of the simulated peak unless a mode says otherwise: gradients kept until the optimizer step
 DEFAULT_SCHEDULE = "standard"
+#: how the validation stage chooses unless told: a hand-made baseline unless validation separates another from it
+DEFAULT_CHOICE_RULE = "resolved"
 #: what a memory budget bounds unless told: the mode's total
 DEFAULT_METRIC = "total"
 #: the mode a device profile counts in unless it names one: a microcontroller's

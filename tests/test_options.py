@@ -196,6 +196,7 @@ def _families() -> dict[str, tuple[tuple[str, ...], object]]:
     from memplan.search.memory import METRICS
     from memplan.search.methods import METHODS
     from memplan.search.objective import OBJECTIVES
+    from memplan.search.rules import CHOICE_RULES
 
     return {
         "MODES": (tuple(names.MODES), MODES),
@@ -208,6 +209,7 @@ def _families() -> dict[str, tuple[tuple[str, ...], object]]:
         "SCHEDULES": (tuple(names.SCHEDULES), SCHEDULES),
         "SELECT_RULES": (tuple(names.SELECT_RULES), COMPUTED_SELECT_RULES),
         "DATA_SOURCES": (tuple(names.DATA_SOURCES), SOURCES),
+        "CHOICE_RULES": (tuple(names.CHOICE_RULES), CHOICE_RULES),
     }
 
 

@@ -20,6 +20,7 @@ from memplan.nn.train import make_optimizer
 from memplan.plan import Scheme, Validation, load_scheme
 from memplan.render.validated import margin_warning
 from memplan.search.baselines import BASELINES
+from memplan.search.rules import CHOICE_RULES
 
 from .test_real import tiny_profile
 
@@ -77,6 +78,17 @@ def test_search_validate_end_to_end_and_resume(tmp_path):
     unresolved = val.margin() is not None and not val.margin().resolved
     assert not said or unresolved, r.output
     assert said or not (val.name.startswith("searched") and unresolved), r.output
+    # the default rule never chooses what validation cannot separate from the best baseline
+    assert val.rule == "resolved" and not said, r.output
+    best_out = tmp_path / "best.json"
+    b = CliRunner().invoke(app, [*argv[:-1], str(best_out), "--validate-rule", "best"])
+    assert b.exit_code == 0, b.output
+    top = load_scheme(best_out).validation
+    assert top.rule == "best" and all(top.accuracy >= x["accuracy"] for x in top.runners_up if x["seeds"] == top.seeds)
+    if top.name != val.name:  # the default kept a baseline the best did not clear by twice the SE
+        assert any(x["name"] == val.name for x in baselines)
+        assert top.accuracy - val.accuracy <= 2 * math.hypot(top.se, val.se)
+        assert "keeps the baseline" in " ".join(r.output.split())
     runs = (folder / "validate.runs.jsonl").read_text().splitlines()
     # rerun: every run comes from the checkpoint, the same choice
     again = CliRunner().invoke(app, argv)
@@ -204,3 +216,37 @@ def test_margin_is_over_the_best_baseline_and_its_se_combines_both():
     assert _validation(80.0, 0.5, [("searched (mean)", False, 79.0, 0.5)]).margin() is None  # no baseline
     one = _validation(80.0, 0.0, [("b", True, 79.0, 0.0)]).model_copy(update={"seeds": [100]})
     assert one.margin() is None  # one seed: no SE to judge by (the stage says so on its own)
+
+
+def _halving(table: dict[str, list[float]], baselines: set[str]):
+    """A halving over candidates with one rate whose seeds score ``table``'s accuracies (%), and the
+    candidates as the rules read them (cheapest first: the table's order)."""
+    from types import SimpleNamespace
+
+    seeds = list(range(len(next(iter(table.values())))))
+    h = successive_halving(list(table), [1], seeds, lambda c, lr, s: table[c][s], protected=sorted(baselines))
+    return h, [SimpleNamespace(key=k, name=k, baseline=k in baselines) for k in table]
+
+
+@pytest.mark.parametrize(
+    ("table", "baselines", "best", "resolved"),
+    [
+        # Lite0 at 45 MB (fair protocol): 88.2 ± 0.6 over MobileTL's 88.1 ± 0.1, inside twice the SE
+        ({"searched": [88.8, 87.6], "MobileTL": [88.2, 88.0], "bias only": [85.0, 85.2]}, {"MobileTL", "bias only"},
+         "searched", "MobileTL"),
+        # 3.2 points over a baseline at SE 1.0: beyond twice it, the searched scheme is kept
+        ({"searched": [67.6, 66.4], "k=39": [63.0, 64.6]}, {"k=39"}, "searched", "searched"),
+        # a union of two baselines is no baseline: it must clear the best one too
+        ({"MobileTL": [88.0, 88.2], "bias + MobileTL": [88.3, 88.1]}, {"MobileTL"}, "bias + MobileTL", "MobileTL"),
+        # the best is a baseline: nothing to separate
+        ({"searched": [80.0, 81.0], "bias only": [82.0, 82.4]}, {"bias only"}, "bias only", "bias only"),
+        # no baseline fits: the best
+        ({"searched": [80.0, 81.0], "searched (mean)": [79.0, 79.2]}, set(), "searched", "searched"),
+        # one seed: no SE to judge by, the best
+        ({"searched": [88.2], "MobileTL": [88.1]}, {"MobileTL"}, "searched", "searched"),
+    ],
+)  # fmt: skip
+def test_choice_rules_by_hand(table, baselines, best, resolved):
+    h, candidates = _halving(table, baselines)
+    assert CHOICE_RULES.choose("best").choose(h, candidates).candidate == best
+    assert CHOICE_RULES.choose("resolved").choose(h, candidates).candidate == resolved

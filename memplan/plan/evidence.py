@@ -40,6 +40,9 @@ class Validation(BaseModel):
     se: float = Field(ge=0, description="standard error of the mean over seeds, points (0 with one seed)")
     seeds: list[int]
     data: str = Field(description="the data and split it was measured on")
+    rule: str | None = Field(
+        None, description="how the stage chose (memplan.search.rules); None: written before rules, the best mean"
+    )
     runners_up: list[dict[str, Any]] = Field(
         default_factory=list, description="the other candidates: name, lr, accuracy (%), se, seeds, memory bytes"
     )

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..plan import Training, Validation
+from ..search.rules import margin_over
 from ..search.stage import Validated
 from ..units import fmt_bytes
 
@@ -35,6 +36,8 @@ def print_validated(v: Validated, console: Console) -> None:
         f"{tr.batch_size}): {accuracy_text(val.accuracy, val.se, len(val.seeds), '%')} on validation over seeds "
         f"{val.seeds}; {v.runs_trained} runs trained now, the rest from {v.checkpoint}; {v.seconds:.0f} s"
     )
+    if kept := kept_baseline(v):
+        console.print(kept, markup=False)
     warning = margin_warning(val, v.chosen.baseline)
     if warning:
         console.print(f"[yellow]warning:[/] {warning}")
@@ -49,6 +52,20 @@ def print_validated(v: Validated, console: Console) -> None:
             "e.g. --validate-seeds 0,1)",
             markup=False,
         )
+
+
+def kept_baseline(v: Validated) -> str | None:
+    """Why the rule chose a baseline below the best on validation (``--validate-rule resolved``),
+    in words; None when the choice is the best on validation."""
+    top = v.halving.best
+    if v.config is None or top is None or v.config is top:
+        return None
+    name = next(c.name for c in v.candidates if c.key == top.candidate)
+    margin = margin_over(top, v.config, v.chosen.name)
+    return (
+        f"the best on validation, {name} ({top.mean:.2f}%), is {margin} above {v.chosen.name}: inside twice its "
+        f"SE, so the rule {v.rule!r} keeps the baseline (--validate-rule best would take {name})"
+    )
 
 
 def margin_warning(val: Validation, chosen_baseline: bool) -> str | None:

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 from pydantic import field_validator
 
 from ..names import (
+    CHOICE_RULES,
+    DEFAULT_CHOICE_RULE,
     DEFAULT_EXECUTOR,
     DEFAULT_METRIC,
     DEFAULT_SELECT,
@@ -212,6 +214,10 @@ class Stage(Options):
         "times a chosen rate at an edge of its grid may widen the grid by one step beyond it (the schedule runs "
         "again); 0 keeps the grid as given",
     )
+    validate_rule: str = option(
+        DEFAULT_CHOICE_RULE,
+        f"how --validate chooses among what it trained: {choices(CHOICE_RULES)} (memplan.search.rules)",
+    )
     validate_dir: str | os.PathLike = option(
         ".memplan-validate", "checkpoint folder of --validate (reruns resume from it)"
     )
@@ -250,6 +256,13 @@ class Stage(Options):
     def _widen(cls, v: int) -> int:
         if v < 0:
             raise ValueError(f"--validate-widen must be >= 0, got {v}")
+        return v
+
+    @field_validator("validate_rule")
+    @classmethod
+    def _rule(cls, v: str) -> str:
+        if v not in CHOICE_RULES:
+            raise ValueError(f"unknown --validate-rule {v!r}; choose one of: {', '.join(CHOICE_RULES)}")
         return v
 
     @field_validator("validate_workers")

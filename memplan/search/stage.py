@@ -24,6 +24,9 @@ tie is a plateau) widens the grid by one step beyond it and the schedule runs ag
 (``Stage.validate_widen`` times at most), so the choice is interior; a tie goes to the cheaper
 candidate, then to the smaller rate. Baselines are never halved away, so the returned scheme's
 validation accuracy is at least that of every baseline that fits, on the same seeds and grid. The
+choice among what was trained is ``Stage.validate_rule``'s (:mod:`memplan.search.rules`): by
+default the best baseline that fits, unless validation separates the best candidate from it (a
+margin beyond twice its SE); ``best`` takes the best mean whatever the margin. The
 scheme records the rates and optimizer it was validated with (``training``) and its validation
 accuracy ± SE with the runners-up (``validation``). Runs are checkpointed (JSONL, one line per
 finished run, keyed by what the candidate trains, its rates and seed, so budgets and reruns share
@@ -46,7 +49,7 @@ from typing import Any
 
 from ..contrib.checkpoint import Checkpoint
 from ..contrib.executors import EXECUTORS, check as check_execution, default_threads, execute, num_threads
-from ..contrib.halving import Halving, planned_runs, successive_halving
+from ..contrib.halving import Config, Halving, planned_runs, successive_halving
 from ..contrib.profile import ContribProfile
 from ..contrib.runner import Context, SchemeRun, Worker, added_key, linear_probe, with_added_modules
 from ..contrib.setup import setup_of
@@ -57,11 +60,13 @@ from ..rates import Rates, outward
 from .candidates import Candidate, collect_candidates
 from .options import Stage
 from .result import SearchResult
+from .rules import CHOICE_RULES
 
 #: the learning-rate grid of the stage (module docstring)
 DEFAULT_LRS = Stage().grid
 DEFAULT_SEEDS = Stage.model_fields["validate_seeds"].default
 DEFAULT_WIDEN = Stage.model_fields["validate_widen"].default
+DEFAULT_RULE = Stage.model_fields["validate_rule"].default
 #: the stage's files in its folder (``Stage.validate_dir``): the runs, and the lock a run holds
 CHECKPOINT, LOCK = "validate.runs.jsonl", "validate.lock"
 #: what every checkpointed run holds (``Checkpoint.fields``): a line without them is refused
@@ -82,6 +87,8 @@ class Validated:
     seconds: float
     checkpoint: str
     at_edge: bool = False  # the chosen rate is still at an edge of ``lrs`` (widened as far as allowed)
+    rule: str = ""  # the choice rule (memplan.search.rules)
+    config: Config | None = None  # the configuration chosen (``halving.best`` is the best on validation)
 
     def table(self) -> list[dict[str, Any]]:
         """One row per candidate: its best configuration (rate, accuracy %, SE, seeds), memory."""
@@ -234,71 +241,6 @@ def _pulled(halving: Halving, best: Any, inner: Rates) -> bool:
     return not theirs >= mine  # NaN (diverged) pulls
 
 
-def choose(  # the stage's schedule, one keyword each
-    candidates: Sequence[Candidate],
-    trainer: Any,
-    *,
-    lrs: Sequence[Rates] = DEFAULT_LRS,
-    seeds: Sequence[int] = DEFAULT_SEEDS,
-    budget_bytes: int | None = None,
-    widen: int = DEFAULT_WIDEN,
-    on_start: Callable[[int], None] | None = None,
-    on_run: Callable[[], None] | None = None,
-) -> Validated:
-    """Successive halving of every candidate at each of its :meth:`Candidate.settings` of ``lrs``
-    over ``seeds`` with ``trainer`` (baselines protected); the winner as a scheme with
-    ``training`` and ``validation`` filled in. A winning rate at an edge of its grid widens the
-    grid (:func:`memplan.rates.outward`, every candidate gets the new points) and the schedule runs
-    again, up to ``widen`` times; an edge that only ties its inner neighbour is a plateau and
-    widens nothing (the runs already trained come from the trainer's checkpoint);
-    ``Validated.lrs`` is the grid used, ``Validated.at_edge`` says whether the choice is still at
-    its edge. Ties: the cheaper candidate (``candidates`` come cheapest first), then the smaller
-    rate (each candidate's settings are tried in ascending order)."""
-    if len(set(seeds)) != len(seeds) or not seeds or not lrs:
-        raise BadOption("the validation stage needs distinct seeds and at least one learning rate")
-    t0 = time.perf_counter()
-    lrs = [Rates.of(r) for r in lrs]
-    by_key = {c.key: c for c in candidates}
-    for widened in range(widen + 1):
-        halving = _halve(candidates, trainer, lrs, seeds, on_start if widened == 0 else None, on_run)
-        if halving.best is None:
-            raise MemplanError(
-                "every candidate diverged at every learning rate of the validation stage", "widen the rates"
-            )
-        best = halving.best
-        edges = outward(by_key[best.candidate].settings(lrs), best.lr)
-        beyond = [b for b, inner in edges if b not in lrs and _pulled(halving, best, inner)]
-        if not beyond or widened == widen:
-            break
-        lrs += beyond
-    chosen = by_key[halving.best.candidate]
-    validated = Validated(chosen.scheme, chosen, list(candidates), halving, list(lrs), list(seeds), 0, 0.0, "")
-    validated.checkpoint, validated.at_edge = trainer.checkpoint, bool(beyond)
-    rates: Rates = halving.best.lr
-    training = Training(
-        optimizer=trainer.optimizer,
-        lr=rates.classifier,
-        epochs=trainer.epochs,
-        batch_size=trainer.batch_size,
-        rates={} if rates.single else {f: v for f, v in rates.as_dict().items() if f in chosen.families},
-        classifier=trainer.classifier,
-    )
-    validation = Validation(
-        name=chosen.name,
-        accuracy=round(halving.best.mean, 3),
-        se=round(halving.best.se, 3),
-        seeds=sorted(halving.best.accuracy),
-        data=trainer.data,
-        runners_up=[r for r in validated.table() if r["name"] != chosen.name],
-    )
-    update: dict[str, Any] = {"training": training, "validation": validation}
-    if budget_bytes is not None:
-        update["budget_bytes"] = budget_bytes
-    validated.scheme = chosen.scheme.model_copy(update=update)
-    validated.runs_trained, validated.seconds = trainer.trained, time.perf_counter() - t0
-    return validated
-
-
 @dataclass(frozen=True)
 class Progress:
     """What a long search reports as it goes (each optional): ``searched(searched)`` once the search
@@ -310,6 +252,77 @@ class Progress:
     waiting: Callable[[str], None] | None = None
     start: Callable[[int], None] | None = None
     run: Callable[[], None] | None = None
+
+
+def choose(  # the stage's schedule, one keyword each
+    candidates: Sequence[Candidate],
+    trainer: Any,
+    *,
+    lrs: Sequence[Rates] = DEFAULT_LRS,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    budget_bytes: int | None = None,
+    widen: int = DEFAULT_WIDEN,
+    rule: str = DEFAULT_RULE,
+    progress: Progress | None = None,
+) -> Validated:
+    """Successive halving of every candidate at each of its :meth:`Candidate.settings` of ``lrs``
+    over ``seeds`` with ``trainer`` (baselines protected); the winner as a scheme with
+    ``training`` and ``validation`` filled in. A winning rate at an edge of its grid widens the
+    grid (:func:`memplan.rates.outward`, every candidate gets the new points) and the schedule runs
+    again, up to ``widen`` times; an edge that only ties its inner neighbour is a plateau and
+    widens nothing (the runs already trained come from the trainer's checkpoint);
+    ``Validated.lrs`` is the grid used, ``Validated.at_edge`` says whether the choice is still at
+    its edge. ``rule`` (:data:`memplan.search.rules.CHOICE_RULES`) chooses among the configurations
+    trained, and the widening follows its choice; ``progress``: its ``start`` and ``run`` are
+    called. Ties: the cheaper candidate (``candidates`` come cheapest first), then the smaller rate
+    (each candidate's settings are tried in ascending order)."""
+    if len(set(seeds)) != len(seeds) or not seeds or not lrs:
+        raise BadOption("the validation stage needs distinct seeds and at least one learning rate")
+    t0 = time.perf_counter()
+    lrs = [Rates.of(r) for r in lrs]
+    by_key = {c.key: c for c in candidates}
+    choice = CHOICE_RULES.choose(rule).choose
+    progress = progress or Progress()
+    for widened in range(widen + 1):
+        halving = _halve(candidates, trainer, lrs, seeds, progress.start if widened == 0 else None, progress.run)
+        if halving.best is None:
+            raise MemplanError(
+                "every candidate diverged at every learning rate of the validation stage", "widen the rates"
+            )
+        best = choice(halving, candidates)
+        edges = outward(by_key[best.candidate].settings(lrs), best.lr)
+        beyond = [b for b, inner in edges if b not in lrs and _pulled(halving, best, inner)]
+        if not beyond or widened == widen:
+            break
+        lrs += beyond
+    chosen = by_key[best.candidate]
+    validated = Validated(chosen.scheme, chosen, list(candidates), halving, list(lrs), list(seeds), 0, 0.0, "")
+    validated.checkpoint, validated.at_edge = trainer.checkpoint, bool(beyond)
+    validated.rule, validated.config = rule, best
+    rates: Rates = best.lr
+    training = Training(
+        optimizer=trainer.optimizer,
+        lr=rates.classifier,
+        epochs=trainer.epochs,
+        batch_size=trainer.batch_size,
+        rates={} if rates.single else {f: v for f, v in rates.as_dict().items() if f in chosen.families},
+        classifier=trainer.classifier,
+    )
+    validation = Validation(
+        name=chosen.name,
+        accuracy=round(best.mean, 3),
+        se=round(best.se, 3),
+        seeds=sorted(best.accuracy),
+        rule=rule,
+        data=trainer.data,
+        runners_up=[r for r in validated.table() if r["name"] != chosen.name],
+    )
+    update: dict[str, Any] = {"training": training, "validation": validation}
+    if budget_bytes is not None:
+        update["budget_bytes"] = budget_bytes
+    validated.scheme = chosen.scheme.model_copy(update=update)
+    validated.runs_trained, validated.seconds = trainer.trained, time.perf_counter() - t0
+    return validated
 
 
 def check_stage(stage: Stage) -> Path:
@@ -359,6 +372,6 @@ def validate_search(  # the stage's inputs, then keywords
             seeds=stage.validate_seeds,
             budget_bytes=result.budget_bytes,
             widen=stage.validate_widen,
-            on_start=progress.start,
-            on_run=progress.run,
+            rule=stage.validate_rule,
+            progress=progress,
         )
