@@ -101,7 +101,10 @@ from transfer_protocol import (
     load_protocol,
     missing_runs,
     redone,
+    rules_of,
     run_id,
+    stage_family,
+    stage_name,
 )
 from transfer_report import VALIDATED, assemble, chosen_lr, comparisons, left_out, markdown, plot, verdicts
 from transfer_runs import (
@@ -378,15 +381,17 @@ def choose_methods(run: Run) -> None:
     ]
     methods += natural_methods(cap, budgets, applied)
     run.runs_of = share_runs(methods, cap.graph)
-    stages = {f"validated {b}": b for b in budgets} if run.profile is not None else {}
+    rules = rules_of(a.rule)
+    stages = {stage_name(b, r, a.rule): b for b in budgets for r in rules} if run.profile is not None else {}
     keep = None
     if a.methods:
         keep = split_names(a.methods, {m.name for m in methods} | {m.family for m in methods} | {*stages, VALIDATED})
-    run.stages = [b for name, b in stages.items() if keep is None or name in keep or VALIDATED in keep]
+    kept = [b for name, b in stages.items() if keep is None or name in keep or VALIDATED in keep]
+    run.stages = list(dict.fromkeys(kept))
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
-    for b in run.stages:  # the finished stages (a stage job trains the rest: train)
-        m = validated(run, bench, cap, b, train_missing=False)
-        methods += [m] if m is not None else []
+    for b in run.stages:  # the finished stages, every rule's row (a stage job trains the rest: train)
+        found = [validated(run, bench, cap, b, train_missing=False, rule=r) for r in rules]
+        methods += [m for m in found if m is not None]
     share_runs(methods, cap.graph)  # before --methods: a kept method may train what a left-out one trains
     if keep is not None:
         methods = [m for m in methods if m.name in keep or m.family in keep or m.lr is not None]
@@ -440,7 +445,9 @@ def job_order(
 
 def train(run: Run, t_start: float) -> None:
     """The jobs of :func:`job_order`: each method that chooses its own rate (its grid, then its test
-    seeds), each stage (``memplan search --validate`` at a budget, then its row's test seeds). A
+    seeds), each stage (``memplan search --validate`` at a budget, then its row's test seeds); then
+    each budget's stage under every other choice rule (a replay on the same runs, widened where its
+    choice is at an edge, then its row's test seeds: ``transfer_protocol.rules_of``). A
     job is claimed before it runs (a lock: ``transfer_runs.claim_path``), so workers sharing the
     checkpoint take the jobs in turn; a job another live worker holds is left to it. The report is
     rewritten after each job."""
@@ -448,19 +455,21 @@ def train(run: Run, t_start: float) -> None:
     bench = Bench(run.setup, run.protocol, a.threads, a.device)
     own = [m for m in run.methods if m.lr is None]
     applied = {m.name: run.memory[m.name]["applied"] for m in own}
-    jobs = job_order(own, applied, a.budgets, run.stages, rest=not a.verdicts_only)
+    jobs: list[Method | str | tuple[str, str]] = [*job_order(own, applied, a.budgets, run.stages, not a.verdicts_only)]
+    jobs += [(rule, b) for rule in rules_of(a.rule)[1:] for b in run.stages]  # replays, after every verdict's job
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), disable=a.no_progress
     )
     with progress:
         bar = progress.add_task("transfer", total=len(jobs))
         for job in jobs:
-            name = job.name if isinstance(job, Method) else f"validated {job}"
+            rule, budget = job if isinstance(job, tuple) else (a.rule, job)
+            name = job.name if isinstance(job, Method) else stage_name(budget, rule, a.rule)
             progress.update(bar, description=name)
             with exclusive(claim_path(run, f"job {name}"), wait=False) as mine:
                 if mine:
-                    if isinstance(job, str):  # the stage, then its row
-                        job = validated(run, bench, run.cap_at(None, 1), job)
+                    if not isinstance(job, Method):  # a stage under a rule, then its row
+                        job = validated(run, bench, run.cap_at(None, 1), budget, rule=rule)
                         describe(run, job)
                     train_method(run, bench, job)
             if mine:
@@ -541,6 +550,7 @@ def header_of(run: Run, records: list[dict]) -> dict[str, Any]:
         "protocol": str(a.protocol),
         "protocol_sha256": a.protocol_sha256,
         "ties": TIES,
+        "rule": a.rule,
         "widen": a.widen,
         "notes": a.notes,
         "redone": runs_redone(run, records),
@@ -616,16 +626,19 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         if m.name not in shown
     ] + [  # a stage not finished has no scheme yet, so no memory
         {
-            "name": f"validated {b}",
-            "method": VALIDATED,
+            "name": stage_name(b, r, a.rule),
+            "method": stage_family(r, a.rule),
             "memory_bytes": None,
             "status": "its validation stage is not finished",
         }
+        for r in rules_of(a.rule)
         for b in run.stages
-        if f"validated {b}" not in described
+        if stage_name(b, r, a.rule) not in described
     ]
-    compared = comparisons(rows, missing)
+    by_rule = {r: comparisons(rows, missing, stage_family(r, a.rule)) for r in rules_of(a.rule)}
+    compared = by_rule.pop(a.rule)
     lines = verdicts(rows, compared)
+    replays = {r: verdicts(rows, c) for r, c in by_rule.items()}
     header = header_of(run, records)
     result = {
         **header,
@@ -636,12 +649,15 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "unstable_seeds": unstable_seeds(rows),
         "comparisons": compared,
         "verdicts": lines,
+        "replayed_rules": {r: {"comparisons": by_rule[r], "verdicts": replays[r]} for r in by_rule},
         "missing": missing,
         "report_wall_s": round(time.perf_counter() - t_start, 1),
         "total_run_wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }
     write_text(out / f"{a.name}.json", json.dumps(result, indent=1) + "\n")
-    write_text(out / f"{a.name}.md", markdown(rows, header, front, lines, result["missing"], result["unstable_seeds"]))
+    write_text(
+        out / f"{a.name}.md", markdown(rows, header, front, lines, result["missing"], result["unstable_seeds"], replays)
+    )
     if rows:
         title = f"{setup.name} -> {task.name} ({res} px): accuracy vs training memory"
         xlabels = {
@@ -650,7 +666,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         }
         plot(rows, front, out / f"{a.name}.png", title, xlabels)
     if echo:
-        print(markdown(rows, header, front, lines, result["missing"], result["unstable_seeds"]))
+        print(markdown(rows, header, front, lines, result["missing"], result["unstable_seeds"], replays))
     return result
 
 

@@ -4,6 +4,9 @@
   backbone, data, budgets, learning-rate grids, seeds and epochs; the benchmark refuses to run
   without one, refuses a command-line option that contradicts it, and its report states the
   file's sha256 (:func:`load_protocol`);
+* the validation stage's choice rule (``rule``, ``memplan.search.rules``): the protocol's rule
+  makes the verdicts; every other registered rule is replayed on the same validation runs and its
+  rows are reported beside them, never as the protocol's verdicts (:func:`rules_of`);
 * the choice of a method's learning rate on validation (:func:`grid_rungs`, :func:`choose_lr`):
   successive halving over the validation seeds, the best mean validation accuracy wins, a tie
   goes to the smaller rate (:data:`TIES`);
@@ -29,6 +32,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from memplan.errors import BadOption, MemplanError
+from memplan.names import CHOICE_RULES
 from memplan.rates import Rates, outward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +43,8 @@ TIES = (
 )
 
 
+#: the family of the validated rows made by the protocol's own choice rule (the verdicts)
+VALIDATED = "searched + validated"
 #: the device whose runs a report counts unless told another (a record that names none ran on the CPU)
 REFERENCE_DEVICE = "cpu"
 
@@ -69,12 +75,24 @@ class BenchProtocol(BaseModel):
     stage_lrs: list[str] = Field(min_length=1, description="the validation stage's grid")
     widen: int = Field(ge=0, description="times a grid may widen beyond a chosen edge")
     ties: Literal["smaller rate"] = Field(description="the tie rule (TIES)")
+    rule: str = Field(
+        "best",
+        description="the validation stage's choice rule (memplan.search.rules), whose rows are the verdicts; the "
+        "others are replayed on the same validation runs beside them (absent: best, the rule before rules existed)",
+    )
     notes: list[str] = Field(default_factory=list, description="why the protocol is as it is; runs redone and why")
 
     @field_validator("lrs", "stage_lrs")
     @classmethod
     def _rates(cls, v: list[str]) -> list[str]:
         return [str(Rates.parse(x)) for x in v]
+
+    @field_validator("rule")
+    @classmethod
+    def _rule(cls, v: str) -> str:
+        if v not in CHOICE_RULES:
+            raise ValueError(f"unknown rule {v!r}; choose one of: {', '.join(CHOICE_RULES)}")
+        return v
 
     @field_validator("seeds", "val_seeds")
     @classmethod
@@ -114,6 +132,27 @@ def load_protocol(path: str | Path) -> tuple[BenchProtocol, str]:
     if problems := proto.problems():
         raise BadOption(f"protocol {path}: {problems[0]}")
     return proto, hashlib.sha256(raw).hexdigest()
+
+
+def stage_family(rule: str, own: str) -> str:
+    """The family of a validated row chosen by ``rule`` in a report whose protocol's rule is ``own``:
+    :data:`VALIDATED` for the protocol's rows (the verdicts), ``VALIDATED [rule R]`` for a replay."""
+    return VALIDATED if rule == own else f"{VALIDATED} [rule {rule}]"
+
+
+def stage_name(budget: str, rule: str, own: str) -> str:
+    """A validated row's name: ``validated B``, or ``validated B [rule R]`` for a replay."""
+    return f"validated {budget}" if rule == own else f"validated {budget} [rule {rule}]"
+
+
+def is_stage(family: str) -> bool:
+    """Whether ``family`` is a validated row's (any rule's)."""
+    return family.startswith(VALIDATED)
+
+
+def rules_of(own: str) -> list[str]:
+    """The choice rules a report shows: the protocol's ``own`` first, then every other registered one."""
+    return [own, *(r for r in CHOICE_RULES if r != own)]
 
 
 # ----------------------------------------------------------------------------- choosing a rate

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transfer_protocol import TIES, method_grid, run_id
+from transfer_protocol import TIES, VALIDATED, is_stage, method_grid, run_id
 from transfer_runs import MEMORY_COLUMNS, Method, trains_of
 from transfer_stats import (
     ALPHA,
@@ -29,8 +29,6 @@ from memplan.optim import OPTIMIZERS
 from memplan.plan import Validation
 from memplan.rates import Rates
 from memplan.units import parse_bytes
-
-VALIDATED = "searched + validated"
 
 
 def chosen_lr(m: Method, a: argparse.Namespace, done: dict) -> tuple[list[Rates], Rates | None, bool]:
@@ -110,7 +108,7 @@ def assemble(methods: list[Method], memory: dict[str, dict[str, int]], a: argpar
     return rows
 
 
-def comparisons(rows: list[dict], missing: Sequence[dict] = ()) -> list[dict[str, Any]]:
+def comparisons(rows: list[dict], missing: Sequence[dict] = (), family: str = VALIDATED) -> list[dict[str, Any]]:
     """Each validated row against the best baseline (highest mean) whose applied memory fits its
     budget: the CI verdict, the paired per-seed difference (points) with its 95% CI and paired-t
     p-value, and the Holm-adjusted p-value and verdict over the report's budgets (one backbone's);
@@ -121,12 +119,14 @@ def comparisons(rows: list[dict], missing: Sequence[dict] = ()) -> list[dict[str
     ``missing``: the methods without a row yet (``name``, ``method``, ``memory_bytes``). A baseline
     among them that fits a budget is listed in that comparison's ``pending`` (its verdict is
     provisional), and every unfinished stage counts in Holm's family at p = 1, so that an adjusted
-    p-value never shrinks when the stage finishes (``holm_family``: how many p-values it counts)."""
-    base = [r for r in rows if r["method"] not in (VALIDATED, "scheme")]
-    waiting = [m for m in missing if m["method"] not in (VALIDATED, "scheme")]
-    unfinished = sum(m["method"] == VALIDATED for m in missing)
+    p-value never shrinks when the stage finishes (``holm_family``: how many p-values it counts).
+    ``family``: the validated rows compared (one choice rule's: :func:`stage_family`), a Holm family
+    of their own."""
+    base = [r for r in rows if not is_stage(r["method"]) and r["method"] != "scheme"]
+    waiting = [m for m in missing if not is_stage(m["method"]) and m["method"] != "scheme"]
+    unfinished = sum(m["method"] == family for m in missing)
     out = []
-    for r in (x for x in rows if x["method"] == VALIDATED):
+    for r in (x for x in rows if x["method"] == family):
         budget = parse_bytes(r["budget"])
         fits = [b for b in base if b["memory_bytes"] <= budget]
         c: dict[str, Any] = {"name": r["name"], "budget_bytes": budget, "baseline": None}
@@ -194,7 +194,9 @@ def _protocol_lines(header: dict[str, Any]) -> list[str]:
     out = [
         f"Protocol: `{header['protocol']}` (sha256 `{header['protocol_sha256']}`), fixed before the runs. "
         f"Ties: {TIES}. A rate chosen at an edge of its grid widens the grid one step beyond it, at most "
-        f"{header.get('widen', 0)} times (* in the LR column: still at an edge).",
+        f"{header.get('widen', 0)} times (* in the LR column: still at an edge). The validation stage chooses by "
+        f"the rule {header.get('rule', 'best')!r} (memplan.search.rules), whose rows make the verdicts; "
+        "every other rule is replayed on the same validation runs, its rows named `[rule R]` and judged apart.",
         "",
     ]
     out += [f"- note: {n}" for n in header.get("notes", [])]
@@ -210,10 +212,12 @@ def markdown(
     lines: list[str],
     missing: Sequence[dict] = (),
     unstable: Sequence[dict] = (),
+    replays: dict[str, list[str]] | None = None,
 ) -> str:
     """The table, the validation stages and the verdicts; ``missing``: the methods left out of the
     table (not trained, or not every test seed finished), each with its applied memory, bytes;
-    ``unstable``: the seeds ``transfer_stats.unstable_seeds`` lists."""
+    ``unstable``: the seeds ``transfer_stats.unstable_seeds`` lists; ``replays``: the verdicts of
+    each choice rule other than the protocol's."""
     tt = MEMORY_COLUMNS["tinytraining"][3]
     out = [
         f"# Transfer benchmark: {header['model']} -> {header['data']}",
@@ -242,7 +246,7 @@ def markdown(
             f"{len(r['accuracy'])} | {r['lr']}{'*' if r['lr_at_grid_edge'] else ''} | {r['trainable_params']:,} | "
             f"{r['wall_s']:.0f} | {'P' if r['name'] in front else ''} |"
         )
-    stage = [r for r in rows if r["method"] == VALIDATED]
+    stage = [r for r in rows if is_stage(r["method"])]
     if stage:
         out += ["", "## Validation stage (memplan search B --validate)", ""]
         for r in stage:
@@ -258,12 +262,20 @@ def markdown(
                 f"{'more than' if margin.resolved else 'inside'} twice its SE"
             )
             out.append(
-                f"- {r['name']}: chose **{r['chosen']}** at lr {r['lr']} (grid {', '.join(r.get('grid', []))}), "
+                f"- {r['name']}: chose **{r['chosen']}** by rule {r.get('rule', 'best')!r} at lr {r['lr']} "
+                f"(grid {', '.join(r.get('grid', []))}), "
                 f"validation {val['accuracy']:.2f} ± {val['se']:.2f}% (seeds {val['seeds']}); runners-up: {runners}"
                 f"{over}. The stage compared {r['stage_runs']} runs: {r['stage_run_s']:,.0f} s of training and "
                 f"evaluation one after another ({r['stage_cpu_s']:,.0f} CPU s)"
             )
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
+    for rule, said in (replays or {}).items():
+        out += [
+            f"## Verdicts under the rule {rule!r}: not the protocol's, replayed on the same validation runs",
+            "",
+            *[f"- {x}" for x in said or ["no budget's stage is finished under it"]],
+            "",
+        ]
     if unstable:
         out += [
             f"Unstable seeds (more than {UNSTABLE_POINTS:g} points below the median of the row's other seeds; "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transfer_protocol import REFERENCE_DEVICE, counted, run_id
+from transfer_protocol import REFERENCE_DEVICE, counted, run_id, stage_family, stage_name
 
 from memplan.api import profile_captured
 from memplan.contrib.checkpoint import Checkpoint
@@ -209,11 +209,16 @@ class BenchTrainer:
         return math.nan if done[rid]["diverged"] else done[rid]["accuracy"]
 
 
-def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool = True) -> Method | None:
+def validated(
+    run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool = True, rule: str | None = None
+) -> Method | None:
     """``memplan search --validate``'s scheme at ``budget`` (the search in ``applied`` mode at the
-    training batch, over ``--profile``), as a method trained at the rate the stage chose (None when
-    the stage's runs are not all in the checkpoint and ``train_missing`` is off)."""
+    training batch, over ``--profile``) chosen by ``rule`` (None: the protocol's), as a method
+    trained at the rate the stage chose (None when the stage's runs are not all in the checkpoint
+    and ``train_missing`` is off). Another rule than the protocol's is a replay on the same runs,
+    named and grouped apart (``transfer_report.stage_name`` / ``stage_family``)."""
     a = run.a
+    rule = rule or a.rule
     options = dict(
         profile_path=run.profile, mode="applied", optimizer=a.optimizer, batch=a.batch_size, resolution=a.resolution
     )
@@ -226,12 +231,18 @@ def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool
     trainer = BenchTrainer(run, bench, cap.graph, train_missing)
     try:
         v = choose(
-            candidates, trainer, lrs=a.stage_lrs, seeds=a.val_seeds, budget_bytes=result.budget_bytes, widen=a.widen
+            candidates,
+            trainer,
+            lrs=a.stage_lrs,
+            seeds=a.val_seeds,
+            budget_bytes=result.budget_bytes,
+            widen=a.widen,
+            rule=rule,
         )
     except LookupError:
         return None
     m = trainer.method(v.chosen)
-    name = f"validated {budget}"
+    name = stage_name(budget, rule, a.rule)
     # the stage's own cost: every run it compared (the baselines' included), as memplan search --validate
     # would train them alone on this machine, one after another
     stage_runs = [
@@ -241,7 +252,7 @@ def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool
     ]
     return Method(
         name,
-        "searched + validated",
+        stage_family(rule, a.rule),
         m.plan,
         v.scheme if m.arch is None else m.cost,  # a scheme that adds modules is costed as its strategy
         arch=m.arch,
@@ -250,6 +261,7 @@ def validated(run: Run, bench: Bench, cap: Any, budget: str, train_missing: bool
         detail={
             "budget": budget,
             "chosen": v.chosen.name,
+            "rule": rule,
             "validation": v.scheme.validation.model_dump(mode="json"),
             "bias_update": v.scheme.bias_update,
             "weights": [[w.conv_index, w.ratio] for w in v.scheme.weight_updates],

@@ -119,6 +119,14 @@ def check_report_rebuilds_rows(transfer, argv: list[str], rows: list[dict]) -> N
         assert runs.memory_of(run.cap_at, rebuilt, "adam", 8) == r["memory"]
 
 
+def check_replay(result: dict) -> None:
+    """The replayed rule's row chose by that rule on the stage's runs and is judged apart from the verdicts."""
+    replay = next(r for r in result["rows"] if r["name"] == "validated 300KB [rule resolved]")
+    assert replay["rule"] == replay["validation"]["rule"] == "resolved" and replay["stage_runs"] > 0
+    assert [c["name"] for c in result["replayed_rules"]["resolved"]["comparisons"]] == [replay["name"]]
+    assert [c["name"] for c in result["comparisons"]] == ["validated 300KB"]
+
+
 def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch):
     npz, profile = tiny_profile(tmp_path, seeds=(0, 1))
     out = tmp_path / "bench"
@@ -133,15 +141,19 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     ]  # fmt: skip
     result = transfer.main(argv)
     names = {r["name"] for r in result["rows"]}
-    assert names == {"classifier only", "bias only", "last-1 weights+biases", "validated 300KB"}
+    # the protocol's rule (absent: best) makes the verdicts; the other rule is replayed on the same runs
+    assert names == {
+        "classifier only", "bias only", "last-1 weights+biases", "validated 300KB", "validated 300KB [rule resolved]"
+    }  # fmt: skip
     assert not result["missing"]
+    check_replay(result)
     for r in result["rows"]:
         # a per-family point is its own setting only for a method that trains weights; for the others it is
         # the uniform 0.01 (the weights' rate of a model whose weights are frozen changes nothing)
         trains_weights = r["name"] == "last-1 weights+biases" or bool(r.get("weights"))
         grid = {"0.001", "0.01"} | ({"0.01/weight=0.001"} if trains_weights else set())
         assert len(r["accuracy"]) == 2 and r["lr"] in grid and r["memory_bytes"] > 0
-        if r["name"] != "validated 300KB":
+        if not r["name"].startswith("validated 300KB"):
             assert set(r["grid_validation"]) == grid
             # successive halving: every point at the first seed, the better half (at least two) at the second
             assert all(accs for accs in r["grid_validation"].values())
