@@ -101,6 +101,13 @@ def test_validate_dir_naming_a_file_is_one_line(profile, tmp_path, capsys):
     assert file.read_text() == "x"
 
 
+def test_an_unknown_choice_rule_is_one_line_before_any_work(profile, tmp_path, capsys):
+    folder = tmp_path / "val"
+    code, _, err = run_cli([*stage_args(profile, folder), "--validate-rule", "luck"], capsys)
+    assert one_line_error(code, err, "unknown --validate-rule 'luck'; choose one of: best, resolved"), err
+    assert not (folder / CHECKPOINT).exists()
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_missing_ray_is_refused_before_any_work(profile, tmp_path, capsys, monkeypatch, workers):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
