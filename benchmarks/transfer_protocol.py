@@ -32,8 +32,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from memplan.errors import BadOption, MemplanError
-from memplan.names import CHOICE_RULES
 from memplan.rates import Rates, outward
+from memplan.search.rules import CHOICE_RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the tie rule, as the report states it
@@ -90,8 +90,7 @@ class BenchProtocol(BaseModel):
     @field_validator("rule")
     @classmethod
     def _rule(cls, v: str) -> str:
-        if v not in CHOICE_RULES:
-            raise ValueError(f"unknown rule {v!r}; choose one of: {', '.join(CHOICE_RULES)}")
+        CHOICE_RULES.choose(v)  # an unknown one: a one-line error naming the known ones
         return v
 
     @field_validator("seeds", "val_seeds")

@@ -90,3 +90,12 @@ def test_the_shipped_protocols_are_complete_and_fair(transfer, path):
 
 def test_there_are_three_shipped_protocols():
     assert {p.stem for p in PROTOCOLS.glob("*.json")} == {"lite0-fashion-mnist", "lite2-fashion-mnist", "lite0-cifar10"}
+
+
+def test_a_protocol_names_a_known_choice_rule_and_without_one_ran_best(tmp_path):
+    proto = load_benchmark("transfer_protocol")
+    assert proto.load_protocol(protocol(tmp_path / "p.json"))[0].rule == "best"  # the shipped ones: no rule
+    assert proto.load_protocol(protocol(tmp_path / "r.json", rule="resolved"))[0].rule == "resolved"
+    with pytest.raises(proto.BadOption, match="unknown choice rule 'luck'"):
+        proto.load_protocol(protocol(tmp_path / "bad.json", rule="luck"))
+    assert proto.rules_of("resolved") == ["resolved", "best"] and proto.rules_of("best") == ["best", "resolved"]

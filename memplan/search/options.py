@@ -258,13 +258,6 @@ class Stage(Options):
             raise ValueError(f"--validate-widen must be >= 0, got {v}")
         return v
 
-    @field_validator("validate_rule")
-    @classmethod
-    def _rule(cls, v: str) -> str:
-        if v not in CHOICE_RULES:
-            raise ValueError(f"unknown --validate-rule {v!r}; choose one of: {', '.join(CHOICE_RULES)}")
-        return v
-
     @field_validator("validate_workers")
     @classmethod
     def _workers(cls, v: int) -> int:
