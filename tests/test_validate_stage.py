@@ -250,3 +250,21 @@ def test_choice_rules_by_hand(table, baselines, best, resolved):
     h, candidates = _halving(table, baselines)
     assert CHOICE_RULES.choose("best").choose(h, candidates).candidate == best
     assert CHOICE_RULES.choose("resolved").choose(h, candidates).candidate == resolved
+
+
+def test_the_view_says_which_candidate_the_rule_passed_over_and_by_how_much():
+    from memplan.render.validated import kept_baseline
+    from memplan.search.stage import Validated
+
+    table = {"searched": [88.8, 87.6], "MobileTL": [88.2, 88.0]}
+    h, candidates = _halving(table, {"MobileTL"})
+    for rule, kept in (("resolved", "MobileTL"), ("best", "searched")):
+        config = CHOICE_RULES.choose(rule).choose(h, candidates)
+        chosen = next(c for c in candidates if c.key == kept)
+        v = Validated(None, chosen, candidates, h, [1], [0, 1], 0, 0.0, "", rule=rule, config=config)
+        said = kept_baseline(v)
+        if rule == "best":
+            assert said is None  # the best on validation was chosen: nothing passed over
+        else:
+            assert said.startswith("the best on validation, searched (88.20%), is +0.10 ± 0.61 points (SE) above")
+            assert "--validate-rule best would take searched" in said
