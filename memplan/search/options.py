@@ -195,7 +195,7 @@ class Stage(Options):
     validate_candidates: int | None = option(
         None,
         "train the search's N best candidates and every baseline that fits on the profile's validation split "
-        "(successive halving over seeds and a learning-rate grid) and return the validated best",
+        "(successive halving over seeds and a learning-rate grid) and return the choice of --validate-rule",
         flags=("--validate",),
     )
     validate_lrs: tuple[str, ...] = option(
