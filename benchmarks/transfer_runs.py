@@ -257,7 +257,7 @@ def validated(
         v.scheme if m.arch is None else m.cost,  # a scheme that adds modules is costed as its strategy
         arch=m.arch,
         runs_as=m.runs_as or m.name,
-        lr=v.halving.best.lr,
+        lr=v.config.lr,  # the rule's choice (halving.best is the best on validation)
         detail={
             "budget": budget,
             "chosen": v.chosen.name,

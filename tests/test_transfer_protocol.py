@@ -99,3 +99,36 @@ def test_a_protocol_names_a_known_choice_rule_and_without_one_ran_best(tmp_path)
     with pytest.raises(proto.BadOption, match="unknown choice rule 'luck'"):
         proto.load_protocol(protocol(tmp_path / "bad.json", rule="luck"))
     assert proto.rules_of("resolved") == ["resolved", "best"] and proto.rules_of("best") == ["best", "resolved"]
+
+
+def test_a_replayed_rule_trains_its_own_choice_at_its_own_rate(transfer, tmp_path, monkeypatch):
+    """The replay of another rule than the protocol's trains the configuration that rule chose, at
+    that configuration's rate, not the best one's: a stub where classifier only peaks at 1e-3 below
+    every other candidate (which peak at 1e-2), and a ``resolved`` rule replaced by one that always
+    takes classifier only."""
+    from memplan.search.rules import CHOICE_RULES, ChoiceRule
+
+    npz, profile = tiny_profile(tmp_path, seeds=(0, 1))
+    fields = dict(
+        data=str(npz), lrs=["1e-4", "1e-3", "1e-2", "1e-1"], stage_lrs=["1e-4", "1e-3", "1e-2", "1e-1"],
+        profile=str(profile), budgets=["300KB"], validate_candidates=1, widen=0,
+    )  # fmt: skip
+
+    def run(self, m, lr, seed, split):
+        peak, top = (1e-3, 79.0) if m.key == "classifier only" else (1e-2, 80.0)
+        acc = top - 5 * abs(math.log10(lr.classifier) - math.log10(peak))
+        return dict(accuracy=acc, diverged=False, train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=1)
+
+    def classifier_only(halving, candidates):
+        return halving.best_of(next(c.key for c in candidates if c.name == "classifier only"))
+
+    monkeypatch.setattr(transfer.Bench, "run", run)
+    monkeypatch.setitem(CHOICE_RULES._items, "resolved", ChoiceRule(classifier_only, "test"))
+    argv = ["--protocol", protocol(tmp_path / "p.json", **fields), "--out", str(tmp_path / "b"), "--no-progress"]
+    result = transfer.main([*argv, "--methods", "classifier only,searched + validated"])
+    rows = {r["name"]: r for r in result["rows"]}
+    best, kept = rows["validated 300KB"], rows["validated 300KB [rule resolved]"]
+    assert best["chosen"] != "classifier only" and best["lr"] == "0.01"
+    assert kept["chosen"] == "classifier only" and kept["lr"] == "0.001" == rows["classifier only"]["lr"]
+    assert kept["same_runs_as"] == "classifier only" and kept["accuracy"] == rows["classifier only"]["accuracy"]
+    assert kept["validation"]["accuracy"] == 79.0 and best["validation"]["accuracy"] == 80.0
