@@ -115,26 +115,56 @@ def test_the_fair_results_table_is_the_committed_reports():
         rows = {r["name"]: r for r in report["rows"]}
         name = f"validated {budget.replace(' ', '')}"
         (c,) = [c for c in report["comparisons"] if c["name"] == name]
-        mean, ci = map(float, re.search(ACC, scheme).groups())
-        assert (mean, ci) == (round(rows[name]["accuracy_mean"], 2), round(rows[name]["accuracy_ci"], 2)), line
         m = Validation(**rows[name]["validation"]).margin()
         assert margin == f"{m.points:+.2f} ± {m.se:.2f} over {m.baseline}", line
-        if verdict == "the baseline":  # the stage chose the best baseline: nothing to compare
-            assert rows[name]["chosen"] == c["baseline"], line
-            continue
-        base = rows[c["baseline"]]
-        assert tuple(map(float, re.search(ACC, baseline).groups())) == (
-            round(base["accuracy_mean"], 2),
-            round(base["accuracy_ci"], 2),
-        ), line
-        d, dci, p, *holm = re.fullmatch(
-            r"([-+]?[\d.]+) ± ([\d.]+), p = ([\de.-]+)(?:, Holm ([\de.-]+))?", paired
-        ).groups()
-        assert (float(d), float(dci)) == (round(c["difference"], 2), round(c["ci"], 2)), line
-        assert printed(c["p"], p) and (holm[0] is None or printed(c["p_holm"], holm[0])), line
-        assert ("beats" in verdict) == c["ci_verdict"].startswith("BEATS"), line
-        assert ("ties" in verdict) == c["ci_verdict"].startswith("ties"), line
-        assert ("loses" in verdict) == c["ci_verdict"].startswith("LOSES"), line
+        check_verdict(line, cells[2:6], rows[name], c, rows)
+
+
+def test_the_replayed_rule_table_is_the_committed_reports():
+    """The table of the rule 'resolved' replayed on the fair runs: a row for every replay finished in
+    the committed reports and no other, each as the report's replayed comparison holds it."""
+    text = (ROOT / "docs" / "benchmarks" / "transfer.md").read_text()
+    body = text.split("| setting | budget | chose |")[1].split("\n\n")[0].splitlines()[2:]
+    shown = {tuple(c.strip() for c in line.strip().strip("|").split("|")[:2]) for line in body}
+    finished = {
+        (setting, f"{c['budget_bytes'] // 1_000_000} MB")
+        for setting, path in FAIR.items()
+        if (ROOT / path).exists()
+        for c in json.loads((ROOT / path).read_text())
+        .get("replayed_rules", {})
+        .get("resolved", {})
+        .get("comparisons", [])
+    }
+    assert shown == finished, f"table lacks {sorted(finished - shown)}, has unfinished {sorted(shown - finished)}"
+    for line in body:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        report = json.loads((ROOT / FAIR[cells[0]]).read_text())
+        rows = {r["name"]: r for r in report["rows"]}
+        name = f"validated {cells[1].replace(' ', '')} [rule resolved]"
+        (c,) = [c for c in report["replayed_rules"]["resolved"]["comparisons"] if c["name"] == name]
+        check_verdict(line, cells[2:6], rows[name], c, rows)
+
+
+def check_verdict(line: str, cells: list[str], row: dict, c: dict, rows: dict) -> None:
+    """A published verdict's cells (the validated scheme, the best baseline, the paired difference,
+    the verdict) against the report's row and comparison ``c``."""
+    scheme, baseline, paired, verdict = cells
+    mean, ci = map(float, re.search(ACC, scheme).groups())
+    assert (mean, ci) == (round(row["accuracy_mean"], 2), round(row["accuracy_ci"], 2)), line
+    if verdict == "the baseline":  # the stage chose the best baseline: nothing to compare
+        assert row["chosen"] == c["baseline"] and baseline == "(itself)" and not paired, line
+        return
+    base = rows[c["baseline"]]
+    assert tuple(map(float, re.search(ACC, baseline).groups())) == (
+        round(base["accuracy_mean"], 2),
+        round(base["accuracy_ci"], 2),
+    ), line
+    d, dci, p, *holm = re.fullmatch(r"([-+]?[\d.]+) ± ([\d.]+), p = ([\de.-]+)(?:, Holm ([\de.-]+))?", paired).groups()
+    assert (float(d), float(dci)) == (round(c["difference"], 2), round(c["ci"], 2)), line
+    assert printed(c["p"], p) and (holm[0] is None or printed(c["p_holm"], holm[0])), line
+    assert ("beats" in verdict) == c["ci_verdict"].startswith("BEATS"), line
+    assert ("ties" in verdict) == c["ci_verdict"].startswith("ties"), line
+    assert ("loses" in verdict) == c["ci_verdict"].startswith("LOSES"), line
 
 
 @pytest.mark.parametrize(
