@@ -22,6 +22,7 @@ its noise is no evidence.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +59,7 @@ def margin_over(chosen: Config, baseline: Config, name: str) -> Margin | None:
     """``chosen``'s validation margin over ``baseline`` (named ``name``); None with one seed."""
     if len(chosen.accuracy) < 2:
         return None
-    return Margin(name, chosen.mean - baseline.mean, (chosen.se**2 + baseline.se**2) ** 0.5)
+    return Margin(name, chosen.mean - baseline.mean, math.hypot(chosen.se, baseline.se))
 
 
 def _best(halving: Halving, candidates: Sequence[Any]) -> Config:
