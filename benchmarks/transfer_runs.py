@@ -216,7 +216,7 @@ def validated(
     training batch, over ``--profile``) chosen by ``rule`` (None: the protocol's), as a method
     trained at the rate the stage chose (None when the stage's runs are not all in the checkpoint
     and ``train_missing`` is off). Another rule than the protocol's is a replay on the same runs,
-    named and grouped apart (``transfer_report.stage_name`` / ``stage_family``)."""
+    named and grouped apart (``transfer_protocol.stage_name`` / ``stage_family``)."""
     a = run.a
     rule = rule or a.rule
     options = dict(

@@ -58,7 +58,7 @@ class Validation(BaseModel):
         if not rivals or len(self.seeds) < 2:
             return None
         best = max(rivals, key=lambda r: r["accuracy"])
-        return Margin(best["name"], self.accuracy - best["accuracy"], math.hypot(self.se, best["se"]))
+        return Margin.between(best["name"], (self.accuracy, self.se), (best["accuracy"], best["se"]))
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,11 @@ class Margin:
     baseline: str
     points: float
     se: float
+
+    @classmethod
+    def between(cls, baseline: str, chosen: tuple[float, float], base: tuple[float, float]) -> Margin:
+        """The margin of ``chosen`` over ``base``, each (mean %, SE points), the baseline named ``baseline``."""
+        return cls(baseline, chosen[0] - base[0], math.hypot(chosen[1], base[1]))
 
     @property
     def resolved(self) -> bool:

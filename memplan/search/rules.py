@@ -22,7 +22,6 @@ its noise is no evidence.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +58,7 @@ def margin_over(chosen: Config, baseline: Config, name: str) -> Margin | None:
     """``chosen``'s validation margin over ``baseline`` (named ``name``); None with one seed."""
     if len(chosen.accuracy) < 2:
         return None
-    return Margin(name, chosen.mean - baseline.mean, math.hypot(chosen.se, baseline.se))
+    return Margin.between(name, (chosen.mean, chosen.se), (baseline.mean, baseline.se))
 
 
 def _best(halving: Halving, candidates: Sequence[Any]) -> Config:
