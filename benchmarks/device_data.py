@@ -59,6 +59,7 @@ def task_digest(spec: str, env: str, folder: Path, p: dict) -> str:
                 p.get("train_per_class"),
                 validation=p.get("validation"),
                 test_per_class=p.get("test_per_class"),
+                seed=p.get("split_seed", 0),
             )
         )
     finally:
@@ -71,7 +72,8 @@ def task_digest(spec: str, env: str, folder: Path, p: dict) -> str:
 def kept_mask(labels: np.ndarray, p: dict) -> np.ndarray:
     """True for each training image the protocol ``p`` reads."""
     kept = np.zeros(len(labels), bool)
-    kept[np.concatenate(split_indices(labels, p.get("validation"), p.get("train_per_class")))] = True
+    split = split_indices(labels, p.get("validation"), p.get("train_per_class"), p.get("split_seed", 0))
+    kept[np.concatenate(split)] = True
     return kept
 
 

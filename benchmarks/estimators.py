@@ -74,6 +74,7 @@ def contrib_options(grid: ContribProfile) -> dict[str, Any]:
         train_per_class=d["train_per_class"],
         validation=d["validation_split"],
         test_per_class=d["test_per_class"],
+        split_seed=d.get("split_seed", 0),
         seeds=p.seeds,
         epochs=p.epochs,
         batch_size=p.batch_size,

@@ -132,7 +132,7 @@ from memplan.api import capture, profile_captured
 from memplan.contrib.checkpoint import Checkpoint
 from memplan.contrib.protocol import Protocol
 from memplan.contrib.runner import linear_probe, resolve_device
-from memplan.contrib.setup import build_setup
+from memplan.contrib.setup import Split, build_setup
 from memplan.errors import MemplanError
 from memplan.io import exclusive, save_state, write_text
 from memplan.optim import OPTIMIZERS
@@ -286,9 +286,7 @@ def start(a: argparse.Namespace) -> Run:
         None if a.weights == "none" else a.weights,
         a.data,
         resolution=a.resolution,
-        train_per_class=a.train_per_class,
-        validation=a.validation,
-        test_per_class=a.test_per_class,
+        split=Split(a.validation, a.train_per_class, a.test_per_class, a.split_seed),
     )
     # the grid and the seeds are not part of the identity: every run's id names its lr and seed, so
     # widening the grid or adding seeds keeps the finished runs
@@ -541,8 +539,9 @@ def header_of(run: Run, records: list[dict]) -> dict[str, Any]:
         "description": (
             f"{setup.name} ({setup.weights.get('source')}) -> {task.name} at {res} px: "
             f"{task.x_train.shape[0]} training images, {task.x_val.shape[0]} validation images carved from the "
-            f"training data, {task.x_test.shape[0]} test images (final numbers only). Linear probe first "
-            f"({a.probe_epochs} epochs, lr {a.probe_lr}; validation accuracy {run.probe:.2f}%), then every method: "
+            f"training data (split seed {a.split_seed}), {task.x_test.shape[0]} test images (final numbers only). "
+            f"Linear probe first ({a.probe_epochs} epochs, lr {a.probe_lr}; validation accuracy {run.probe:.2f}%), "
+            "then every method: "
             f"{a.optimizer} ({OPTIMIZERS[a.optimizer].description}), the learning rate(s) of the LR column (one rate "
             f"for every trained tensor, or rates per family: biases / norms / head, then weights), {a.epochs} "
             f"epochs of batch {a.batch_size}, cosine decay, no augmentation."

@@ -61,6 +61,12 @@ class BenchProtocol(BaseModel):
     train_per_class: int = Field(gt=0)
     validation: int = Field(gt=0, description="validation images per class, carved from training")
     test_per_class: int | None = Field(description="None: the whole test split")
+    split_seed: int = Field(
+        0,
+        ge=0,
+        description="seed of the training/validation split (memplan.contrib.data; absent: 0, the split of the "
+        "protocols written before it existed): another seed is a fresh replicate of the same task",
+    )
     epochs: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     optimizer: str

@@ -51,6 +51,7 @@ def measure(
     layer x channel ratio on a validation split. Resumable: rerun to continue. Every other option is
     one of memplan.contrib.options.ContribOptions."""
     from .contrib.analysis import run_contrib
+    from .contrib.estimators import ESTIMATORS
     from .contrib.profile import probe_warning
     from .render.figures import plot_contrib
 
@@ -60,10 +61,12 @@ def measure(
     prof = run_contrib(model, opts.replace(progress=sys.stderr.isatty()))
     out = opts.execution.out
     timing = prof.timing
+    gradients = ESTIMATORS[prof.estimator].runs == "gradients"  # no runs: gradients on training batches
+    where = "from training-data gradients" if gradients else f"on the {prof.evaluated_on} split"
     out_console.print(
-        f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured by {prof.estimator} on the "
-        f"{prof.evaluated_on} split in {timing['estimator_wall_s']:.1f} s, after a linear probe of "
-        f"{timing['probe_wall_s']:.1f} s at {prof.probe_accuracy:.2f}%" + (f"; wrote {out}" if out else ""),
+        f"{len(prof.weight)} layers, {len(prof.bias)} bias depths measured by {prof.estimator} {where} in "
+        f"{timing['estimator_wall_s']:.1f} s, after a linear probe of {timing['probe_wall_s']:.1f} s at "
+        f"{prof.probe_accuracy:.2f}% on the {prof.evaluated_on} split" + (f"; wrote {out}" if out else ""),
         markup=False,
     )
     warning = probe_warning(prof)

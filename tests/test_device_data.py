@@ -24,23 +24,24 @@ def idx(path, a: np.ndarray) -> None:
     path.write_bytes(gzip.compress(head + a.astype(np.uint8).tobytes()))
 
 
-def task(spec: str):
-    return load_data(spec, (3, 8, 8), 3, validation=2)
+def task(spec: str, split_seed: int = 0):
+    return load_data(spec, (3, 8, 8), 3, validation=2, seed=split_seed)
 
 
 def same_task(a, b) -> bool:
     return all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("x_train", "y_train", "x_val", "y_val", "x_test"))
 
 
-def reduce(tmp_path, data: str) -> tuple:
+def reduce(tmp_path, data: str, split_seed: int = 0) -> tuple:
     proto = tmp_path / "protocol.json"
-    proto.write_text(json.dumps({**PROTOCOL, "data": data}))
+    proto.write_text(json.dumps({**PROTOCOL, "data": data, "split_seed": split_seed}))
     dest = tmp_path / "dest"
     load_benchmark("device_data").main([str(proto), str(dest)])
     return dest
 
 
-def test_fashion_mnist_keeps_the_read_images_and_the_task(tmp_path, monkeypatch):
+@pytest.mark.parametrize("split_seed", [0, 3])  # another split reads other images
+def test_fashion_mnist_keeps_the_read_images_and_the_task(tmp_path, monkeypatch, split_seed):
     rng = np.random.default_rng(0)
     src = tmp_path / "src"
     src.mkdir()
@@ -51,14 +52,14 @@ def test_fashion_mnist_keeps_the_read_images_and_the_task(tmp_path, monkeypatch)
     idx(src / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (CLASSES, 28, 28)))
     idx(src / "t10k-labels-idx1-ubyte.gz", np.arange(CLASSES))
     monkeypatch.setenv("MEMPLAN_FASHION_MNIST", str(src))
-    original = task("fashion-mnist")
-    dest = reduce(tmp_path, "fashion-mnist")
+    original = task("fashion-mnist", split_seed)
+    dest = reduce(tmp_path, "fashion-mnist", split_seed)
     reduced = load_benchmark("device_data").read_idx(dest / "train-images-idx3-ubyte.gz")
     nonzero = reduced.reshape(len(labels), -1).any(1)
     assert nonzero.sum() == CLASSES * (2 + 3)  # validation + training subset per class
     assert np.array_equal(reduced[nonzero], images[nonzero])
     monkeypatch.setenv("MEMPLAN_FASHION_MNIST", str(dest))
-    assert same_task(task("fashion-mnist"), original)
+    assert same_task(task("fashion-mnist", split_seed), original)
 
 
 def test_cifar10_keeps_the_read_images_and_the_task(tmp_path, monkeypatch):

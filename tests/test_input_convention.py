@@ -18,7 +18,7 @@ from PIL import Image
 
 import memplan.train
 from memplan.cli import main
-from memplan.contrib.setup import build_setup
+from memplan.contrib.setup import Split, build_setup
 
 torch.set_num_threads(1)
 
@@ -43,7 +43,7 @@ def resized(pixels: torch.Tensor) -> torch.Tensor:
 
 
 def setup(model: str):
-    return build_setup(model, None, str(SAMPLE), resolution=SIDE, train_per_class=12, validation=None)
+    return build_setup(model, None, str(SAMPLE), resolution=SIDE, split=Split(validation=None, train_per_class=12))
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_other_zoo_models_standardise_on_the_training_images():
     }
 
 
-def test_contrib_measure_feeds_the_int8_graph_its_own_input(tmp_path):
+def test_contrib_measure_feeds_the_int8_graph_its_own_input(tmp_path, capsys):
     """A cheap measure of mcunet-5fps-int8 on the sample runs, records the convention, and the
     training setup rebuilt from the profile (validation stage, ``memplan.train.prepare``) uses it."""
     out = tmp_path / "p.json"
@@ -78,6 +78,10 @@ def test_contrib_measure_feeds_the_int8_graph_its_own_input(tmp_path):
     with pytest.raises(SystemExit) as exc:
         main([*args, "--batches", "1", "--probe-epochs", "1", "-j", "1", "--threads", "1", "--out", str(out)])
     assert exc.value.code == 0
+    # a gradient estimator trains no run: its numbers come from training batches, not the validation split
+    said = " ".join(capsys.readouterr().out.split())
+    assert "measured by fisher from training-data gradients" in said
+    assert "linear probe" in said and "on the validation split" in said  # the probe is scored there
     norm = json.loads(out.read_text())["dataset"]["normalization"]
     assert norm == {"from": "the model's input convention", "mean": [0.5] * 3, "std": pytest.approx([1 / 255] * 3)}
     prepared = memplan.train.prepare(out)

@@ -429,6 +429,24 @@ def classifier_only(tmp_path) -> tuple[list[str], Path]:
     return argv, out
 
 
+def test_the_protocols_split_seed_carves_the_task(transfer, tmp_path, monkeypatch):
+    """A protocol's ``split_seed`` is a fresh replicate: other validation and training images (the
+    checkpoint's data digest differs), recorded in its identity and stated in the report."""
+    argv, out = classifier_only(tmp_path)
+    monkeypatch.setattr(
+        transfer.Bench, "run", lambda self, m, lr, seed, split: dict(accuracy=40.0 + seed, diverged=False, **TIMES)
+    )
+    first = transfer.main(argv)
+    fields = {**json.loads(Path(argv[1]).read_text()), "split_seed": 3}
+    other = tmp_path / "other"
+    argv3 = ["--protocol", protocol(tmp_path / "split3.json", **fields), *argv[2 : argv.index("--out") + 1], str(other)]
+    second = transfer.main([*argv3, "--no-progress"])
+    identity = [json.loads(open(d / "transfer.runs.jsonl").readline())["identity"]["data"] for d in (out, other)]
+    assert "split_seed" not in identity[0] and identity[1]["split_seed"] == 3
+    assert identity[0]["digest"] != identity[1]["digest"]
+    assert "(split seed 0)" in first["description"] and "(split seed 3)" in second["description"]
+
+
 def test_a_checkpoint_written_elsewhere_is_merged_without_repeats(transfer, tmp_path, monkeypatch):
     """A GPU machine's copy of the checkpoint (the runs it had, then its own, each naming its
     device) merges into this one: the runs this one lacks by id and device are appended, nothing
@@ -591,6 +609,8 @@ def test_which_device_counts(transfer):
         ([], {"lrs": ["0.01/momentum=0.9"]}),
         ([], {"lrs": ["weight=0.01"]}),
         ([], {"seeds": [0, 0]}),
+        ([], {"split_seed": -1}),
+        (["--split-seed", "3"], {}),  # contradicts the protocol's 0
         ([], {"seeds": [0, 1], "val_seeds": [1, 2]}),  # a choice would be re-scored on its own seed
         ([], {"profile": "/nonexistent.json"}),
         ([], {"epochs": None}),

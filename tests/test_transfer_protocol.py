@@ -83,13 +83,31 @@ def test_the_shipped_protocols_are_complete_and_fair(transfer, path):
     proto = load_benchmark("transfer_protocol")
     p, sha = proto.load_protocol(path)
     assert len(sha) == 64 and not p.problems()
-    assert p.seeds == list(range(10)) and not set(p.seeds) & set(p.val_seeds)
+    assert len(p.seeds) == 10 and not set(p.seeds) & set(p.val_seeds)
     assert p.widen >= 1 and p.ties == "smaller rate" and p.budgets
     assert set(p.stage_lrs) <= set(p.lrs)
+    # the profile the stage searches from was measured on the protocol's own task and split
+    ds = json.loads((PROTOCOLS.parents[1] / p.profile).read_text())["dataset"]
+    split = (ds["spec"], ds["validation_split"], ds["train_per_class"], ds.get("split_seed", 0))
+    assert split == (p.data, p.validation, p.train_per_class, p.split_seed)
 
 
-def test_there_are_three_shipped_protocols():
-    assert {p.stem for p in PROTOCOLS.glob("*.json")} == {"lite0-fashion-mnist", "lite2-fashion-mnist", "lite0-cifar10"}
+def test_a_replicate_shares_no_seed_and_no_split_with_its_study():
+    """The Lite0 replicate tests the rule 'resolved' where it was not written: another split, other
+    validation and test seeds, its own profile."""
+    proto = load_benchmark("transfer_protocol")
+    first, _ = proto.load_protocol(PROTOCOLS / "lite0-fashion-mnist.json")
+    again, _ = proto.load_protocol(PROTOCOLS / "lite0-fashion-mnist-replicate.json")
+    assert first.rule == "best" and again.rule == "resolved" and again.split_seed != first.split_seed
+    assert not set(again.seeds + again.val_seeds) & set(first.seeds + first.val_seeds)
+    assert again.profile != first.profile
+    same = ("lrs", "stage_lrs", "budgets", "epochs", "widen", "validate_candidates", "train_per_class", "validation")
+    assert all(getattr(again, f) == getattr(first, f) for f in same)
+
+
+def test_the_shipped_protocols():
+    shipped = {"lite0-fashion-mnist", "lite2-fashion-mnist", "lite0-cifar10", "lite0-fashion-mnist-replicate"}
+    assert {p.stem for p in PROTOCOLS.glob("*.json")} == shipped
 
 
 def test_a_protocol_names_a_known_choice_rule_and_without_one_ran_best(tmp_path):

@@ -43,7 +43,7 @@ from .protocol import RunSpec, grid, run_plan, split_layer
 from .ranking import ranked_protocol, read_ranking
 from .rates import select_rates
 from .runner import Context, Worker, linear_probe, resolve_device
-from .setup import Setup, build_setup
+from .setup import Setup, Split, build_setup
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,9 @@ def _setup(model: str | nn.Module, opts: ContribOptions) -> Setup:
     """:func:`build_setup` under ``opts``, with progress (data, and pretraining where the data asks for
     it, can take minutes)."""
     i = opts.inputs
-    split = dict(train_per_class=i.train_per_class, validation=i.validation, test_per_class=i.test_per_class)
+    split = Split(i.validation, i.train_per_class, i.test_per_class, i.split_seed)
     with stage(opts.execution.progress, "contrib: data, model, backbone weights"):
-        return build_setup(model, i.weights, i.data, resolution=i.resolution, cache_dir=i.cache_dir, **split)
+        return build_setup(model, i.weights, i.data, resolution=i.resolution, split=split, cache_dir=i.cache_dir)
 
 
 def _measure(

@@ -202,6 +202,11 @@ class DataOptions(Options):
     test_per_class: int | None = option(
         None, "test images kept per class (the test split is only used by final evaluations, never seen by a run)"
     )
+    split_seed: int = option(
+        0,
+        "seed of the splits: which training images become the validation split and which are kept (another seed: "
+        "a fresh replicate of the same task; the test split is always the source's own)",
+    )
     cache_dir: str | os.PathLike | None = option(
         None, "folder of the data sources' downloads and pretrained backbones", cli=False
     )

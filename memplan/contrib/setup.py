@@ -15,7 +15,7 @@ models, of the resolution (``Source.train_per_class`` / ``Source.resolution``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,49 @@ from .weights import load_weights, read_state_dict
 ZOO_WEIGHTS = "zoo"  # --weights zoo: the published weights of the zoo entry
 AS_BUILT = "as built (no weights given)"  # the weights record of a model left as built
 PRETRAINED = " pretraining"  # suffix of the weights record of a source's pretraining ("digits pretraining")
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which images the task keeps (``memplan.contrib.data.core.prepare``): ``validation`` images
+    per class (int) or fraction of each class (float) carved from the training split (None: no
+    validation split, runs are scored on the test split); at most ``train_per_class`` /
+    ``test_per_class`` images per class (None: the data source's default / the whole test split);
+    ``seed`` makes those choices (another seed: a fresh replicate of the same task; the test split
+    is the source's own whatever the seed unless ``test_per_class`` subsets it)."""
+
+    validation: Validation | None = DEFAULT_VALIDATION
+    train_per_class: int | None = None
+    test_per_class: int | None = None
+    seed: int = 0
+
+    def check(self) -> None:
+        """A one-line BadOption for a count or seed out of range."""
+        for what, v in (("train_per_class", self.train_per_class), ("test_per_class", self.test_per_class)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise BadOption(f"{what} must be a positive integer, got {v}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise BadOption(f"the split's seed must be a non-negative integer, got {self.seed}")
+
+    def record(self) -> dict[str, Any]:
+        """How the splits were made, as profiles and checkpoints record it (the seed only when it is not
+        0: every record written before the seed existed used 0, and keeps its identity)."""
+        return {
+            "validation_split": self.validation,
+            "train_per_class": self.train_per_class,
+            "test_per_class": self.test_per_class,
+            **({"split_seed": self.seed} if self.seed else {}),
+        }
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> Split:
+        """The split a profile's ``dataset`` record (:meth:`record`) was made with."""
+        return cls(
+            record.get("validation_split"),
+            record.get("train_per_class"),
+            record.get("test_per_class"),
+            record.get("split_seed", 0),
+        )
 
 
 def default_cache_dir() -> Path:
@@ -82,15 +125,21 @@ def _weights_path(model: Any, weights: str | os.PathLike) -> tuple[Path, str]:
     return entry.weights(), f"{ZOO_WEIGHTS}:{entry.name}"
 
 
-def _task(model: Any, data: str, src: Source, resolution: int | None, split: dict[str, Any]) -> Data:
+def _task(model: Any, data: str, src: Source, resolution: int | None, split: Split) -> Data:
     """The task at the model's input: a zoo model's shape at ``resolution`` (default: the source's,
     else the zoo's), standardised by its input convention (``ZooEntry.normalize``) if it has one;
     other models keep the data's shape, resized to C x r x r with ``resolution``."""
+    keep = dict(
+        train_per_class=split.train_per_class,
+        validation=split.validation,
+        test_per_class=split.test_per_class,
+        seed=split.seed,
+    )
     entry = zoo.find_entry(model)
     if entry is not None:
         res = resolution or src.resolution or entry.resolution
-        return load_data(data, tuple(entry.input_shape(res)), normalize=entry.normalize, **split)
-    task = load_data(data, None, **split)
+        return load_data(data, tuple(entry.input_shape(res)), normalize=entry.normalize, **keep)
+    task = load_data(data, None, **keep)
     if resolution is not None:
         shape = (task.x_train.shape[1], resolution, resolution)
         task.x_train, task.x_test = fit_to(task.x_train, shape), fit_to(task.x_test, shape)
@@ -117,23 +166,19 @@ def build_setup(
     data: str,
     *,
     resolution: int | None = None,
-    train_per_class: int | None = None,
-    validation: Validation | None = DEFAULT_VALIDATION,
-    test_per_class: int | None = None,
+    split: Split = Split(),
     cache_dir: str | os.PathLike | None = None,
 ) -> Setup:
     """The model (zoo models get the data resized to their input at ``resolution``, default the
-    zoo's; others keep the data's shape or C x r x r) with its backbone weights, and the task."""
-    for what, v in (("train_per_class", train_per_class), ("test_per_class", test_per_class)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise BadOption(f"{what} must be a positive integer, got {v}")
+    zoo's; others keep the data's shape or C x r x r) with its backbone weights, and the task
+    ``split`` makes."""
+    split.check()
     if weights is not None:  # a bad file fails before the data and the model are prepared
         path, label = _weights_path(model, weights)
         state = read_state_dict(path)
     src = source_of(data)
-    if train_per_class is None:
-        train_per_class = src.train_per_class
-    split = dict(validation=validation, train_per_class=train_per_class, test_per_class=test_per_class)
+    if split.train_per_class is None:
+        split = replace(split, train_per_class=src.train_per_class)
     task = _task(model, data, src, resolution, split)
     torch.manual_seed(0)
     shape = tuple(task.x_train.shape[1:])
@@ -167,9 +212,7 @@ def build_setup(
         "normalization": normalization(model, task),
         "digest": data_digest(task),
         "spec": data,
-        "validation_split": validation,
-        "train_per_class": train_per_class,
-        "test_per_class": test_per_class,
+        **split.record(),
     }
     return Setup(name, net, task, graph, source, dataset)
 
@@ -195,9 +238,7 @@ def setup_of(profile: Any, *, cache_dir: str | os.PathLike | None = None) -> Set
         weights,
         ds["spec"],
         resolution=profile.input_shape[-1],
-        train_per_class=ds.get("train_per_class"),
-        validation=ds.get("validation_split"),
-        test_per_class=ds.get("test_per_class"),
+        split=Split.of(ds),
         cache_dir=cache_dir,
     )
     if tuple(setup.shape) != tuple(profile.input_shape):
