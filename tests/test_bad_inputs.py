@@ -171,6 +171,7 @@ def cases(f):
         (["contrib", "minilearn-cifar10", "--data", "digits", "--executor", "slurm", "--out", out], "slurm"),
         (["contrib", "minilearn-cifar10", "--data", "digits", "--estimator", "nope", "--out", out], "estimator"),
         (["contrib", "minilearn-cifar10", "--data", "digits", "--batches", "0", "--out", out], "batches"),
+        (["contrib", "minilearn-cifar10", "--data", "digits", "--split-seed", "-1", "--out", out], "seed"),
         (["profile", "mcunet-5fps", "--json", "/nonexistent/dir/p.json"], "does not exist"),
         (["verify", "mcunet-5fps", "--steps", "0"], "--steps"),
         (["compare", "mcunet-5fps", "--methods", "full,lastk:x"], "lastk:x"),
