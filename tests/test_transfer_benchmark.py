@@ -441,7 +441,8 @@ def test_the_protocols_split_seed_carves_the_task(transfer, tmp_path, monkeypatc
     other = tmp_path / "other"
     argv3 = ["--protocol", protocol(tmp_path / "split3.json", **fields), *argv[2 : argv.index("--out") + 1], str(other)]
     second = transfer.main([*argv3, "--no-progress"])
-    identity = [json.loads(open(d / "transfer.runs.jsonl").readline())["identity"]["data"] for d in (out, other)]
+    header = [(d / "transfer.runs.jsonl").read_text().splitlines()[0] for d in (out, other)]
+    identity = [json.loads(line)["identity"]["data"] for line in header]
     assert "split_seed" not in identity[0] and identity[1]["split_seed"] == 3
     assert identity[0]["digest"] != identity[1]["digest"]
     assert "(split seed 0)" in first["description"] and "(split seed 3)" in second["description"]

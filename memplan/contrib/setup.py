@@ -15,7 +15,7 @@ models, of the resolution (``Source.train_per_class`` / ``Source.resolution``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ PRETRAINED = " pretraining"  # suffix of the weights record of a source's pretra
 
 @dataclass(frozen=True)
 class Split:
-    """Which images the task keeps (``memplan.contrib.data.core.prepare``): ``validation`` images
+    """Which images the task keeps (``memplan.contrib.data.core.prepare``, its fields named as
+    :func:`~memplan.contrib.data.sources.load_data`'s keywords): ``validation`` images
     per class (int) or fraction of each class (float) carved from the training split (None: no
     validation split, runs are scored on the test split); at most ``train_per_class`` /
     ``test_per_class`` images per class (None: the data source's default / the whole test split);
@@ -129,12 +130,7 @@ def _task(model: Any, data: str, src: Source, resolution: int | None, split: Spl
     """The task at the model's input: a zoo model's shape at ``resolution`` (default: the source's,
     else the zoo's), standardised by its input convention (``ZooEntry.normalize``) if it has one;
     other models keep the data's shape, resized to C x r x r with ``resolution``."""
-    keep = dict(
-        train_per_class=split.train_per_class,
-        validation=split.validation,
-        test_per_class=split.test_per_class,
-        seed=split.seed,
-    )
+    keep = asdict(split)  # Split's fields are load_data's keywords
     entry = zoo.find_entry(model)
     if entry is not None:
         res = resolution or src.resolution or entry.resolution
