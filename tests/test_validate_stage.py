@@ -144,13 +144,13 @@ def test_validate_trains_tinytl_and_reestimated_statistics(tmp_path):
     assert r.exit_code == 0, r.output
     scheme = load_scheme(out)
     rows = {x["name"]: x for x in scheme.validation.runners_up} | {scheme.validation.name: {"accuracy": 0.0}}
-    for name in ("TinyTL (lite residual + bias)", "norm + bias, re-estimated statistics"):
+    for name in ("TinyTL lite-residual + bias", "norm + bias, re-estimated statistics"):
         assert name in rows and math.isfinite(rows[name]["accuracy"])
-    if scheme.validation.name == "TinyTL (lite residual + bias)":
+    if scheme.validation.name == "TinyTL lite-residual + bias":
         assert scheme.added_modules  # the chosen scheme builds its branches when applied
     # the final evaluation on the test split trains it too (its branches built on a copy)
     cap = capture("mcunet-5fps", resolution=32, method="tinytl-lb")
-    tinytl = Scheme.from_plan(cap.graph, BASELINES.choose("TinyTL (lite residual + bias)").plan(cap.graph))
+    tinytl = Scheme.from_plan(cap.graph, BASELINES.choose("TinyTL lite-residual + bias").plan(cap.graph))
     evaluator = Evaluator(load_profile(profile), seeds=(0,))
     result = evaluator.scheme("tinytl", tinytl)
     assert len(result.accuracy) == 1 and math.isfinite(result.mean)

@@ -115,7 +115,7 @@ for _name, _baseline in (
     ("norm + bias, re-estimated statistics", Baseline("norm", _reestimated)),
     ("norm + bias", Baseline("norm")),  # norms in train mode (batch statistics)
     ("last blocks", Baseline("lastk")),
-    ("TinyTL (lite residual + bias)", Baseline("tinytl-lb")),
+    ("TinyTL lite-residual + bias", Baseline("tinytl-lb")),
     ("MobileTL", Baseline("mobiletl")),
     ("full fine-tuning", Baseline("full")),
     ("every bias + last-k conv weights", Baseline("bias", sized=_biases_and_last_weights)),
