@@ -18,6 +18,7 @@ SECTION = "## Results: real transfer learning"
 REPORTS = [
     "benchmarks/transfer_results/fair/lite0-fashion-mnist/transfer.json",
     "benchmarks/transfer_results/fair/lite0-cifar10/transfer.json",
+    "benchmarks/transfer_results/fair/lite2-fashion-mnist/transfer.json",
     "benchmarks/transfer_results/lite2/transfer.json",
 ]
 
