@@ -81,6 +81,8 @@ FAIR = {
     "Lite0, Fashion-MNIST": "benchmarks/transfer_results/fair/lite0-fashion-mnist/transfer.json",
     "Lite0, CIFAR-10": "benchmarks/transfer_results/fair/lite0-cifar10/transfer.json",
     "Lite2, Fashion-MNIST": "benchmarks/transfer_results/fair/lite2-fashion-mnist/transfer.json",
+    # its protocol's rule is 'resolved': its verdicts are that rule's, and 'best' is its replay
+    "Lite0, Fashion-MNIST (replicate)": "benchmarks/transfer_results/fair/lite0-fashion-mnist-replicate/transfer.json",
 }
 ACC = r"([\d.]+) ± ([\d.]+)%"
 
