@@ -155,7 +155,8 @@ def check_verdict(line: str, cells: list[str], row: dict, c: dict, rows: dict) -
     mean, ci = map(float, re.search(ACC, scheme).groups())
     assert (mean, ci) == (round(row["accuracy_mean"], 2), round(row["accuracy_ci"], 2)), line
     if verdict == "the baseline":  # the stage chose the best baseline (the same runs): nothing to compare
-        assert row.get("same_runs_as") == c["baseline"] and baseline == "(itself)" and not paired, line
+        assert row["chosen"] == row.get("same_runs_as") == c["baseline"], line
+        assert baseline == "(itself)" and not paired, line
         return
     base = rows[c["baseline"]]
     assert tuple(map(float, re.search(ACC, baseline).groups())) == (
