@@ -124,28 +124,28 @@ def test_the_fair_results_table_is_the_committed_reports():
 
 
 def test_the_replayed_rule_table_is_the_committed_reports():
-    """The table of the rule 'resolved' replayed on the fair runs: a row for every replay finished in
-    the committed reports and no other, each as the report's replayed comparison holds it."""
+    """The table of the rules replayed on the fair runs (``resolved`` on the protocols whose rule is
+    ``best``, ``best`` on the replicate): a row for every replay finished in the committed reports
+    and no other, each as the report's replayed comparison holds it."""
     text = (ROOT / "docs" / "benchmarks" / "transfer.md").read_text()
-    body = text.split("| setting | budget | chose |")[1].split("\n\n")[0].splitlines()[2:]
-    shown = {tuple(c.strip() for c in line.strip().strip("|").split("|")[:2]) for line in body}
+    body = text.split("| setting | budget | rule | chose |")[1].split("\n\n")[0].splitlines()[2:]
+    shown = {tuple(c.strip() for c in line.strip().strip("|").split("|")[:3]) for line in body}
     finished = {
-        (setting, f"{c['budget_bytes'] // 1_000_000} MB")
+        (setting, f"{c['budget_bytes'] // 1_000_000} MB", f"`{rule}`")
         for setting, path in FAIR.items()
         if (ROOT / path).exists()
-        for c in json.loads((ROOT / path).read_text())
-        .get("replayed_rules", {})
-        .get("resolved", {})
-        .get("comparisons", [])
+        for rule, replay in json.loads((ROOT / path).read_text()).get("replayed_rules", {}).items()
+        for c in replay["comparisons"]
     }
     assert shown == finished, f"table lacks {sorted(finished - shown)}, has unfinished {sorted(shown - finished)}"
     for line in body:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        report = json.loads((ROOT / FAIR[cells[0]]).read_text())
+        setting, budget, rule = cells[0], cells[1], cells[2].strip("`")
+        report = json.loads((ROOT / FAIR[setting]).read_text())
         rows = {r["name"]: r for r in report["rows"]}
-        name = f"validated {cells[1].replace(' ', '')} [rule resolved]"
-        (c,) = [c for c in report["replayed_rules"]["resolved"]["comparisons"] if c["name"] == name]
-        check_verdict(line, cells[2:6], rows[name], c, rows)
+        name = f"validated {budget.replace(' ', '')} [rule {rule}]"
+        (c,) = [c for c in report["replayed_rules"][rule]["comparisons"] if c["name"] == name]
+        check_verdict(line, cells[3:7], rows[name], c, rows)
 
 
 def check_verdict(line: str, cells: list[str], row: dict, c: dict, rows: dict) -> None:
