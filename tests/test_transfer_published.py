@@ -23,6 +23,11 @@ REPORTS = [
 ]
 
 
+def cells(line: str) -> list[str]:
+    """A Markdown table row's cells, stripped."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
 def tables(text: str) -> list[list[list[str]]]:
     """The Markdown tables of ``text`` with a ``| method |`` header: their body rows, as cells."""
     out: list[list[list[str]]] = []
@@ -32,7 +37,7 @@ def tables(text: str) -> list[list[list[str]]]:
             out.append([])
             inside = True
         elif inside and line.startswith("|") and not line.startswith("|---"):
-            out[-1].append([c.strip() for c in line.strip().strip("|").split("|")])
+            out[-1].append(cells(line))
         elif not line.startswith("|"):
             inside = False
     return out
@@ -52,15 +57,15 @@ def test_the_readme_tables_are_the_committed_reports():
     for body, path in zip(found, REPORTS):
         rows = {r["name"]: r for r in json.loads((ROOT / path).read_text())["rows"]}
         assert body, path
-        for cells in body:
-            applied, tiny, acc, lr = cells[1:5]
+        for row in body:
+            applied, tiny, acc, lr = row[1:5]
             mean, ci = (float(x) for x in re.fullmatch(r"([\d.]+) ± ([\d.]+)", acc).groups())
-            for name in row_names(cells[0]):
+            for name in row_names(row[0]):
                 r = rows[name]
-                assert int(applied.replace(",", "")) == r["memory"]["applied"], cells
-                assert int(tiny.replace(",", "")) == r["memory"]["tinytraining"], cells
-                assert (mean, ci) == (round(r["accuracy_mean"], 2), round(r["accuracy_ci"], 2)), cells
-                assert lr.rstrip("*") == r["lr"] and lr.endswith("*") == r["lr_at_grid_edge"], cells
+                assert int(applied.replace(",", "")) == r["memory"]["applied"], row
+                assert int(tiny.replace(",", "")) == r["memory"]["tinytraining"], row
+                assert (mean, ci) == (round(r["accuracy_mean"], 2), round(r["accuracy_ci"], 2)), row
+                assert lr.rstrip("*") == r["lr"] and lr.endswith("*") == r["lr_at_grid_edge"], row
 
 
 @pytest.mark.parametrize(
@@ -103,7 +108,7 @@ def test_the_fair_results_table_is_the_committed_reports():
     text = (ROOT / "docs" / "benchmarks" / "transfer.md").read_text()
     body = text.split("| setting | budget |")[1].split("\n\n")[0].splitlines()[2:]
     assert body
-    shown = {tuple(c.strip() for c in line.strip().strip("|").split("|")[:2]) for line in body}
+    shown = {tuple(cells(line)[:2]) for line in body}
     finished = {
         (setting, f"{c['budget_bytes'] // 1_000_000} MB")
         for setting, path in FAIR.items()
@@ -112,15 +117,15 @@ def test_the_fair_results_table_is_the_committed_reports():
     }
     assert shown == finished, f"table lacks {sorted(finished - shown)}, has unfinished {sorted(shown - finished)}"
     for line in body:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        setting, budget, scheme, baseline, paired, verdict, margin = cells
+        row = cells(line)
+        setting, budget, scheme, baseline, paired, verdict, margin = row
         report = json.loads((ROOT / FAIR[setting]).read_text())
         rows = {r["name"]: r for r in report["rows"]}
         name = f"validated {budget.replace(' ', '')}"
         (c,) = [c for c in report["comparisons"] if c["name"] == name]
         m = Validation(**rows[name]["validation"]).margin()
         assert margin == f"{m.points:+.2f} ± {m.se:.2f} over {m.baseline}", line
-        check_verdict(line, cells[2:6], rows[name], c, rows)
+        check_verdict(line, row[2:6], rows[name], c, rows)
 
 
 def test_the_replayed_rule_table_is_the_committed_reports():
@@ -129,7 +134,7 @@ def test_the_replayed_rule_table_is_the_committed_reports():
     and no other, each as the report's replayed comparison holds it."""
     text = (ROOT / "docs" / "benchmarks" / "transfer.md").read_text()
     body = text.split("| setting | budget | rule | chose |")[1].split("\n\n")[0].splitlines()[2:]
-    shown = {tuple(c.strip() for c in line.strip().strip("|").split("|")[:3]) for line in body}
+    shown = {tuple(cells(line)[:3]) for line in body}
     finished = {
         (setting, f"{c['budget_bytes'] // 1_000_000} MB", f"`{rule}`")
         for setting, path in FAIR.items()
@@ -139,13 +144,13 @@ def test_the_replayed_rule_table_is_the_committed_reports():
     }
     assert shown == finished, f"table lacks {sorted(finished - shown)}, has unfinished {sorted(shown - finished)}"
     for line in body:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        setting, budget, rule = cells[0], cells[1], cells[2].strip("`")
+        row = cells(line)
+        setting, budget, rule = row[0], row[1], row[2].strip("`")
         report = json.loads((ROOT / FAIR[setting]).read_text())
         rows = {r["name"]: r for r in report["rows"]}
         name = f"validated {budget.replace(' ', '')} [rule {rule}]"
         (c,) = [c for c in report["replayed_rules"][rule]["comparisons"] if c["name"] == name]
-        check_verdict(line, cells[3:7], rows[name], c, rows)
+        check_verdict(line, row[3:7], rows[name], c, rows)
 
 
 def check_verdict(line: str, cells: list[str], row: dict, c: dict, rows: dict) -> None:
