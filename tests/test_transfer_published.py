@@ -17,6 +17,7 @@ SECTION = "## Results: real transfer learning"
 #: the section's tables in order, each with the report it is drawn from
 REPORTS = [
     "benchmarks/transfer_results/fair/lite0-fashion-mnist/transfer.json",
+    "benchmarks/transfer_results/fair/lite0-fashion-mnist-replicate/transfer.json",
     "benchmarks/transfer_results/fair/lite0-cifar10/transfer.json",
     "benchmarks/transfer_results/fair/lite2-fashion-mnist/transfer.json",
     "benchmarks/transfer_results/lite2/transfer.json",
