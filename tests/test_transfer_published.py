@@ -154,10 +154,10 @@ def test_the_replayed_rule_table_is_the_committed_reports():
         check_verdict(line, row[3:7], rows[name], c, rows)
 
 
-def check_verdict(line: str, cells: list[str], row: dict, c: dict, rows: dict) -> None:
+def check_verdict(line: str, published: list[str], row: dict, c: dict, rows: dict) -> None:
     """A published verdict's cells (the validated scheme, the best baseline, the paired difference,
     the verdict) against the report's row and comparison ``c``."""
-    scheme, baseline, paired, verdict = cells
+    scheme, baseline, paired, verdict = published
     mean, ci = map(float, re.search(ACC, scheme).groups())
     assert (mean, ci) == (round(row["accuracy_mean"], 2), round(row["accuracy_ci"], 2)), line
     if verdict == "the baseline":  # the stage chose the best baseline (the same runs): nothing to compare
