@@ -106,7 +106,17 @@ from transfer_protocol import (
     stage_family,
     stage_name,
 )
-from transfer_report import VALIDATED, assemble, chosen_lr, comparisons, left_out, markdown, plot, verdicts
+from transfer_report import (
+    VALIDATED,
+    assemble,
+    chosen_lr,
+    comparisons,
+    left_out,
+    markdown,
+    plot,
+    trainings,
+    verdicts,
+)
 from transfer_runs import (
     MEMORY_COLUMNS,
     Bench,
@@ -126,7 +136,7 @@ from transfer_runs import (
     strategy_method,
     validated,
 )
-from transfer_stats import mean_ci, paired, pareto_front, unstable_seeds
+from transfer_stats import mean_ci, paired, pareto_front, unstable_seeds, validation_error
 
 from memplan.api import capture, profile_captured
 from memplan.contrib.checkpoint import Checkpoint
@@ -646,6 +656,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "rows": rows,
         "pareto_front": front,
         "unstable_seeds": unstable_seeds(rows),
+        "validation_error": validation_error(trainings(rows)),
         "comparisons": compared,
         "verdicts": lines,
         "replayed_rules": {r: {"comparisons": by_rule[r], "verdicts": replays[r]} for r in by_rule},
@@ -655,7 +666,10 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
     }
     write_text(out / f"{a.name}.json", json.dumps(result, indent=1) + "\n")
     write_text(
-        out / f"{a.name}.md", markdown(rows, header, front, lines, result["missing"], result["unstable_seeds"], replays)
+        out / f"{a.name}.md",
+        markdown(
+            rows, header, front, lines, result["missing"], result["unstable_seeds"], replays, result["validation_error"]
+        ),
     )
     if rows:
         title = f"{setup.name} -> {task.name} ({res} px): accuracy vs training memory"
@@ -665,7 +679,18 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         }
         plot(rows, front, out / f"{a.name}.png", title, xlabels)
     if echo:
-        print(markdown(rows, header, front, lines, result["missing"], result["unstable_seeds"], replays))
+        print(
+            markdown(
+                rows,
+                header,
+                front,
+                lines,
+                result["missing"],
+                result["unstable_seeds"],
+                replays,
+                result["validation_error"],
+            )
+        )
     return result
 
 

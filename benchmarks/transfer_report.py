@@ -108,6 +108,13 @@ def assemble(methods: list[Method], memory: dict[str, dict[str, int]], a: argpar
     return rows
 
 
+def trainings(rows: list[dict]) -> list[dict]:
+    """Each training of ``rows`` once: the methods' rows, without a stage's row (its candidate's
+    runs) or a row trained by the runs of another row shown."""
+    names = {r["name"] for r in rows}
+    return [r for r in rows if not is_stage(r["method"]) and r.get("same_runs_as") not in names]
+
+
 def comparisons(rows: list[dict], missing: Sequence[dict] = (), family: str = VALIDATED) -> list[dict[str, Any]]:
     """Each validated row against the best baseline (highest mean) whose applied memory fits its
     budget: the CI verdict, the paired per-seed difference (points) with its 95% CI and paired-t
@@ -213,11 +220,13 @@ def markdown(
     missing: Sequence[dict] = (),
     unstable: Sequence[dict] = (),
     replays: dict[str, list[str]] | None = None,
+    strays: dict[str, Any] | None = None,
 ) -> str:
     """The table, the validation stages and the verdicts; ``missing``: the methods left out of the
     table (not trained, or not every test seed finished), each with its applied memory, bytes;
     ``unstable``: the seeds ``transfer_stats.unstable_seeds`` lists; ``replays``: the verdicts of
-    each choice rule other than the protocol's."""
+    each choice rule other than the protocol's; ``strays``: ``transfer_stats.validation_error`` of
+    the rows' trainings."""
     tt = MEMORY_COLUMNS["tinytraining"][3]
     out = [
         f"# Transfer benchmark: {header['model']} -> {header['data']}",
@@ -268,6 +277,14 @@ def markdown(
                 f"{over}. The stage compared {r['stage_runs']} runs: {r['stage_run_s']:,.0f} s of training and "
                 f"evaluation one after another ({r['stage_cpu_s']:,.0f} CPU s)"
             )
+    if strays:
+        out += [
+            "",
+            f"How far validation strays from test, over the {strays['rows']} methods' rows: validation at the "
+            f"chosen rate minus test is {strays['offset']:+.2f} points on average, and around that it errs by "
+            f"{strays['sd']:.2f} points (SD) for one training, about {strays['difference_sd']:.2f} for the "
+            "difference of two (independent errors). The margins above count the validation seeds' SE only.",
+        ]
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
     for rule, said in (replays or {}).items():
         out += [

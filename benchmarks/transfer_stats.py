@@ -7,7 +7,9 @@
   probe head), its mean, Student-t interval and two-sided paired-t p-value;
 * ``holm``: Holm's step-down adjustment of the p-values of one backbone's budgets (a family of
   tests: the familywise error stays at the level whatever the number of budgets);
-* ``pareto_front``: the rows nothing cheaper beats.
+* ``pareto_front``: the rows nothing cheaper beats;
+* ``validation_error``: how far the benchmark's validation accuracies stray from its test
+  accuracies, measured on its own rows.
 """
 
 from __future__ import annotations
@@ -99,6 +101,28 @@ def unstable_seeds(rows: Sequence[Mapping[str, Any]], points: float = UNSTABLE_P
             if len(others) >= 2 and (median := statistics.median(others)) - a > points:
                 out.append({"name": r["name"], "seed": seed, "accuracy": a, "others_median": median})
     return out
+
+
+def validation_error(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How far validation strays from test on these rows (accuracy points): each row with test
+    seeds and at least two validation runs at its chosen rate (``grid_validation[lr]``) gives its
+    validation mean there minus its test mean. ``offset``: the mean of those differences (the
+    validation images are another sample than the test split, and easier or harder); ``sd``: their
+    standard deviation around it, what one training's validation accuracy errs by as a predictor of
+    its test accuracy; ``difference_sd``: ``sd`` x sqrt(2), what the validation difference of two
+    trainings errs by when their errors are independent; ``rows``: how many rows counted. None with
+    fewer than 3 rows. Pass each training once (no two rows with the same runs). The rate was chosen
+    on those same validation runs, so each mean carries the optimism of a maximum over its grid
+    (more with more settings): an error the validation stage meets too."""
+    gaps = []
+    for r in rows:
+        val = (r.get("grid_validation") or {}).get(r["lr"]) or []
+        if len(val) >= 2 and r.get("accuracy"):
+            gaps.append(statistics.fmean(val) - r["accuracy_mean"])
+    if len(gaps) < 3:
+        return None
+    sd = statistics.stdev(gaps)
+    return {"rows": len(gaps), "offset": statistics.fmean(gaps), "sd": sd, "difference_sd": sd * math.sqrt(2)}
 
 
 def pareto_front(rows: Sequence[Mapping[str, Any]]) -> list[str]:

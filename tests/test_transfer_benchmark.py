@@ -178,6 +178,8 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     assert "| method | applied (B) | tinytraining (B) |" in table and "adam" in table
     margin = Validation(**val).margin()  # the stage line gives the margin over the best baseline
     assert margin is None or f"{margin.baseline}: {margin.points:+.2f} ± {margin.se:.2f} points (SE)," in table
+    strays = result["validation_error"]  # over the three methods' rows; a stage's row is its candidate's runs
+    assert strays["rows"] == 3 and f"errs by {strays['sd']:.2f} points (SD)" in table
     assert (out / "transfer.png").stat().st_size > 10_000
     assert json.loads((out / "transfer.json").read_text())["rows"] == result["rows"]
     # rerunning trains nothing: every run comes from the checkpoint

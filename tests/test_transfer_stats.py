@@ -145,3 +145,30 @@ def test_a_seed_far_below_its_rows_others_is_listed_as_unstable(st):
         {"name": "just inside", "seeds": [0, 1, 2], "accuracy": [70.0, 65.0, 70.0]},
     ]
     assert st.unstable_seeds(rows) == [{"name": "one bad seed", "seed": 2, "accuracy": 54.0, "others_median": 65.25}]
+
+
+def test_validation_error_by_hand(st):
+    """Validation minus test per row, at each row's chosen rate: offset = their mean, sd = their
+    sample SD, worked by hand on differences +1, +2, +3 (a fourth row has one validation run at its
+    rate and a fifth no test seeds: neither counts)."""
+
+    def row(lr, val, test):
+        return {
+            "lr": lr,
+            "grid_validation": {lr: val, "other": [0.0, 0.0]},
+            "accuracy": test,
+            "accuracy_mean": (sum(test) / len(test) if test else None),
+        }
+
+    rows = [
+        row("0.1", [85.0, 87.0], [85.0, 85.0]),  # 86 - 85 = +1
+        row("0.2", [90.0, 90.0], [88.0]),  # +2
+        row("0.3", [70.0, 72.0], [68.0, 68.0]),  # 71 - 68 = +3
+        row("0.4", [99.0], [50.0]),  # one validation run: left out
+        row("0.5", [99.0, 99.0], []),  # no test seed: left out
+    ]
+    got = st.validation_error(rows)
+    assert got["rows"] == 3 and got["offset"] == pytest.approx(2.0)
+    assert got["sd"] == pytest.approx(1.0)  # sqrt(((1-2)^2 + 0 + (3-2)^2) / 2)
+    assert got["difference_sd"] == pytest.approx(math.sqrt(2))
+    assert st.validation_error(rows[:2]) is None  # fewer than three rows
