@@ -176,10 +176,7 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     check_report_rebuilds_rows(transfer, argv, result["rows"])
     table = (out / "transfer.md").read_text()
     assert "| method | applied (B) | tinytraining (B) |" in table and "adam" in table
-    margin = Validation(**val).margin()  # the stage line gives the margin over the best baseline
-    assert margin is None or f"{margin.baseline}: {margin.points:+.2f} ± {margin.se:.2f} points (SE)," in table
-    strays = result["validation_error"]  # over the three methods' rows; a stage's row is its candidate's runs
-    assert strays["rows"] == 3 and f"errs by {strays['sd']:.2f} points (SD)" in table
+    check_stage_lines(result, Validation(**val), table)
     assert (out / "transfer.png").stat().st_size > 10_000
     assert json.loads((out / "transfer.json").read_text())["rows"] == result["rows"]
     # rerunning trains nothing: every run comes from the checkpoint
@@ -207,6 +204,16 @@ def test_cheap_form_runs_end_to_end_and_resumes(transfer, tmp_path, monkeypatch)
     bad[bad.index("--methods") + 1] = "magic"
     with pytest.raises(MemplanError, match="unknown method 'magic'"):
         transfer.main(bad)
+
+
+def check_stage_lines(result: dict, val: Validation, table: str) -> None:
+    """The report's stage line gives the chosen scheme's margin over the best baseline, and the line
+    after the stages how far validation strays from test over the methods' rows (three here; a
+    stage's row is its candidate's runs and does not count again)."""
+    margin = val.margin()
+    assert margin is None or f"{margin.baseline}: {margin.points:+.2f} ± {margin.se:.2f} points (SE)," in table
+    strays = result["validation_error"]
+    assert strays["rows"] == 3 and f"errs by {strays['sd']:.2f} points (SD)" in table
 
 
 @pytest.mark.slow

@@ -105,8 +105,27 @@ def test_a_replicate_shares_no_seed_and_no_split_with_its_study():
     assert all(getattr(again, f) == getattr(first, f) for f in same)
 
 
+def test_the_large_validation_study_changes_one_thing_against_the_replicate():
+    """The third Lite0/Fashion-MNIST study asks whether a validation split 20 times larger stops the
+    stage's losses: the replicate's protocol with 1000 validation images per class, on a split,
+    seeds and profile neither earlier study used."""
+    proto = load_benchmark("transfer_protocol")
+    first, _ = proto.load_protocol(PROTOCOLS / "lite0-fashion-mnist.json")
+    replicate, _ = proto.load_protocol(PROTOCOLS / "lite0-fashion-mnist-replicate.json")
+    third, _ = proto.load_protocol(PROTOCOLS / "lite0-fashion-mnist-val1000.json")
+    assert (replicate.validation, third.validation) == (50, 1000)
+    for earlier in (first, replicate):
+        assert not set(third.seeds + third.val_seeds) & set(earlier.seeds + earlier.val_seeds)
+        assert third.split_seed != earlier.split_seed and third.profile != earlier.profile
+    fresh = {"validation", "split_seed", "seeds", "val_seeds", "profile", "notes"}
+    assert {f for f in type(third).model_fields if getattr(third, f) != getattr(replicate, f)} == fresh
+
+
 def test_the_shipped_protocols():
-    shipped = {"lite0-fashion-mnist", "lite2-fashion-mnist", "lite0-cifar10", "lite0-fashion-mnist-replicate"}
+    shipped = {
+        "lite0-fashion-mnist", "lite2-fashion-mnist", "lite0-cifar10", "lite0-fashion-mnist-replicate",
+        "lite0-fashion-mnist-val1000",
+    }  # fmt: skip
     assert {p.stem for p in PROTOCOLS.glob("*.json")} == shipped
 
 
