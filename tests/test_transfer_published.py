@@ -1,8 +1,9 @@
 """The README's real-transfer tables print what the committed transfer reports hold: every row's
 memory in both columns, its test mean ± 95% CI and its learning rate; and the fair protocol's
 results table (docs/benchmarks/transfer.md) its verdicts: both means, the paired difference, p,
-Holm p and the stage's validation margin; and a row for every finished budget. A one-digit edit of
-either the page or a report fails here."""
+Holm p and the stage's validation margin; and a row for every finished budget; and where the pages
+quote how far each report's validation strays from test. A one-digit edit of either the page or a
+report fails here."""
 
 import json
 import re
@@ -184,3 +185,34 @@ def check_verdict(line: str, published: list[str], row: dict, c: dict, rows: dic
 )  # fmt: skip
 def test_printed(value, text, ok):
     assert printed(value, text) == ok
+
+
+#: where the pages quote each report's validation_error, in the order they list the studies
+STRAYS = ["Lite0, Fashion-MNIST", "Lite0, Fashion-MNIST (replicate)", "Lite2, Fashion-MNIST", "Lite0, CIFAR-10"]
+
+
+@pytest.mark.parametrize(
+    "page,pattern",
+    [
+        (
+            "README.md",
+            r"errs by an SD of\s+([\d.]+) points per training on Lite0/Fashion-MNIST, ([\d.]+) on the replicate, "
+            r"([\d.]+) on Lite2 and ([\d.]+) on\s+CIFAR-10: about ([\d.]+), ([\d.]+), ([\d.]+) and ([\d.]+) points",
+        ),
+        (
+            "docs/benchmarks/transfer.md",
+            r"an SD of ([\d.]+) points for one training on Lite0/Fashion-MNIST, ([\d.]+) on the replicate,\s+"
+            r"([\d.]+) on Lite2 and ([\d.]+) on CIFAR-10: for the difference of two trainings about ([\d.]+), "
+            r"([\d.]+), ([\d.]+) and\s+([\d.]+) points",
+        ),
+    ],
+)
+def test_the_quoted_validation_error_is_the_reports(page, pattern):
+    """The SD of validation minus test per training, and for a difference of two, as each report's
+    ``validation_error`` holds them (two and one decimals)."""
+    found = re.search(pattern, (ROOT / page).read_text())
+    assert found, page
+    sds, diffs = found.groups()[:4], found.groups()[4:]
+    for setting, sd, diff in zip(STRAYS, sds, diffs):
+        strays = json.loads((ROOT / FAIR[setting]).read_text())["validation_error"]
+        assert (sd, diff) == (f"{strays['sd']:.2f}", f"{strays['difference_sd']:.1f}"), (page, setting)
