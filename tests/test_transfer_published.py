@@ -21,7 +21,6 @@ REPORTS = [
     "benchmarks/transfer_results/fair/lite0-fashion-mnist-replicate/transfer.json",
     "benchmarks/transfer_results/fair/lite0-cifar10/transfer.json",
     "benchmarks/transfer_results/fair/lite2-fashion-mnist/transfer.json",
-    "benchmarks/transfer_results/lite2/transfer.json",
 ]
 
 
