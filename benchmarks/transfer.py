@@ -665,12 +665,10 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         "total_run_wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }
     write_text(out / f"{a.name}.json", json.dumps(result, indent=1) + "\n")
-    write_text(
-        out / f"{a.name}.md",
-        markdown(
-            rows, header, front, lines, result["missing"], result["unstable_seeds"], replays, result["validation_error"]
-        ),
+    md = markdown(
+        rows, header, front, lines, result["missing"], result["unstable_seeds"], replays, result["validation_error"]
     )
+    write_text(out / f"{a.name}.md", md)
     if rows:
         title = f"{setup.name} -> {task.name} ({res} px): accuracy vs training memory"
         xlabels = {
@@ -679,18 +677,7 @@ def report(run: Run, t_start: float, echo: bool = True) -> dict[str, Any]:
         }
         plot(rows, front, out / f"{a.name}.png", title, xlabels)
     if echo:
-        print(
-            markdown(
-                rows,
-                header,
-                front,
-                lines,
-                result["missing"],
-                result["unstable_seeds"],
-                replays,
-                result["validation_error"],
-            )
-        )
+        print(md)
     return result
 
 
