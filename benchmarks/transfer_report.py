@@ -270,6 +270,11 @@ def markdown(
                 else f"; over the best baseline among them, {margin.baseline}: {margin}, "
                 f"{'more than' if margin.resolved else 'inside'} twice its SE"
             )
+            if margin is not None and margin.images_se is not None:
+                over += (
+                    f"; its {val['images']:,} images alone give that difference up to {margin.images_se:.2f} points "
+                    f"(SE, binomial), and the margin is {'inside' if margin.within_images else 'more than'} twice that"
+                )
             out.append(
                 f"- {r['name']}: chose **{r['chosen']}** by rule {r.get('rule', 'best')!r} at lr {r['lr']} "
                 f"(grid {', '.join(r.get('grid', []))}), "
@@ -283,7 +288,7 @@ def markdown(
             f"How far validation strays from test, over the {strays['rows']} methods' rows: validation at the "
             f"chosen rate minus test is {strays['offset']:+.2f} points on average, and around that it errs by "
             f"{strays['sd']:.2f} points (SD) for one training, about {strays['difference_sd']:.2f} for the "
-            "difference of two (independent errors). The margins above count the validation seeds' SE only.",
+            "difference of two (independent errors). Each margin's SE above counts the validation seeds only.",
         ]
     out += ["", "## Verdicts", "", *[f"- {x}" for x in lines], ""]
     for rule, said in (replays or {}).items():

@@ -181,6 +181,7 @@ class BenchTrainer:
         p = run.protocol
         self.optimizer, self.epochs, self.batch_size = p.optimizer, p.epochs, p.batch_size
         self.data = f"{run.setup.task.name} (validation split)"
+        self.images = len(run.setup.task.y_val)
         self.classifier = run.setup.head
         self.checkpoint, self.trained = str(run.ckpt.path), 0
 

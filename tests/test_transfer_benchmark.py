@@ -212,6 +212,9 @@ def check_stage_lines(result: dict, val: Validation, table: str) -> None:
     stage's row is its candidate's runs and does not count again)."""
     margin = val.margin()
     assert margin is None or f"{margin.baseline}: {margin.points:+.2f} ± {margin.se:.2f} points (SE)," in table
+    # the split's size, as the report's description of the task counts it
+    assert f"{val.images} validation images carved from the training data" in result["description"]
+    assert margin is None or f"its {val.images:,} images alone give that difference up to" in table
     strays = result["validation_error"]
     assert strays["rows"] == 3 and f"errs by {strays['sd']:.2f} points (SD)" in table
 

@@ -18,7 +18,8 @@ from memplan.contrib.halving import planned_runs, successive_halving
 from memplan.contrib.profile import load_profile
 from memplan.nn.train import make_optimizer
 from memplan.plan import Scheme, Validation, load_scheme
-from memplan.render.validated import margin_warning
+from memplan.plan.evidence import images_se
+from memplan.render.validated import images_warning, margin_warning
 from memplan.search.baselines import BASELINES
 from memplan.search.rules import CHOICE_RULES
 
@@ -68,6 +69,10 @@ def test_search_validate_end_to_end_and_resume(tmp_path):
     assert scheme.training.lr in (0.001, 0.01) and scheme.training.optimizer == "sgd"
     val = scheme.validation
     assert len(val.seeds) == 2 and val.runners_up
+    assert val.images == 12  # tiny_profile: 4 validation images per class, 3 classes
+    # 12 images cannot separate anything: whenever there is a margin, the view says so
+    sampled = "12 images alone" in " ".join(r.output.split())
+    assert sampled == (val.margin() is not None), r.output
     baselines = [x for x in val.runners_up if x["baseline"]]
     assert baselines and all(x["memory_bytes"] <= 30_000 for x in val.runners_up)
     # never worse on validation than a baseline that fits (both measured on the same seeds)
@@ -216,6 +221,40 @@ def test_margin_is_over_the_best_baseline_and_its_se_combines_both():
     assert _validation(80.0, 0.5, [("searched (mean)", False, 79.0, 0.5)]).margin() is None  # no baseline
     one = _validation(80.0, 0.0, [("b", True, 79.0, 0.0)]).model_copy(update={"seeds": [100]})
     assert one.margin() is None  # one seed: no SE to judge by (the stage says so on its own)
+
+
+def test_images_se_is_the_images_sampling_error():
+    """Against a bootstrap over the images: two models' right/wrong on 500 images, resampled. With
+    independent errors the formula is the bootstrap's SD of the difference; with errors mostly on
+    the same images (a model and a copy that differs on a few) it is an upper estimate."""
+    g = torch.Generator().manual_seed(0)
+    n = 500
+    a = (torch.rand(n, generator=g) < 0.88).double()
+    b = (torch.rand(n, generator=g) < 0.86).double()
+    near = torch.where(torch.rand(n, generator=g) < 0.05, 1 - a, a)  # a with 5% of its answers flipped
+    picks = torch.randint(0, n, (4000, n), generator=g)
+
+    def boot(x, y):
+        return float(100 * (x[picks].mean(1) - y[picks].mean(1)).std())
+
+    formula = images_se(100 * float(a.mean()), 100 * float(b.mean()), n)
+    assert boot(a, b) == pytest.approx(formula, rel=0.1)
+    assert boot(a, near) < 0.7 * images_se(100 * float(a.mean()), 100 * float(near.mean()), n)
+    assert images_se(88.0, 86.0, 2000) == pytest.approx(images_se(88.0, 86.0, 500) / 2)  # 1/sqrt(n)
+
+
+def test_the_view_says_when_the_images_alone_could_make_the_margin():
+    # the Lite0 replicate's 20 MB stage: +3.80 ± 0.14 over bias only, resolved by the seeds' SE; its
+    # 500 images give a difference up to about 2.1 points: the margin is inside twice that
+    twenty = _validation(89.1, 0.1, [("bias only", True, 85.3, 0.1)]).model_copy(update={"images": 500})
+    m = twenty.margin()
+    assert m.resolved and m.within_images and m.images_se == pytest.approx(images_se(89.1, 85.3, 500))
+    said = images_warning(twenty)
+    assert "+3.80 points from bias only" in said and "500 images alone" in said and f"{m.images_se:.2f}" in said
+    big = twenty.model_copy(update={"images": 10_000})  # the third study's split: about 0.46 points
+    assert not big.margin().within_images and images_warning(big) is None
+    assert twenty.model_copy(update={"images": None}).margin().images_se is None  # not recorded: nothing said
+    assert images_warning(twenty.model_copy(update={"images": None})) is None
 
 
 def _halving(table: dict[str, list[float]], baselines: set[str]):

@@ -40,6 +40,7 @@ class Validation(BaseModel):
     se: float = Field(ge=0, description="standard error of the mean over seeds, points (0 with one seed)")
     seeds: list[int]
     data: str = Field(description="the data and split it was measured on")
+    images: int | None = Field(None, ge=1, description="images in the validation split (None: not recorded)")
     rule: str | None = Field(
         None, description="how the stage chose (memplan.search.rules); None: written before rules, the best mean"
     )
@@ -58,22 +59,39 @@ class Validation(BaseModel):
         if not rivals or len(self.seeds) < 2:
             return None
         best = max(rivals, key=lambda r: r["accuracy"])
-        return Margin.between(best["name"], (self.accuracy, self.se), (best["accuracy"], best["se"]))
+        chosen, base = (self.accuracy, self.se), (best["accuracy"], best["se"])
+        return Margin.between(best["name"], chosen, base, self.images)
+
+
+def images_se(a: float, b: float, images: int) -> float:
+    """The standard error, in points, that sampling ``images`` validation images gives the
+    difference of two accuracies ``a`` and ``b`` (%) measured on them, their errors taken as
+    independent (binomial). Two fine-tuned models of one backbone err mostly on the same images, so
+    the paired error is smaller: this is an upper estimate. No number of seeds shrinks it."""
+    p, q = a / 100, b / 100
+    return 100 * math.sqrt((p * (1 - p) + q * (1 - q)) / images)
 
 
 @dataclass(frozen=True)
 class Margin:
     """The chosen candidate's validation accuracy minus the best baseline's (``baseline``), in
-    points, and the standard error of that difference (the two seed SEs combined, unpaired)."""
+    points, and the standard error of that difference (the two seed SEs combined, unpaired);
+    ``images_se``: what the validation images' sampling adds (:func:`images_se`, points; None:
+    their number not recorded), which ``se`` leaves out and :attr:`resolved` does not read."""
 
     baseline: str
     points: float
     se: float
+    images_se: float | None = None
 
     @classmethod
-    def between(cls, baseline: str, chosen: tuple[float, float], base: tuple[float, float]) -> Margin:
-        """The margin of ``chosen`` over ``base``, each (mean %, SE points), the baseline named ``baseline``."""
-        return cls(baseline, chosen[0] - base[0], math.hypot(chosen[1], base[1]))
+    def between(
+        cls, baseline: str, chosen: tuple[float, float], base: tuple[float, float], images: int | None = None
+    ) -> Margin:
+        """The margin of ``chosen`` over ``base``, each (mean %, SE points), the baseline named
+        ``baseline``, measured on ``images`` validation images (None: not recorded)."""
+        sampled = None if images is None else images_se(chosen[0], base[0], images)
+        return cls(baseline, chosen[0] - base[0], math.hypot(chosen[1], base[1]), sampled)
 
     @property
     def resolved(self) -> bool:
@@ -81,6 +99,12 @@ class Margin:
         with two seeds even that is optimistic). A margin inside it means validation does not
         separate the choice from the baseline: on test either may come out ahead."""
         return self.points > 2 * self.se
+
+    @property
+    def within_images(self) -> bool:
+        """The margin is no more than twice :attr:`images_se`: the validation images' sampling alone
+        could have made it (False when their number is not recorded)."""
+        return self.images_se is not None and self.points <= 2 * self.images_se
 
     def __str__(self) -> str:
         return f"{self.points:+.2f} ± {self.se:.2f} points (SE)"

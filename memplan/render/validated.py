@@ -41,6 +41,8 @@ def print_validated(v: Validated, console: Console) -> None:
     warning = margin_warning(val, v.chosen.baseline)
     if warning:
         console.print(f"[yellow]warning:[/] {warning}")
+    if sampled := images_warning(val):
+        console.print(f"[yellow]warning:[/] {sampled}")
     if v.at_edge:
         console.print(
             "[yellow]warning:[/] the chosen rate is still at an edge of the grid after widening it as far as "
@@ -79,6 +81,23 @@ def margin_warning(val: Validation, chosen_baseline: bool) -> str | None:
         f"the choice is {margin} from the best baseline that fits, "
         f"{margin.baseline}, on validation: inside twice its SE, so validation does not separate them and on "
         "test either may come out ahead (more --validate-seeds or a larger validation split would)"
+    )
+
+
+def images_warning(val: Validation) -> str | None:
+    """A choice whose margin over the best baseline among the runners-up (:meth:`Validation.margin`,
+    baseline or not the choice) is no more than twice what the validation images' sampling alone
+    gives a difference (:attr:`memplan.plan.Margin.within_images`), said; None otherwise, or when
+    the split's size is not recorded. The seeds' SE leaves that error out, so a margin it resolves
+    can still be the images'."""
+    margin = val.margin()
+    if margin is None or not margin.within_images:
+        return None
+    return (
+        f"the choice is {margin.points:+.2f} points from {margin.baseline} on validation, and sampling its "
+        f"{val.images:,} images alone moves a difference of two accuracies by up to {margin.images_se:.2f} points "
+        "(SE, binomial; the seeds' SE leaves it out): on test either may come out ahead (a larger validation "
+        "split would separate them)"
     )
 
 

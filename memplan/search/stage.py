@@ -116,7 +116,8 @@ class ProfileTrainer:
     diverged); ``trainer.prefetch(rung)`` trains a rung's missing runs on ``workers`` workers of
     ``executor`` (contribution analysis's local process pool or Ray: ``memplan.contrib.executors``)
     before the schedule reads them. Any object with this call and these attributes can stand in
-    (the transfer benchmark trains through its own checkpoint)."""
+    (the transfer benchmark trains through its own checkpoint); ``images`` (the validation split's
+    size) may be left out, and the scheme then records none."""
 
     def __init__(self, profile: ContribProfile, stage: Stage):
         self.stage = stage
@@ -140,6 +141,7 @@ class ProfileTrainer:
         self.workers: dict[str, Worker] = {}  # this process's, made on first use, the same keys
         self.optimizer, self.epochs, self.batch_size = protocol.optimizer, protocol.epochs, protocol.batch_size
         self.data = setup.task.description.split(" [")[0] + " (validation split)"
+        self.images = len(self.seen.y_test)  # the validation split, in the evaluation slot
         self.classifier = setup.head
         self.checkpoint = str(self.ckpt.path)
         self.trained = 0
@@ -315,6 +317,7 @@ def choose(  # the stage's schedule, one keyword each
         seeds=sorted(best.accuracy),
         rule=rule,
         data=trainer.data,
+        images=getattr(trainer, "images", None),
         runners_up=[r for r in validated.table() if r["name"] != chosen.name],
     )
     update: dict[str, Any] = {"training": training, "validation": validation}
