@@ -22,7 +22,8 @@ its noise is no evidence.
 Neither rule makes a choice safe that validation cannot see: a replicate fixed before its runs
 (another split, fresh seeds) lost at 45 MB under ``resolved``, which kept the baseline that led
 validation by 0.10 points, and MobileTL beat it on test by 0.95 (at 48 MB it kept last blocks, 1.2
-points above MobileTL on validation and 0.43 below it on test). Measured against test, validation
+points above MobileTL on validation and 0.43 below it on test); ``best``, replayed on the
+replicate's runs, won at 38, 45 and 48 MB and lost at 15 MB. Measured against test, validation
 on 500 images errs by about a point on the difference of two trainings, several times the seed-only
 SE the margin uses (the benchmark reports' ``validation_error``); only a larger validation split
 shrinks that.
