@@ -19,6 +19,7 @@ SECTION = "## Results: real transfer learning"
 REPORTS = [
     "benchmarks/transfer_results/fair/lite0-fashion-mnist/transfer.json",
     "benchmarks/transfer_results/fair/lite0-fashion-mnist-replicate/transfer.json",
+    "benchmarks/transfer_results/fair/lite0-fashion-mnist-val1000/transfer.json",
     "benchmarks/transfer_results/fair/lite0-cifar10/transfer.json",
     "benchmarks/transfer_results/fair/lite2-fashion-mnist/transfer.json",
 ]
@@ -89,6 +90,8 @@ FAIR = {
     "Lite2, Fashion-MNIST": "benchmarks/transfer_results/fair/lite2-fashion-mnist/transfer.json",
     # its protocol's rule is 'resolved': its verdicts are that rule's, and 'best' is its replay
     "Lite0, Fashion-MNIST (replicate)": "benchmarks/transfer_results/fair/lite0-fashion-mnist-replicate/transfer.json",
+    # the replicate's protocol with 1000 validation images per class
+    "Lite0, Fashion-MNIST (val1000)": "benchmarks/transfer_results/fair/lite0-fashion-mnist-val1000/transfer.json",
 }
 ACC = r"([\d.]+) ± ([\d.]+)%"
 
@@ -186,32 +189,40 @@ def test_printed(value, text, ok):
     assert printed(value, text) == ok
 
 
-#: where the pages quote each report's validation_error, in the order they list the studies
+#: the studies whose validation_error the pages quote together, in the order they list them
 STRAYS = ["Lite0, Fashion-MNIST", "Lite0, Fashion-MNIST (replicate)", "Lite2, Fashion-MNIST", "Lite0, CIFAR-10"]
+#: the third Lite0 study (10,000 validation images), quoted on its own
+VAL1000 = ["Lite0, Fashion-MNIST (val1000)"]
+ALONE = r"on its 10,000\s+validation images, validation errs by an SD of ([\d.]+) points per training\s+and ([\d.]+)"
 
 
 @pytest.mark.parametrize(
-    "page,pattern",
+    "page,pattern,settings",
     [
         (
             "README.md",
             r"errs by an SD of\s+([\d.]+) points per training on Lite0/Fashion-MNIST, ([\d.]+) on the replicate, "
             r"([\d.]+) on Lite2 and ([\d.]+) on\s+CIFAR-10: about ([\d.]+), ([\d.]+), ([\d.]+) and ([\d.]+) points",
+            STRAYS,
         ),
         (
             "docs/benchmarks/transfer.md",
             r"an SD of ([\d.]+) points for one training on Lite0/Fashion-MNIST, ([\d.]+) on the replicate,\s+"
             r"([\d.]+) on Lite2 and ([\d.]+) on CIFAR-10: for the difference of two trainings about ([\d.]+), "
             r"([\d.]+), ([\d.]+) and\s+([\d.]+) points",
+            STRAYS,
         ),
+        ("README.md", ALONE, VAL1000),
+        ("docs/benchmarks/transfer.md", ALONE, VAL1000),
     ],
 )
-def test_the_quoted_validation_error_is_the_reports(page, pattern):
+def test_the_quoted_validation_error_is_the_reports(page, pattern, settings):
     """The SD of validation minus test per training, and for a difference of two, as each report's
     ``validation_error`` holds them (two and one decimals)."""
     found = re.search(pattern, (ROOT / page).read_text())
     assert found, page
-    sds, diffs = found.groups()[:4], found.groups()[4:]
-    for setting, sd, diff in zip(STRAYS, sds, diffs):
+    sds, diffs = found.groups()[: len(settings)], found.groups()[len(settings) :]
+    assert len(diffs) == len(settings), page
+    for setting, sd, diff in zip(settings, sds, diffs):
         strays = json.loads((ROOT / FAIR[setting]).read_text())["validation_error"]
         assert (sd, diff) == (f"{strays['sd']:.2f}", f"{strays['difference_sd']:.1f}"), (page, setting)
