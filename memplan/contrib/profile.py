@@ -12,7 +12,6 @@ weight shape, groups, bias carrier).
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 from pathlib import Path
@@ -24,6 +23,7 @@ from ..errors import MemplanError
 from ..graph import ConvLayer
 from ..io import write_text
 from ..names import DEFAULT_ESTIMATOR, ESTIMATORS
+from ..plan.evidence import accuracy_se
 from .adaptive import paired_deltas, standard_error
 from .protocol import Protocol, RunSpec
 
@@ -184,7 +184,7 @@ def probe_warning(profile: ContribProfile) -> str | None:
     if not isinstance(classes, int) or not isinstance(n, int) or classes < 2 or n < 1:
         return None
     chance = 100.0 / classes
-    margin = max(2 * math.sqrt(chance * (100.0 - chance) / n), (100.0 - chance) / 10)
+    margin = max(2 * accuracy_se(chance, n), (100.0 - chance) / 10)
     if profile.probe_accuracy >= chance + margin:
         return None
     return (

@@ -63,13 +63,19 @@ class Validation(BaseModel):
         return Margin.between(best["name"], chosen, base, self.images)
 
 
+def accuracy_se(accuracy: float, images: int) -> float:
+    """The standard error, in points, that sampling ``images`` images gives an ``accuracy`` (%)
+    measured on them (binomial)."""
+    return math.sqrt(accuracy * (100 - accuracy) / images)
+
+
 def images_se(a: float, b: float, images: int) -> float:
     """The standard error, in points, that sampling ``images`` validation images gives the
     difference of two accuracies ``a`` and ``b`` (%) measured on them, their errors taken as
-    independent (binomial). Two fine-tuned models of one backbone err mostly on the same images, so
-    the paired error is smaller: this is an upper estimate. No number of seeds shrinks it."""
-    p, q = a / 100, b / 100
-    return 100 * math.sqrt((p * (1 - p) + q * (1 - q)) / images)
+    independent (:func:`accuracy_se` of each). Two fine-tuned models of one backbone err mostly on
+    the same images, so the paired error is smaller: this is an upper estimate. No number of seeds
+    shrinks it."""
+    return math.hypot(accuracy_se(a, images), accuracy_se(b, images))
 
 
 @dataclass(frozen=True)
