@@ -560,6 +560,7 @@ def header_of(run: Run, records: list[dict]) -> dict[str, Any]:
         "protocol_sha256": a.protocol_sha256,
         "ties": TIES,
         "rule": a.rule,
+        "stage_sizes": a.stage_sizes,
         "widen": a.widen,
         "notes": a.notes,
         "redone": runs_redone(run, records),

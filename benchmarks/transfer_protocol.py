@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from memplan.errors import BadOption, MemplanError
 from memplan.rates import Rates, outward
+from memplan.search.baselines import SIZE_RULES
 from memplan.search.rules import CHOICE_RULES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +87,11 @@ class BenchProtocol(BaseModel):
         description="the validation stage's choice rule (memplan.search.rules), whose rows are the verdicts; the "
         "others are replayed on the same validation runs beside them (absent: best, the rule before rules existed)",
     )
+    stage_sizes: str = Field(
+        "largest",
+        description="which sizes of a sized baseline the validation stage trains (memplan.search.baselines."
+        "SIZE_RULES; absent: largest, the only one before size rules existed)",
+    )
     notes: list[str] = Field(default_factory=list, description="why the protocol is as it is; runs redone and why")
 
     @field_validator("lrs", "stage_lrs")
@@ -97,6 +103,12 @@ class BenchProtocol(BaseModel):
     @classmethod
     def _rule(cls, v: str) -> str:
         CHOICE_RULES.choose(v)  # an unknown one: a one-line error naming the known ones
+        return v
+
+    @field_validator("stage_sizes")
+    @classmethod
+    def _sizes(cls, v: str) -> str:
+        SIZE_RULES.choose(v)
         return v
 
     @field_validator("seeds", "val_seeds")

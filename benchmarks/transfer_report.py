@@ -203,7 +203,9 @@ def _protocol_lines(header: dict[str, Any]) -> list[str]:
         f"Ties: {TIES}. A rate chosen at an edge of its grid widens the grid one step beyond it, at most "
         f"{header.get('widen', 0)} times (* in the LR column: still at an edge). The validation stage chooses by "
         f"the rule {header.get('rule', 'best')!r} (memplan.search.rules), whose rows make the verdicts; "
-        "every other rule is replayed on the same validation runs, its rows named `[rule R]` and judged apart.",
+        "every other rule is replayed on the same validation runs, its rows named `[rule R]` and judged apart. "
+        f"Of a sized baseline the stage trains the sizes of the size rule {header.get('stage_sizes', 'largest')!r} "
+        "(memplan.search.baselines.SIZE_RULES).",
         "",
     ]
     out += [f"- note: {n}" for n in header.get("notes", [])]

@@ -227,7 +227,7 @@ def validated(
     again = lambda objective, b: run_search(cap.name, b, **{**options, "objective": objective})  # noqa: E731
     classes = run.setup.task.classes
     costing = {"optimizer": a.optimizer}
-    candidates = collect_candidates(result, a.validate_candidates, again, costing, classes)
+    candidates = collect_candidates(result, a.validate_candidates, again, costing, classes, a.stage_sizes)
     by_key = {c.key: c for c in candidates}
     trainer = BenchTrainer(run, bench, cap.graph, train_missing)
     try:

@@ -50,6 +50,12 @@ CHOICE_RULES = {
     "resolved": "the best, unless validation does not separate it from the best baseline that fits "
     "(a margin within twice its SE): then that baseline",
 }
+#: which sizes of a sized baseline the validation stage trains (``memplan.search.baselines.SIZE_RULES``), with what
+#: each takes
+SIZE_RULES = {
+    "largest": "the largest size that fits the budget",
+    "ladder": "the largest size that fits, then halved down to 1 (k, k // 2, ..., 1)",
+}
 #: what a memory budget bounds (``memplan.search.memory.METRICS``)
 METRICS = ("total", "peak")
 #: the training steps of the simulated peak (``memplan.costs.peak.SCHEDULES``)
@@ -77,6 +83,8 @@ DEFAULT_SELECT = "magnitude+"
 DEFAULT_SCHEDULE = "standard"
 #: how the validation stage chooses unless told: a hand-made baseline unless validation separates another from it
 DEFAULT_CHOICE_RULE = "resolved"
+#: the sizes of a sized baseline the validation stage trains unless told: the largest that fits
+DEFAULT_SIZE_RULE = "largest"
 #: what a memory budget bounds unless told: the mode's total
 DEFAULT_METRIC = "total"
 #: the mode a device profile counts in unless it names one: a microcontroller's

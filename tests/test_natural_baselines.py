@@ -16,8 +16,8 @@ from memplan.graph import bias_carrier, conv_layers
 from memplan.modes import get_mode
 from memplan.plan import Scheme
 from memplan.plan.plan import Plan, Train
-from memplan.search.baselines import BASELINES, largest
-from memplan.search.candidates import sized_candidate
+from memplan.search.baselines import BASELINES, SIZE_RULES, largest
+from memplan.search.candidates import Candidate, sized_candidate, sized_candidates, union_candidates
 from memplan.strategies import make_plan
 
 torch.set_num_threads(1)
@@ -108,3 +108,54 @@ def test_the_stage_takes_the_largest_k_that_fits(cap, name, weights):
     assert found.memory_bytes == memory[4] <= budget
     assert sized_candidate(name, BASELINES[name], cap.graph, cost, memory[4] - 1, mode="applied").name.endswith("(k=3)")
     assert sized_candidate(name, BASELINES[name], cap.graph, cost, 1, mode="applied") is None
+
+
+def test_the_size_rules():
+    assert SIZE_RULES["largest"](45) == [45]
+    assert SIZE_RULES["ladder"](45) == [45, 22, 11, 5, 2, 1]
+    assert SIZE_RULES["ladder"](4) == [4, 2, 1] and SIZE_RULES["ladder"](1) == [1]
+    for k in range(1, 70):
+        sizes = SIZE_RULES["ladder"](k)
+        assert sizes[0] == k and sizes[-1] == 1 and sizes == sorted(set(sizes), reverse=True)
+        assert len(sizes) == k.bit_length()
+
+
+def applied_bytes(cap, plan: Plan) -> int:
+    return compute(cap.graph, plan, get_mode("applied"), optimizer="adam").totals.total_bytes
+
+
+@pytest.mark.parametrize("name,weights", [(WEIGHTS, True), (BIASES, False)])
+def test_the_ladder_adds_the_halved_sizes_out_of_unions(cap, name, weights):
+    """Between k = 5 and 6's memory the ladder offers k = 5, 2, 1, each costing what the accounting
+    engine says of the plan written by hand; only the largest enters unions."""
+    budget = (applied_bytes(cap, by_hand(cap, 5, weights)) + applied_bytes(cap, by_hand(cap, 6, weights))) // 2
+
+    def cost(scheme):
+        return profile_captured(cap, "sparse", mode="applied", optimizer="adam", scheme=scheme).totals.total_bytes
+
+    found = sized_candidates(name, BASELINES[name], cap.graph, cost, budget, "applied", "ladder")
+    assert [c.name for c in found] == [f"{name} (k={k})" for k in (5, 2, 1)]
+    assert [c.memory_bytes for c in found] == [applied_bytes(cap, by_hand(cap, k, weights)) for k in (5, 2, 1)]
+    assert [c.in_unions for c in found] == [True, False, False] and all(c.baseline for c in found)
+    assert sized_candidates(name, BASELINES[name], cap.graph, cost, budget, "applied", "largest") == found[:1]
+    assert sized_candidates(name, BASELINES[name], cap.graph, cost, 1, "applied", "ladder") == []
+
+
+def test_a_smaller_size_enters_no_union(cap):
+    """Unions join the candidates that enter them: two that do give their union, one that does not
+    gives none."""
+
+    def scheme(plan: Plan) -> Scheme:
+        return Scheme.from_plan(cap.graph, plan, model=MODEL, mode="applied")
+
+    head = scheme(make_plan(cap.graph, "last"))
+    weights = scheme(BASELINES[WEIGHTS].plan(cap.graph, 1))  # every bias, the last conv's weights
+    blocks = scheme(BASELINES["last blocks"].plan(cap.graph))  # the last blocks' weights and biases
+    result = type("Result", (), {"mode": "applied", "metric": "total", "budget_bytes": 10**12})()
+
+    def union_names(*cands: Candidate) -> list[str]:
+        return [u.name for u in union_candidates(result, cands, cap, {"optimizer": "adam"})]
+
+    a, b = Candidate("a", weights, 0, True), Candidate("b", blocks, 0, True)
+    assert union_names(a, b, Candidate("head", head, 0, True)) == ["a + b"]
+    assert union_names(a, Candidate("b", blocks, 0, True, in_unions=False)) == []

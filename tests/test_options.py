@@ -195,6 +195,7 @@ def _families() -> dict[str, tuple[tuple[str, ...], object]]:
     from memplan.optim import OPTIMIZERS
     from memplan.search.memory import METRICS
     from memplan.search.methods import METHODS
+    from memplan.search.baselines import SIZE_RULES
     from memplan.search.objective import OBJECTIVES
     from memplan.search.rules import CHOICE_RULES
 
@@ -210,6 +211,7 @@ def _families() -> dict[str, tuple[tuple[str, ...], object]]:
         "SELECT_RULES": (tuple(names.SELECT_RULES), COMPUTED_SELECT_RULES),
         "DATA_SOURCES": (tuple(names.DATA_SOURCES), SOURCES),
         "CHOICE_RULES": (tuple(names.CHOICE_RULES), CHOICE_RULES),
+        "SIZE_RULES": (tuple(names.SIZE_RULES), SIZE_RULES),
     }
 
 

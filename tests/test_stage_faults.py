@@ -108,6 +108,13 @@ def test_an_unknown_choice_rule_is_one_line_before_any_work(profile, tmp_path, c
     assert not (folder / CHECKPOINT).exists()
 
 
+def test_an_unknown_size_rule_is_one_line_before_any_work(profile, tmp_path, capsys):
+    folder = tmp_path / "val"
+    code, _, err = run_cli([*stage_args(profile, folder), "--validate-sizes", "every"], capsys)
+    assert one_line_error(code, err, "unknown size rule 'every'"), err
+    assert "ladder" in err and not (folder / CHECKPOINT).exists()
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_missing_ray_is_refused_before_any_work(profile, tmp_path, capsys, monkeypatch, workers):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed

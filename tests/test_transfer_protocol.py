@@ -138,6 +138,20 @@ def test_a_protocol_names_a_known_choice_rule_and_without_one_ran_best(tmp_path)
     assert proto.rules_of("resolved") == ["resolved", "best"] and proto.rules_of("best") == ["best", "resolved"]
 
 
+def test_a_protocol_names_a_known_size_rule_and_without_one_ran_the_largest(transfer, tmp_path):
+    """The shipped protocols name no size rule: their stages trained a sized baseline's largest k
+    that fits; ``ladder`` reaches the stage's arguments and the report's protocol line."""
+    proto = load_benchmark("transfer_protocol")
+    assert proto.load_protocol(protocol(tmp_path / "p.json"))[0].stage_sizes == "largest"
+    assert all("stage_sizes" not in json.loads(p.read_text()) for p in PROTOCOLS.glob("*.json"))
+    with pytest.raises(proto.BadOption, match="unknown size rule 'every'"):
+        proto.load_protocol(protocol(tmp_path / "bad.json", stage_sizes="every"))
+    a = transfer.parse_args(["--protocol", protocol(tmp_path / "l.json", stage_sizes="ladder")])
+    assert a.stage_sizes == "ladder"
+    header = {"protocol": "l.json", "protocol_sha256": "0" * 64, "stage_sizes": a.stage_sizes}
+    assert "the size rule 'ladder'" in " ".join(load_benchmark("transfer_report")._protocol_lines(header))
+
+
 def test_a_replayed_rule_trains_its_own_choice_at_its_own_rate(transfer, tmp_path, monkeypatch):
     """The replay of another rule than the protocol's trains the configuration that rule chose, at
     that configuration's rate, not the best one's: a stub where classifier only peaks at 1e-3 below

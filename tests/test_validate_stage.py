@@ -16,11 +16,12 @@ from memplan.cli import app
 from memplan.contrib.final import Evaluator
 from memplan.contrib.halving import planned_runs, successive_halving
 from memplan.contrib.profile import load_profile
+from memplan.graph import conv_layers
 from memplan.nn.train import make_optimizer
 from memplan.plan import Scheme, Validation, load_scheme
 from memplan.plan.evidence import images_se
 from memplan.render.validated import images_warning, margin_warning
-from memplan.search.baselines import BASELINES
+from memplan.search.baselines import BASELINES, SIZE_RULES
 from memplan.search.rules import CHOICE_RULES
 
 from .test_real import tiny_profile
@@ -307,3 +308,26 @@ def test_the_view_says_which_candidate_the_rule_passed_over_and_by_how_much():
         else:
             assert said.startswith("the best on validation, searched (88.20%), is +0.10 ± 0.61 points (SE) above")
             assert "--validate-rule best would take searched" in said
+
+
+def test_the_ladder_trains_each_sized_baseline_halved_down_to_one(tmp_path):
+    """--validate-sizes ladder trains every candidate of the default (the largest k of each sized
+    baseline that fits) and more: the smaller sizes of a sized baseline, each a halving of a larger
+    one (here "biases of the last k convs" fits at every k, its largest being bias only itself)."""
+    _, profile = tiny_profile(tmp_path, seeds=(0,))
+    names = {}
+    for sizes in ("largest", "ladder"):
+        out = tmp_path / f"{sizes}.json"
+        argv = [
+            "search", "minilearn-cifar10", "--budget", "30KB", "--profile", str(profile), "--validate", "1",
+            "--validate-lrs", "0.01", "--validate-seeds", "0", "--validate-dir", str(tmp_path / "val"),
+            "--validate-sizes", sizes, "--out", str(out),
+        ]  # fmt: skip
+        r = CliRunner().invoke(app, argv)
+        assert r.exit_code == 0, r.output
+        val = load_scheme(out).validation
+        names[sizes] = {x["name"] for x in val.runners_up} | {val.name}
+    convs = len(conv_layers(capture("minilearn-cifar10").graph))
+    halved = {f"{n} (k={k})" for n in BASELINES if BASELINES[n].sized for k in SIZE_RULES["ladder"](convs)[1:]}
+    extra = names["ladder"] - names["largest"]
+    assert names["largest"] <= names["ladder"] and extra and extra <= halved, names

@@ -9,7 +9,8 @@ a scheme (added modules as ``added_modules``), so the validation stage
 A *sized* baseline is a family of plans, one per size k = 1 .. the model's convs, each training
 more than the one before (``Baseline.sized``): "every bias + the weights of the last k convs"
 and "the biases of the last k convs", the natural hand-made schemes of the sparse-update space.
-Where it competes at a budget it is the largest k that fits (:func:`largest`).
+Where it competes at a budget it is the largest k that fits (:func:`largest`); a size rule
+(:data:`SIZE_RULES`) says which smaller sizes compete beside it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import names
 from ..graph import LayerGraph, conv_layers
 from ..plan import Plan, Scheme, WeightUpdate, fingerprint, scheme_to_plan
 from ..registry import Registry
@@ -106,6 +108,26 @@ def largest(fits: Callable[[int], bool], n: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def _largest_only(k: int) -> list[int]:
+    return [k]
+
+
+def _ladder(k: int) -> list[int]:
+    """``k``, then halved (rounding down) until 1: 45 -> 45, 22, 11, 5, 2, 1; log2(k) + 1 sizes."""
+    out = []
+    while k >= 1:
+        out.append(k)
+        k //= 2
+    return out
+
+
+#: name -> the sizes of a sized baseline that compete at a budget, from the largest k that fits it
+#: (k >= 1), largest first: ``largest`` (that k alone) or ``ladder`` (k, k // 2, ..., 1)
+SIZE_RULES: Registry[Callable[[int], list[int]]] = Registry("size rule", names=names.SIZE_RULES)
+SIZE_RULES.add("largest", _largest_only)
+SIZE_RULES.add("ladder", _ladder)
 
 
 for _name, _baseline in (

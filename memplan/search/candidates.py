@@ -1,7 +1,8 @@
 """The candidates of the validation stage (``memplan search --validate``,
 :mod:`memplan.search.stage`): the search's scheme and more from the search, every baseline that
-fits the budget, and the unions of two of them that fit; each with its memory in the search's
-mode and metric (bytes) and the parameter families it trains.
+fits the budget (of a sized baseline, the sizes its size rule names), and the unions of two of
+them that fit; each with its memory in the search's mode and metric (bytes) and the parameter
+families it trains.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 
 from ..api import capture, profile_captured
 from ..errors import BadOption, MemplanError, SchemeError
+from ..names import DEFAULT_SIZE_RULE
 from ..plan import Scheme, scheme_to_plan
 from ..rates import Rates, distinct
 from ..strategies import changes_architecture
-from .baselines import BASELINES, Baseline, largest, sized_name
+from .baselines import BASELINES, SIZE_RULES, Baseline, largest, sized_name
 from .memory import METRICS
 from .objective import OBJECTIVES
 from .result import SearchResult
@@ -35,6 +37,7 @@ class Candidate:
     memory_bytes: int
     baseline: bool
     families: frozenset[str] = frozenset()  # the parameter families it trains (memplan.rates.FAMILIES)
+    in_unions: bool = True  # False: a sized baseline's smaller size, which enters no union (union_candidates)
 
     def settings(self, grid: Sequence[Rates]) -> list[Rates]:
         """The distinct trainings of ``grid`` for this candidate (:func:`memplan.rates.distinct`)."""
@@ -91,21 +94,22 @@ def memory_of(result: SearchResult, cap: Any, scheme: Scheme, options: dict[str,
     return METRICS[result.metric].read(prof)
 
 
-def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any]) -> list[Candidate]:
+def baseline_candidates(
+    result: SearchResult, cap: Any, options: dict[str, Any], sizes: str = DEFAULT_SIZE_RULE
+) -> list[Candidate]:
     """Every baseline that fits ``result``'s budget, costed like the search costs (``options``:
     optimizer, frozen_bits, mode_options of :func:`memplan.api.profile_captured`); of a sized
-    baseline, its largest size that fits (:func:`sized_candidate`). ``cap``: the plain model's
-    capture; a baseline that changes the architecture (TinyTL's lite residual branches) is planned
-    on a capture with its transform."""
+    baseline, the sizes that the size rule ``sizes`` names (:func:`sized_candidates`). ``cap``: the
+    plain model's capture; a baseline that changes the architecture (TinyTL's lite residual
+    branches) is planned on a capture with its transform."""
     out = []
     memory = lambda own, scheme: memory_of(result, own, scheme, options)  # noqa: E731
     for name, baseline in BASELINES.items():
         try:
             if baseline.sized is not None:
-                found = sized_candidate(
-                    name, baseline, cap.graph, lambda s: memory(cap, s), result.budget_bytes, mode=result.mode
+                out += sized_candidates(
+                    name, baseline, cap.graph, lambda s: memory(cap, s), result.budget_bytes, result.mode, sizes
                 )
-                out += [found] if found is not None else []
                 continue
             own = cap
             if changes_architecture(baseline.method, {}):
@@ -120,24 +124,45 @@ def baseline_candidates(result: SearchResult, cap: Any, options: dict[str, Any])
     return out
 
 
-def sized_candidate(
-    name: str, baseline: Baseline, graph: Any, memory: Callable[[Scheme], int], budget_bytes: int, mode: str
-) -> Candidate | None:
-    """The largest plan of the sized ``baseline`` (registered as ``name``) on ``graph`` whose
-    ``memory(scheme)`` (bytes, costed in ``mode``) fits ``budget_bytes``
-    (:func:`memplan.search.baselines.largest`), as a baseline candidate named ``name (k=K)``; None
-    when not even k = 1 fits."""
-    model = graph.model_name
+def sized_candidates(
+    name: str,
+    baseline: Baseline,
+    graph: Any,
+    memory: Callable[[Scheme], int],
+    budget_bytes: int,
+    mode: str,
+    sizes: str = DEFAULT_SIZE_RULE,
+) -> list[Candidate]:
+    """The sized ``baseline``'s (registered as ``name``) candidates on ``graph`` at
+    ``budget_bytes``, named ``name (k=K)``: its largest plan whose ``memory(scheme)`` (bytes,
+    costed in ``mode``) fits (:func:`memplan.search.baselines.largest`), then the smaller sizes
+    that the size rule ``sizes`` (:data:`memplan.search.baselines.SIZE_RULES`) names from it, which
+    enter no union of two candidates; empty when not even k = 1 fits."""
+    rule = SIZE_RULES.choose(sizes)
     schemes: dict[int, Scheme] = {}
     costs: dict[int, int] = {}
 
-    def fits(k: int) -> bool:
-        schemes[k] = Scheme.from_plan(graph, baseline.plan(graph, k), model=model, mode=mode)
-        costs[k] = memory(schemes[k])
-        return costs[k] <= budget_bytes
+    def cost(k: int) -> int:
+        if k not in costs:
+            schemes[k] = Scheme.from_plan(graph, baseline.plan(graph, k), model=graph.model_name, mode=mode)
+            costs[k] = memory(schemes[k])
+        return costs[k]
 
-    k = largest(fits, baseline.sizes(graph))
-    return None if k == 0 else Candidate(sized_name(name, k), schemes[k], costs[k], True)
+    top = largest(lambda k: cost(k) <= budget_bytes, baseline.sizes(graph))
+    out = []
+    for k in rule(top) if top else []:
+        bytes_ = cost(k)
+        out.append(Candidate(sized_name(name, k), schemes[k], bytes_, True, in_unions=k == top))
+    return out
+
+
+def sized_candidate(
+    name: str, baseline: Baseline, graph: Any, memory: Callable[[Scheme], int], budget_bytes: int, mode: str
+) -> Candidate | None:
+    """The sized ``baseline``'s largest candidate that fits ``budget_bytes`` (:func:`sized_candidates`
+    under the size rule ``largest``); None when not even k = 1 fits."""
+    found = sized_candidates(name, baseline, graph, memory, budget_bytes, mode, "largest")
+    return found[0] if found else None
 
 
 def union(a: Scheme, b: Scheme) -> Scheme | None:
@@ -167,11 +192,12 @@ def union_candidates(
 ) -> list[Candidate]:
     """Every union of two candidates (a hand-picked baseline extended by what another one or the
     search trains: MobileTL + every bias) that trains something neither does alone and fits the
-    budget, costed like the search costs."""
+    budget, costed like the search costs; a sized baseline's smaller sizes enter none."""
     known = {c.key for c in found}
+    joined = [c for c in found if c.in_unions]
     out = []
-    for i, a in enumerate(found):
-        for b in found[i + 1 :]:
+    for i, a in enumerate(joined):
+        for b in joined[i + 1 :]:
             u = union(a.scheme, b.scheme)
             if u is None or trains_key(u) in known:
                 continue
@@ -196,13 +222,16 @@ def collect_candidates(
     search: Callable[[str, int], SearchResult],
     options: dict[str, Any],
     classes: int | None,
+    sizes: str = DEFAULT_SIZE_RULE,
 ) -> list[Candidate]:
-    """The searched candidates and the baselines that fit, one per training, cheapest first (a tie
-    on validation goes to the cheaper one), each with the parameter families it trains."""
+    """The searched candidates and the baselines that fit (of a sized baseline, the sizes the size
+    rule ``sizes`` names), one per training, cheapest first (a tie on validation goes to the
+    cheaper one), each with the parameter families it trains."""
     if n < 1:
         raise BadOption(f"--validate needs at least 1 searched candidate, got {n}")
+    SIZE_RULES.choose(sizes)  # an unknown rule: its one-line error before any search
     cap = capture(result.model, result.input_shape, batch=result.scheme.batch, classes=classes)
-    found = dedupe(searched_candidates(result, n, search) + baseline_candidates(result, cap, options))
+    found = dedupe(searched_candidates(result, n, search) + baseline_candidates(result, cap, options, sizes))
     found += union_candidates(result, found, cap, options)
     out = []
     for c in found:

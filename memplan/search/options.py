@@ -26,12 +26,14 @@ from ..names import (
     DEFAULT_EXECUTOR,
     DEFAULT_METRIC,
     DEFAULT_SELECT,
+    DEFAULT_SIZE_RULE,
     EXECUTORS,
     EXPLICIT_SELECT,
     METRICS,
     SEARCH_METHODS,
     SEARCH_MODE,
     SELECT_RULES,
+    SIZE_RULES,
     choices,
     listed,
 )
@@ -217,6 +219,11 @@ class Stage(Options):
     validate_rule: str = option(
         DEFAULT_CHOICE_RULE,
         f"how --validate chooses among what it trained: {choices(CHOICE_RULES)} (memplan.search.rules)",
+    )
+    validate_sizes: str = option(
+        DEFAULT_SIZE_RULE,
+        "which sizes of a sized baseline (every bias + the last k convs' weights; the last k convs' biases) "
+        f"--validate trains: {choices(SIZE_RULES)} (memplan.search.baselines)",
     )
     validate_dir: str | os.PathLike = option(
         ".memplan-validate", "checkpoint folder of --validate (reruns resume from it)"

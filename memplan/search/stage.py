@@ -8,9 +8,12 @@ candidates (:mod:`memplan.search.candidates`):
 * the search's scheme and up to N - 1 more from the search (the optimum under every objective,
   then at 1/2 and 1/4 of the budget), distinct in what they train;
 * every baseline of :data:`memplan.search.baselines.BASELINES` whose memory (the search's mode,
-  metric, optimizer and options) fits the budget;
+  metric, optimizer and options) fits the budget: of a sized one, its largest size that fits,
+  and with ``Stage.validate_sizes`` ``ladder`` that size halved down to 1 too (a smaller size can
+  beat a larger one);
 * every union of two of those that fits the budget and trains something neither trains alone (a
-  baseline extended by another or by the search: MobileTL + every bias);
+  baseline extended by another or by the search: MobileTL + every bias; a sized baseline's
+  smaller sizes enter none);
 
 each at every point of a small learning-rate grid, by successive halving over the validation
 seeds (:mod:`memplan.contrib.halving`; by default 100 and 101, seeds of their own: a test run
@@ -57,6 +60,7 @@ from ..errors import BadOption, MemplanError
 from ..io import exclusive
 from ..plan import Scheme, Training, Validation
 from ..rates import Rates, outward
+from .baselines import SIZE_RULES
 from .candidates import Candidate, collect_candidates
 from .options import Stage
 from .result import SearchResult
@@ -335,6 +339,7 @@ def check_stage(stage: Stage) -> Path:
     before any work."""
     check_execution(stage.validate_workers, stage.validate_executor, stage.validate_address)
     CHOICE_RULES.choose(stage.validate_rule)
+    SIZE_RULES.choose(stage.validate_sizes)
     folder = Path(stage.validate_dir)
     if folder.exists() and not folder.is_dir():
         raise BadOption(f"--validate-dir {folder} is a file, not a folder", "name a folder (made if missing)")
@@ -366,7 +371,7 @@ def validate_search(  # the stage's inputs, then keywords
     progress = progress or Progress()
     folder = check_stage(stage)
     classes = profile.dataset.get("classes")
-    candidates = collect_candidates(result, n, search, options or {}, classes)
+    candidates = collect_candidates(result, n, search, options or {}, classes, stage.validate_sizes)
     lock = folder / LOCK
     with exclusive(lock, None if progress.waiting is None else lambda: progress.waiting(str(lock))):
         trainer = ProfileTrainer(profile, stage)
