@@ -18,6 +18,7 @@ from .test_transfer_benchmark import protocol
 torch.set_num_threads(1)
 
 PROTOCOLS = Path(__file__).resolve().parents[1] / "benchmarks" / "protocols"
+RESULTS = PROTOCOLS.parent / "transfer_results" / "fair"  # each protocol's runs, in the folder of its name
 PEAK = 1e-4  # the stub's best rate: below the protocol's grid
 
 
@@ -121,10 +122,28 @@ def test_the_large_validation_study_changes_one_thing_against_the_replicate():
     assert {f for f in type(third).model_fields if getattr(third, f) != getattr(replicate, f)} == fresh
 
 
+def test_the_second_lite2_study_changes_three_things_against_the_first():
+    """The second Lite2/Fashion-MNIST study tests both remedies on Lite2: the ladder of sizes (the
+    first study lost at 40 MB to a size its stage never trained) and 1000 validation images per
+    class, with 'resolved' making the verdicts; a split, seeds and profile no study used."""
+    proto = load_benchmark("transfer_protocol")
+    first, _ = proto.load_protocol(PROTOCOLS / "lite2-fashion-mnist.json")
+    second, _ = proto.load_protocol(PROTOCOLS / "lite2-fashion-mnist-val1000-ladder.json")
+    changed = {"stage_sizes": ("largest", "ladder"), "validation": (50, 1000), "rule": ("best", "resolved")}
+    assert all((getattr(first, f), getattr(second, f)) == v for f, v in changed.items())
+    for path in PROTOCOLS.glob("*.json"):
+        if path.stem != "lite2-fashion-mnist-val1000-ladder":
+            other, _ = proto.load_protocol(path)
+            assert not set(second.seeds + second.val_seeds) & set(other.seeds + other.val_seeds), path.stem
+            assert (second.data, second.split_seed) != (other.data, other.split_seed) and second.profile != other.profile
+    fresh = {"split_seed", "seeds", "val_seeds", "profile", "notes"}
+    assert {f for f in type(second).model_fields if getattr(second, f) != getattr(first, f)} == fresh | set(changed)
+
+
 def test_the_shipped_protocols():
     shipped = {
         "lite0-fashion-mnist", "lite2-fashion-mnist", "lite0-cifar10", "lite0-fashion-mnist-replicate",
-        "lite0-fashion-mnist-val1000",
+        "lite0-fashion-mnist-val1000", "lite2-fashion-mnist-val1000-ladder",
     }  # fmt: skip
     assert {p.stem for p in PROTOCOLS.glob("*.json")} == shipped
 
@@ -143,7 +162,8 @@ def test_a_protocol_names_a_known_size_rule_and_without_one_ran_the_largest(tran
     that fits; ``ladder`` reaches the stage's arguments and the report's protocol line."""
     proto = load_benchmark("transfer_protocol")
     assert proto.load_protocol(protocol(tmp_path / "p.json"))[0].stage_sizes == "largest"
-    assert all("stage_sizes" not in json.loads(p.read_text()) for p in PROTOCOLS.glob("*.json"))
+    ran = [p for p in PROTOCOLS.glob("*.json") if (RESULTS / p.stem / "transfer.runs.jsonl").exists()]
+    assert len(ran) >= 5 and all("stage_sizes" not in json.loads(p.read_text()) for p in ran)
     with pytest.raises(proto.BadOption, match="unknown size rule 'every'"):
         proto.load_protocol(protocol(tmp_path / "bad.json", stage_sizes="every"))
     a = transfer.parse_args(["--protocol", protocol(tmp_path / "l.json", stage_sizes="ladder")])
