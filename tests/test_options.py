@@ -193,9 +193,9 @@ def _families() -> dict[str, tuple[tuple[str, ...], object]]:
     from memplan.graph.conv import COMPUTED_SELECT_RULES
     from memplan.modes import MODES
     from memplan.optim import OPTIMIZERS
+    from memplan.search.baselines import SIZE_RULES
     from memplan.search.memory import METRICS
     from memplan.search.methods import METHODS
-    from memplan.search.baselines import SIZE_RULES
     from memplan.search.objective import OBJECTIVES
     from memplan.search.rules import CHOICE_RULES
 

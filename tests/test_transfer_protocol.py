@@ -135,7 +135,8 @@ def test_the_second_lite2_study_changes_three_things_against_the_first():
         if path.stem != "lite2-fashion-mnist-val1000-ladder":
             other, _ = proto.load_protocol(path)
             assert not set(second.seeds + second.val_seeds) & set(other.seeds + other.val_seeds), path.stem
-            assert (second.data, second.split_seed) != (other.data, other.split_seed) and second.profile != other.profile
+            assert (second.data, second.split_seed) != (other.data, other.split_seed), path.stem
+            assert second.profile != other.profile
     fresh = {"split_seed", "seeds", "val_seeds", "profile", "notes"}
     assert {f for f in type(second).model_fields if getattr(second, f) != getattr(first, f)} == fresh | set(changed)
 
