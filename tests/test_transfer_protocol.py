@@ -204,3 +204,24 @@ def test_a_replayed_rule_trains_its_own_choice_at_its_own_rate(transfer, tmp_pat
     assert kept["chosen"] == "classifier only" and kept["lr"] == "0.001" == rows["classifier only"]["lr"]
     assert kept["same_runs_as"] == "classifier only" and kept["accuracy"] == rows["classifier only"]["accuracy"]
     assert kept["validation"]["accuracy"] == 79.0 and best["validation"]["accuracy"] == 80.0
+
+
+def test_the_benchmarks_stage_trains_the_protocols_sizes(transfer, tmp_path, monkeypatch):
+    """The protocol's ``stage_sizes`` reaches the benchmark's stage: under ``ladder`` it compares every
+    candidate it compares under the default and a sized baseline's halved sizes besides (stub runs)."""
+    npz, profile = tiny_profile(tmp_path, seeds=(0, 1))
+    monkeypatch.setattr(transfer.Bench, "run", stub([]))
+    compared = {}
+    for sizes in ("largest", "ladder"):
+        fields = dict(
+            data=str(npz), lrs=["1e-4", "1e-3"], stage_lrs=["1e-4", "1e-3"], profile=str(profile),
+            budgets=["1MB"], validate_candidates=1, widen=0, stage_sizes=sizes,
+        )  # fmt: skip
+        out = tmp_path / sizes
+        argv = ["--protocol", protocol(tmp_path / f"{sizes}.json", **fields), "--out", str(out), "--no-progress"]
+        rows = {r["name"]: r for r in transfer.main([*argv, "--methods", "searched + validated"])["rows"]}
+        val = rows["validated 1MB"]["validation"]
+        compared[sizes] = {x["name"] for x in val["runners_up"]} | {val["name"]}
+    extra = compared["ladder"] - compared["largest"]
+    assert compared["largest"] <= compared["ladder"] and extra, compared
+    assert all(" (k=" in name for name in extra), extra
