@@ -335,7 +335,7 @@ def choose(  # the stage's schedule, one keyword each
 def check_stage(stage: Stage) -> Path:
     """The stage's folder (made if missing), after one-line errors for what would fail later: an
     executor that cannot run (a bad worker count, a package it needs missing), a folder that is a
-    file or cannot be made, a checkpoint that is read-only, an unknown choice rule. Cheap: called
+    file or cannot be made, a checkpoint that is read-only, an unknown choice or size rule. Cheap: called
     before any work."""
     check_execution(stage.validate_workers, stage.validate_executor, stage.validate_address)
     CHOICE_RULES.choose(stage.validate_rule)
