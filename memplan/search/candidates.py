@@ -229,7 +229,6 @@ def collect_candidates(
     cheaper one), each with the parameter families it trains."""
     if n < 1:
         raise BadOption(f"--validate needs at least 1 searched candidate, got {n}")
-    SIZE_RULES.choose(sizes)  # an unknown rule: its one-line error before any search
     cap = capture(result.model, result.input_shape, batch=result.scheme.batch, classes=classes)
     found = dedupe(searched_candidates(result, n, search) + baseline_candidates(result, cap, options, sizes))
     found += union_candidates(result, found, cap, options)
