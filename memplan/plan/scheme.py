@@ -1,4 +1,4 @@
-"""memplan's sparse-update scheme format: versioned JSON (schema version 2).
+"""memplan's sparse-update scheme format: versioned JSON (schema versions 1-5; written as 4, or 5 with ``execution``).
 
 A scheme names what trains (``bias_update``: the biases of the last n convs; ``weight_updates``:
 conv weights at channel ratios; norm modes, activation approximations; modules an architecture
