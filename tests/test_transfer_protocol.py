@@ -60,7 +60,7 @@ def test_no_choice_is_made_on_a_test_seed_and_every_grid_loses_its_edges(transfe
         assert r["lr"] == "0.0001" and not r["lr_at_grid_edge"], r["name"]
         assert {"1e-05", "0.0001"} <= set(r["grid"]) and r["seeds"] == list(range(10))
     assert set(rows["bias only"]["grid_validation"]) >= {"1e-05", "0.0001", "0.001", "0.01"}
-    ids = [json.loads(x)["run"]["id"] for x in (out / "transfer.runs.jsonl").read_text().splitlines()[1:]]
+    ids = [json.loads(x)["run"]["id"] for x in (out / RUNS).read_text().splitlines()[1:]]
     assert all(int(i.split("|")[-1]) in (100, 101) for i in ids if i.startswith("grid|"))
     assert all(int(i.split("|")[-1]) in range(10) for i in ids if i.startswith("final|"))
     assert result["protocol_sha256"] and result["redone"] == []
