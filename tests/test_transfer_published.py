@@ -22,6 +22,7 @@ REPORTS = [
     "benchmarks/transfer_results/fair/lite0-fashion-mnist-val1000/transfer.json",
     "benchmarks/transfer_results/fair/lite0-cifar10/transfer.json",
     "benchmarks/transfer_results/fair/lite2-fashion-mnist/transfer.json",
+    "benchmarks/transfer_results/fair/lite2-fashion-mnist-val1000-ladder/transfer.json",
 ]
 
 
@@ -92,6 +93,8 @@ FAIR = {
     "Lite0, Fashion-MNIST (replicate)": "benchmarks/transfer_results/fair/lite0-fashion-mnist-replicate/transfer.json",
     # the replicate's protocol with 1000 validation images per class
     "Lite0, Fashion-MNIST (val1000)": "benchmarks/transfer_results/fair/lite0-fashion-mnist-val1000/transfer.json",
+    # the second Lite2 study: 1000 validation images per class and the size rule ladder
+    "Lite2, Fashion-MNIST (val1000, ladder)": "benchmarks/transfer_results/fair/lite2-fashion-mnist-val1000-ladder/transfer.json",
 }
 ACC = r"([\d.]+) ± ([\d.]+)%"
 
