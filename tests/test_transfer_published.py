@@ -94,7 +94,9 @@ FAIR = {
     # the replicate's protocol with 1000 validation images per class
     "Lite0, Fashion-MNIST (val1000)": "benchmarks/transfer_results/fair/lite0-fashion-mnist-val1000/transfer.json",
     # the second Lite2 study: 1000 validation images per class and the size rule ladder
-    "Lite2, Fashion-MNIST (val1000, ladder)": "benchmarks/transfer_results/fair/lite2-fashion-mnist-val1000-ladder/transfer.json",
+    "Lite2, Fashion-MNIST (val1000, ladder)": (
+        "benchmarks/transfer_results/fair/lite2-fashion-mnist-val1000-ladder/transfer.json"
+    ),
 }
 ACC = r"([\d.]+) ± ([\d.]+)%"
 
