@@ -231,3 +231,20 @@ def test_the_quoted_validation_error_is_the_reports(page, pattern, settings):
     for setting, sd, diff in zip(settings, sds, diffs):
         strays = json.loads((ROOT / FAIR[setting]).read_text())["validation_error"]
         assert (sd, diff) == (f"{strays['sd']:.2f}", f"{strays['difference_sd']:.1f}"), (page, setting)
+
+
+def test_the_quoted_smaller_choice_is_the_reports():
+    """The README's 34 MB bullet compares the 28 MB choice with the 34 MB one seed by seed; its
+    difference and p are scipy's paired t test on the report's per-seed accuracies."""
+    from scipy import stats
+
+    text = re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
+    found = re.search(r"paired over the ten seeds ([-+][\d.]+) points, p = ([\de.-]+), from the report", text)
+    assert found, "the 34 MB bullet's paired comparison"
+    report = json.loads((ROOT / FAIR["Lite2, Fashion-MNIST (val1000, ladder)"]).read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    smaller, chosen = rows["validated 28MB"], rows["validated 34MB"]
+    assert smaller["seeds"] == chosen["seeds"] and len(chosen["seeds"]) == 10
+    d = [a - b for a, b in zip(smaller["accuracy"], chosen["accuracy"])]
+    assert found.group(1) == f"{sum(d) / len(d):+.2f}"
+    assert printed(stats.ttest_rel(smaller["accuracy"], chosen["accuracy"]).pvalue, found.group(2))
