@@ -11,8 +11,9 @@ import copy
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,18 @@ class BenchTrainer:
         m.runs_as = self.run.runs_of.get(what_trains(m, self.graph))
         m.families = candidate.families
         return m
+
+    def prefetch(self, rung: Sequence[tuple[Any, Rates, int]]) -> None:
+        """Train the runs of ``rung`` (the halving's runs on its next seed) that neither the
+        checkpoint has nor another process holds, from the rung's end, never waiting: processes that
+        walk the same rungs (a stage and its replay under another rule, each a job of its own worker)
+        split them, and each reads the other's runs when the halving reaches them."""
+        if not self.train_missing:
+            return
+        for candidate, lr, seed in reversed(rung):
+            m = self.method(candidate)
+            rid = run_id("grid", m.key, lr, seed)
+            self.trained += take(self.run, rid, partial(self.bench.run, m, lr, seed, "validation"))
 
     def __call__(self, candidate: Any, lr: Rates, seed: int) -> float:
         m = self.method(candidate)
@@ -429,6 +442,19 @@ def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> dict[str,
             if rid not in refresh(run):  # not finished by the process this one waited for
                 record(run, rid, train())
     return run.done[rid]
+
+
+def take(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> bool:
+    """Train ``rid`` with ``train()`` and record it, unless the checkpoint has it or another
+    process holds its claim (:func:`claim_path`; left to that process, not waited for); whether
+    this process trained it."""
+    if rid in refresh(run):
+        return False
+    with exclusive(claim_path(run, rid), wait=False) as mine:
+        if not mine or rid in refresh(run):
+            return False
+        record(run, rid, train())
+        return True
 
 
 def refresh(run: Run, records: list[dict] | None = None) -> dict:

@@ -429,6 +429,48 @@ def test_a_run_another_live_process_claimed_is_waited_for_and_a_dead_ones_claim_
 TIMES = dict(train_s=0.0, eval_s=0.0, cache_s=0.0, cpu_s=0.0, trainable_params=0)  # a fake run's timings
 
 
+def test_processes_on_one_stage_rung_split_it_without_waiting(transfer, tmp_path, monkeypatch):
+    """A stage and its replay under another rule (each a job of its own worker) walk the same
+    rungs: before the halving reads a rung, each trains, from the rung's end, the runs that neither
+    the checkpoint has nor another live process holds, and waits for none; a report (which trains
+    nothing) trains none."""
+    from types import SimpleNamespace
+
+    from memplan.contrib.checkpoint import Checkpoint
+
+    runs = sys.modules["transfer_runs"]
+    ckpt = Checkpoint(tmp_path / "transfer.runs.jsonl", {"x": 1})
+    ckpt.start()
+    task = SimpleNamespace(name="t", y_val=[0])
+    protocol = SimpleNamespace(optimizer="adam", epochs=1, batch_size=2)
+    run = runs.Run(None, SimpleNamespace(task=task, head=None), protocol, ckpt, {}, 0.0)
+    trained = []
+
+    def train(m, lr, seed, split):
+        trained.append((m.key, split))
+        return dict(accuracy=50.0, diverged=False, **TIMES)
+
+    trainer = runs.BenchTrainer(run, SimpleNamespace(run=train), None)
+    monkeypatch.setattr(trainer, "method", lambda candidate: SimpleNamespace(key=candidate))
+    lr = Rates.of("1e-3")
+    rung = [(candidate, lr, 101) for candidate in "abcde"]
+    rid = {c: runs.run_id("grid", c, lr, 101) for c in "abcde"}
+    runs.record(run, rid["a"], dict(accuracy=40.0, diverged=False, **TIMES))  # in the checkpoint
+    other = hold(runs.claim_path(run, rid["d"]))  # another worker is training it
+    try:
+        trainer.train_missing = False
+        trainer.prefetch(rung)
+        assert trained == []
+        trainer.train_missing = True
+        trainer.prefetch(rung)
+    finally:
+        other.kill()
+        other.wait()
+    assert trained == [("e", "validation"), ("c", "validation"), ("b", "validation")]
+    assert trainer.trained == 3
+    assert sorted(ckpt.finished()) == sorted(rid[c] for c in "abce")
+
+
 def classifier_only(tmp_path) -> tuple[list[str], Path]:
     """(argv, out folder) of a benchmark of classifier only on the tiny profile's data, test seeds
     0-1, validation seed 100: the device tests' setup."""
