@@ -130,7 +130,7 @@ from transfer_runs import (
     device_name,
     memory_of,
     natural_methods,
-    obtain,
+    obtain_all,
     refresh,
     scheme_method,
     share_runs,
@@ -424,14 +424,12 @@ def train_method(run: Run, bench: Bench, m: Method) -> None:
     stage chose its rate, then its test seeds at the chosen rate; every run checkpointed."""
     a = run.a
     while m.lr is None and (todo := missing_runs(m.key, m.settings(a.lrs), refresh(run), a.val_seeds, a.widen)):
-        for lr, seed in todo:
-            obtain(run, run_id("grid", m.key, lr, seed), partial(bench.run, m, lr, seed, "validation"))
+        obtain_all(run, [(run_id("grid", m.key, lr, s), partial(bench.run, m, lr, s, "validation")) for lr, s in todo])
     best = chosen_lr(m, a, refresh(run))[1]
     if best is None:
         print(f"{m.name}: every learning rate of the grid diverged; widen the protocol's lrs", file=sys.stderr)
         return
-    for seed in a.seeds:
-        obtain(run, run_id("final", m.key, best, seed), partial(bench.run, m, best, seed, "test"))
+    obtain_all(run, [(run_id("final", m.key, best, s), partial(bench.run, m, best, s, "test")) for s in a.seeds])
 
 
 def job_order(
@@ -499,8 +497,8 @@ def train_pairs(run: Run) -> None:
         lr = m.lr if m.lr is not None else chosen_lr(m, a, theirs)[1]
         seeds = [s for s in a.seeds if lr is not None and run_id("final", m.key, lr, s) in theirs]
         with exclusive(claim_path(run, f"pairs {m.name}"), wait=False) as mine:
-            for seed in seeds if mine else []:
-                obtain(run, run_id("final", m.key, lr, seed), partial(bench.run, m, lr, seed, "test"))
+            if mine:
+                obtain_all(run, [(run_id("final", m.key, lr, s), partial(bench.run, m, lr, s, "test")) for s in seeds])
 
 
 def in_workers(a: argparse.Namespace, argv: list[str]) -> None:

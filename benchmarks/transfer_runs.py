@@ -444,6 +444,16 @@ def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> dict[str,
     return run.done[rid]
 
 
+def obtain_all(run: Run, runs: Sequence[tuple[str, Callable[[], dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """The records of ``runs`` (each a run id and its ``train``): first the runs that neither the
+    checkpoint has nor another process holds are trained, from the end (:func:`take`), then each is
+    read in order (:func:`obtain`, waiting for those another process trains): processes that need
+    the same runs (a stage and its replay choosing one scheme) split them."""
+    for rid, train in reversed(runs):
+        take(run, rid, train)
+    return [obtain(run, rid, train) for rid, train in runs]
+
+
 def take(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> bool:
     """Train ``rid`` with ``train()`` and record it, unless the checkpoint has it or another
     process holds its claim (:func:`claim_path`; left to that process, not waited for); whether
