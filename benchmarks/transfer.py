@@ -58,8 +58,8 @@ table: method, memory in bytes, test accuracy mean +- 95% CI over seeds, learnin
 the verdicts) and ``NAME.png`` (accuracy against memory, log x axis, error bars = 95% CI, Pareto
 front marked). ``--workers N`` runs N processes on one checkpoint: each takes the next job (a
 method, or a budget's stage and its row) that no other holds, and a run is claimed before it
-trains, so none trains twice (a stage and its replay split each rung of the halving:
-``BenchTrainer.prefetch``); ``--report`` only assembles the outputs from the checkpoint.
+trains, so none trains twice; jobs that need the same runs (a stage and its replay) split them
+(``transfer_runs.obtain_all``); ``--report`` only assembles the outputs from the checkpoint.
 
 Devices: every run records where it trained (``cpu``, or a GPU's name: ``--device cuda``, TF32
 off). Each device's runs are a replicate of the protocol of their own (``transfer_protocol.counted``):
