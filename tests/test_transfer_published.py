@@ -199,6 +199,8 @@ STRAYS = ["Lite0, Fashion-MNIST", "Lite0, Fashion-MNIST (replicate)", "Lite2, Fa
 #: the third Lite0 study (10,000 validation images), quoted on its own
 VAL1000 = ["Lite0, Fashion-MNIST (val1000)"]
 ALONE = r"on its 10,000\s+validation images, validation errs by an SD of ([\d.]+) points per training\s+and ([\d.]+)"
+#: the second Lite2 study (10,000 validation images), quoted on its own
+LADDER = ["Lite2, Fashion-MNIST (val1000, ladder)"]
 
 
 @pytest.mark.parametrize(
@@ -219,6 +221,18 @@ ALONE = r"on its 10,000\s+validation images, validation errs by an SD of ([\d.]+
         ),
         ("README.md", ALONE, VAL1000),
         ("docs/benchmarks/transfer.md", ALONE, VAL1000),
+        (
+            "README.md",
+            r"on the second Lite2 study's 10,000 validation\s+images, validation errs by an SD of ([\d.]+) "
+            r"points per training\s+and ([\d.]+)",
+            LADDER,
+        ),
+        (
+            "docs/benchmarks/transfer.md",
+            r"second Lite2 study's at any of its six, and its validation errs by an SD of ([\d.]+) points per\s+"
+            r"training and ([\d.]+)",
+            LADDER,
+        ),
     ],
 )
 def test_the_quoted_validation_error_is_the_reports(page, pattern, settings):
