@@ -206,10 +206,11 @@ class BenchTrainer:
         split them, and each reads the other's runs when the halving reaches them."""
         if not self.train_missing:
             return
-        for candidate, lr, seed in reversed(rung):
+        runs = []
+        for candidate, lr, seed in rung:
             m = self.method(candidate)
-            rid = run_id("grid", m.key, lr, seed)
-            self.trained += take(self.run, rid, partial(self.bench.run, m, lr, seed, "validation"))
+            runs.append((run_id("grid", m.key, lr, seed), partial(self.bench.run, m, lr, seed, "validation")))
+        self.trained += take_free(self.run, runs)
 
     def __call__(self, candidate: Any, lr: Rates, seed: int) -> float:
         m = self.method(candidate)
@@ -437,31 +438,34 @@ def obtain(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> dict[str,
     sharing one checkpoint (workers, or runs of ``--methods`` side by side) claim a run before
     training it (:func:`claim_path`): a run another process is training is waited for, then read,
     never trained twice."""
-    if rid not in refresh(run):
-        with exclusive(claim_path(run, rid)):
-            if rid not in refresh(run):  # not finished by the process this one waited for
-                record(run, rid, train())
+    take(run, rid, train, wait=True)
     return run.done[rid]
 
 
 def obtain_all(run: Run, runs: Sequence[tuple[str, Callable[[], dict[str, Any]]]]) -> list[dict[str, Any]]:
     """The records of ``runs`` (each a run id and its ``train``): first the runs that neither the
-    checkpoint has nor another process holds are trained, from the end (:func:`take`), then each is
-    read in order (:func:`obtain`, waiting for those another process trains): processes that need
-    the same runs (a stage and its replay choosing one scheme) split them."""
-    for rid, train in reversed(runs):
-        take(run, rid, train)
+    checkpoint has nor another process holds are trained, from the end (:func:`take_free`), then
+    each is read in order (:func:`obtain`, waiting for those another process trains): processes that
+    need the same runs (a stage and its replay choosing one scheme) split them."""
+    take_free(run, runs)
     return [obtain(run, rid, train) for rid, train in runs]
 
 
-def take(run: Run, rid: str, train: Callable[[], dict[str, Any]]) -> bool:
-    """Train ``rid`` with ``train()`` and record it, unless the checkpoint has it or another
-    process holds its claim (:func:`claim_path`; left to that process, not waited for); whether
-    this process trained it."""
+def take_free(run: Run, runs: Sequence[tuple[str, Callable[[], dict[str, Any]]]]) -> int:
+    """Train and record, from the end of ``runs`` (each a run id and its ``train``), those that
+    neither the checkpoint has nor another process holds, waiting for none; how many were trained."""
+    return sum(take(run, rid, train) for rid, train in reversed(runs))
+
+
+def take(run: Run, rid: str, train: Callable[[], dict[str, Any]], wait: bool = False) -> bool:
+    """Train ``rid`` with ``train()`` and record it, unless the checkpoint has it or (without
+    ``wait``) another process holds its claim (:func:`claim_path`; left to that process; with
+    ``wait``, waited for and then read, or taken over from a process that died); whether this
+    process trained it."""
     if rid in refresh(run):
         return False
-    with exclusive(claim_path(run, rid), wait=False) as mine:
-        if not mine or rid in refresh(run):
+    with exclusive(claim_path(run, rid), wait=wait) as mine:
+        if not mine or rid in refresh(run):  # held elsewhere, or finished by the process waited for
             return False
         record(run, rid, train())
         return True
